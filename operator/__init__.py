@@ -1,0 +1,1 @@
+"""The pdscale operator (kopf): PDCluster -> prefill/decode Deployments, router, Services."""
