@@ -1,0 +1,248 @@
+"""Performance model of one instance per role, and the instance counts a load needs.
+
+Prefill (as in the global-scheduling article): predicted TTFT = queueing delay + uncached
+prefill compute. The compute for a prompt of ``n`` tokens of which ``h`` are cached is
+
+    seconds = overhead + (u + (n**2 - h**2) / (2 L)) / R,     u = n - h
+
+where ``R`` is the profile's tokens/s and ``L`` the length at which the per-token cost has
+doubled (attention grows linearly with position). Decode:
+
+    TPOT(b, c) = step + b * (per_sequence + c * per_context_token)
+
+for a batch of ``b`` sequences of mean context ``c``. One decode instance at the TPOT target
+serves the largest batch meeting it, limited by KV capacity and the engine's batch cap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .profile import Profile
+
+
+@dataclass(frozen=True)
+class Load:
+    """The load of one planning interval (all means over the interval)."""
+
+    rate_rps: float
+    mean_input_tokens: float
+    mean_output_tokens: float
+    prefix_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency targets; a request meets the SLO when both hold."""
+
+    ttft_seconds: float = 2.0
+    tpot_seconds: float = 0.05
+    #: the share of requests that must meet the targets (0.99 = p99 within target)
+    percentile: float = 0.99
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Observed/predicted correction factors (1.0 = the profile is right).
+
+    ``prefill_factor`` multiplies prefill compute time, ``decode_factor`` multiplies TPOT."""
+
+    prefill_factor: float = 1.0
+    decode_factor: float = 1.0
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class PerformanceModel:
+    """A profile plus its online calibration; every method is pure."""
+
+    profile: Profile
+    calibration: Calibration = Calibration()
+
+    # -- prefill ---------------------------------------------------------------------------
+    def prefill_seconds(self, input_tokens: float, cached_tokens: float = 0.0) -> float:
+        """Compute seconds for one prompt of ``input_tokens`` with ``cached_tokens`` cached."""
+        p = self.profile.prefill
+        n = max(input_tokens, 0.0)
+        h = min(max(cached_tokens, 0.0), n)
+        work = n - h
+        if p.attention_doubling_tokens is not None:
+            work += (n * n - h * h) / (2.0 * p.attention_doubling_tokens)
+        base = work / p.tokens_per_second
+        return (p.overhead_seconds + base) * self.calibration.prefill_factor
+
+    def prefill_request_capacity_rps(self, load: Load) -> float:
+        """Requests/s one prefill instance computes at 100% busy for this load's mean prompt."""
+        n = load.mean_input_tokens
+        s = self.prefill_seconds(n, n * load.prefix_hit_rate)
+        return math.inf if s <= 0 else 1.0 / s
+
+    # -- decode ----------------------------------------------------------------------------
+    def tpot_seconds(self, batch: float, mean_context_tokens: float) -> float:
+        """TPOT in seconds for ``batch`` running sequences of mean context (tokens)."""
+        d = self.profile.decode
+        per_seq = d.per_sequence_seconds + mean_context_tokens * d.per_context_token_seconds
+        return (d.step_seconds + max(batch, 1.0) * per_seq) * self.calibration.decode_factor
+
+    def decode_batch_at_slo(self, tpot_slo_seconds: float, mean_context_tokens: float) -> int:
+        """Largest batch per decode instance that meets the TPOT target, KV capacity and cap."""
+        d = self.profile.decode
+        f = self.calibration.decode_factor
+        per_seq = (d.per_sequence_seconds + mean_context_tokens * d.per_context_token_seconds) * f
+        room = tpot_slo_seconds - d.step_seconds * f
+        if room <= 0:
+            return 0
+        by_tpot = math.inf if per_seq <= 0 else room / per_seq
+        by_kv = d.kv_capacity_tokens / max(mean_context_tokens, 1.0)
+        # a tiny epsilon keeps exact fits (150.0 computed as 149.999...) from losing a sequence
+        return int(min(by_tpot + 1e-9, by_kv, d.max_batch))
+
+    def decode_tokens_per_second_at_slo(self, tpot_slo_seconds: float, mean_context: float) -> float:
+        """Output tokens/s of one decode instance running its largest SLO-meeting batch."""
+        b = self.decode_batch_at_slo(tpot_slo_seconds, mean_context)
+        if b <= 0:
+            return 0.0
+        return b / self.tpot_seconds(b, mean_context)
+
+    # -- transfer --------------------------------------------------------------------------
+    def kv_transfer_seconds(self, tokens: float) -> float:
+        """Seconds to move the KV cache of ``tokens`` prompt tokens from prefill to decode."""
+        k = self.profile.kv_transfer
+        return k.setup_seconds + tokens * k.bytes_per_token / (k.gigabytes_per_second * 1e9)
+
+    # -- sizing ----------------------------------------------------------------------------
+    def decode_mean_context(self, load: Load) -> float:
+        # a sequence's context grows from the prompt to prompt+output; the batch sees the mean
+        return load.mean_input_tokens + load.mean_output_tokens / 2.0
+
+    def fluid_demand(self, load: Load, slo: Slo) -> tuple[float, float]:
+        """Instances of each role kept 100% busy by ``load`` (prefill, decode), fractional."""
+        p = load.rate_rps / self.prefill_request_capacity_rps(load)
+        tps = self.decode_tokens_per_second_at_slo(slo.tpot_seconds, self.decode_mean_context(load))
+        demand_tokens = load.rate_rps * load.mean_output_tokens
+        d = math.inf if tps <= 0 and demand_tokens > 0 else (demand_tokens / tps if tps > 0 else 0)
+        return p, d
+
+    def instances_needed(
+        self,
+        load: Load,
+        slo: Slo,
+        *,
+        prefill_utilization: float = 1.0,
+        decode_utilization: float = 1.0,
+    ) -> tuple[int, int]:
+        """Smallest (prefill, decode) counts keeping each role at or below the utilization cap.
+
+        With caps of 1.0 this is the article's ``need()``: ceil(rate*isl*(1-hit)/P_CAP) and
+        ceil(rate*osl/D_CAP). A cap below 1 leaves headroom for queueing within the interval.
+        """
+        p, d = self.fluid_demand(load, slo)
+        # round before ceil: 4.0000000001 from float error must stay 4
+        return (
+            math.ceil(round(p / prefill_utilization, 9)),
+            math.ceil(round(d / decode_utilization, 9)),
+        )
+
+    def predicted_ttft_seconds(self, load: Load, prefill_instances: int, percentile: float) -> float:
+        """TTFT at ``percentile`` with ``prefill_instances`` ready: M/M/c wait + compute + transfer.
+
+        The queue is M/M/c (Erlang C) with service time = mean prefill compute; returns inf when
+        the load exceeds capacity."""
+        n = load.mean_input_tokens
+        service = self.prefill_seconds(n, n * load.prefix_hit_rate)
+        transfer = self.kv_transfer_seconds(n)
+        if load.rate_rps <= 0:
+            return service + transfer
+        c = prefill_instances
+        a = load.rate_rps * service  # offered load in instances
+        if c <= 0 or a >= c:
+            return math.inf
+        wait_prob = _erlang_c(c, a)
+        tail = 1.0 - percentile
+        # P(W > w) = C * exp(-(c - a) w / service), solved for the tail share
+        wait = 0.0 if wait_prob <= tail else service * math.log(wait_prob / tail) / (c - a)
+        return wait + service + transfer
+
+    def predicted_tpot_seconds(self, load: Load, decode_instances: int) -> float:
+        """Mean TPOT with ``decode_instances`` sharing the load's concurrent sequences.
+
+        Concurrency follows Little's law: rate * output_tokens * TPOT, solved for the fixed
+        point TPOT = step + (concurrency/instances) * per_seq (closed form, linear model)."""
+        if decode_instances <= 0:
+            return math.inf if load.rate_rps > 0 else 0.0
+        ctx = self.decode_mean_context(load)
+        d = self.profile.decode
+        f = self.calibration.decode_factor
+        per_seq = (d.per_sequence_seconds + ctx * d.per_context_token_seconds) * f
+        k = load.rate_rps * load.mean_output_tokens / decode_instances  # tokens/s per instance
+        denom = 1.0 - k * per_seq
+        if denom <= 0:
+            return math.inf
+        return d.step_seconds * f / denom
+
+
+def _erlang_c(c: int, a: float) -> float:
+    """Probability of waiting in M/M/c with offered load ``a`` (Erlang C), stable recurrence."""
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    return c * b / (c - a * (1.0 - b))
+
+
+# -- online calibration -------------------------------------------------------------------
+
+#: how fast calibration follows new evidence (EWMA weight of one sample)
+CALIBRATION_WEIGHT = 0.2
+#: a factor outside this range is a broken metric, not a slow engine
+CALIBRATION_BOUNDS = (0.5, 3.0)
+
+
+def calibrate(
+    model: PerformanceModel,
+    *,
+    observed_tpot_seconds: float | None,
+    decode_batch: float | None,
+    decode_context_tokens: float | None,
+    observed_prefill_seconds: float | None,
+    prefill_input_tokens: float | None,
+    prefill_cached_tokens: float | None,
+    instances_warming_up: int,
+) -> PerformanceModel:
+    """Return ``model`` with its calibration moved towards observed/predicted.
+
+    Samples are skipped (model returned unchanged) when any value is unknown or when an
+    instance is still in its first minutes: a new instance's first passes run before JIT and
+    graphs are warm and would make the fleet look slower than it is (Dynamo over-scales on
+    exactly this). The factor moves by an EWMA and is clamped to ``CALIBRATION_BOUNDS``.
+    """
+    if instances_warming_up > 0:
+        return model
+    cal = model.calibration
+    lo, hi = CALIBRATION_BOUNDS
+    prefill_factor, decode_factor = cal.prefill_factor, cal.decode_factor
+    used = False
+    if None not in (observed_tpot_seconds, decode_batch, decode_context_tokens):
+        assert observed_tpot_seconds is not None and decode_batch is not None
+        assert decode_context_tokens is not None
+        raw = PerformanceModel(model.profile).tpot_seconds(decode_batch, decode_context_tokens)
+        if raw > 0 and observed_tpot_seconds > 0:
+            ratio = min(max(observed_tpot_seconds / raw, lo), hi)
+            decode_factor += CALIBRATION_WEIGHT * (ratio - decode_factor)
+            used = True
+    if None not in (observed_prefill_seconds, prefill_input_tokens, prefill_cached_tokens):
+        assert observed_prefill_seconds is not None and prefill_input_tokens is not None
+        assert prefill_cached_tokens is not None
+        raw = PerformanceModel(model.profile).prefill_seconds(
+            prefill_input_tokens, prefill_cached_tokens
+        )
+        if raw > 0 and observed_prefill_seconds > 0:
+            ratio = min(max(observed_prefill_seconds / raw, lo), hi)
+            prefill_factor += CALIBRATION_WEIGHT * (ratio - prefill_factor)
+            used = True
+    if not used:
+        return model
+    return replace(
+        model,
+        calibration=Calibration(prefill_factor, decode_factor, cal.samples + 1),
+    )
