@@ -1,0 +1,298 @@
+"""The P/D pre-launch checklist as validation and derived defaults.
+
+A spec passes ``validate`` or fails with every problem at once, each naming the field path
+(``spec.parallelism.prefill.tensorParallelSize``) and the reason. The same messages reach the
+user through ``pdscale render`` (exit 2) and the operator's ``SpecValid=False`` condition.
+
+What is *impossible by construction* is not checked here: page size, KV dtype, layout and the
+decode allocation policy are single fields rendered onto both roles.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pydantic
+
+from .pdcluster import (
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    EngineKind,
+    KVCacheLayout,
+    PDClusterSpec,
+    PlannerMode,
+    RoleParallelism,
+    RoleSpec,
+    TransferBackend,
+)
+
+# SGLang's own default for both transfer timeouts; we never derive anything shorter.
+SGLANG_DEFAULT_TIMEOUT_SECONDS = 300
+# vLLM NIXL's default decoder_kv_blocks_ttl; likewise a floor.
+VLLM_DEFAULT_KV_BLOCKS_TTL_SECONDS = 480
+# Headroom over the slowest prefill: queueing ahead of the long prompt, transfer time and a
+# prefill speed that is itself an estimate.
+TIMEOUT_MARGIN_PERCENT = 50
+# Seconds an engine needs after SIGTERM to close sockets and exit, on top of the drain.
+SHUTDOWN_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """An invalid PDCluster spec; ``problems`` lists every field at fault."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Settings computed from the spec (seconds). Reported in status.derived."""
+
+    slowest_prefill_seconds: int
+    minimum_transfer_timeout_seconds: int
+    bootstrap_timeout_seconds: int
+    waiting_timeout_seconds: int
+    decoder_kv_blocks_ttl_seconds: int
+
+    def as_status(self) -> dict[str, int]:
+        from pydantic.alias_generators import to_camel
+
+        return {to_camel(k): v for k, v in asdict(self).items()}
+
+
+def minimum_transfer_timeout_seconds(spec: PDClusterSpec) -> int:
+    """Seconds the slowest prefill may take: the longest prompt (max context length, tokens)
+    at the conservative prefill speed (tokens/s), plus TIMEOUT_MARGIN_PERCENT, rounded up."""
+    slowest = spec.model.max_context_length_tokens / spec.kv_transfer.conservative_prefill_tokens_per_second
+    return math.ceil(slowest * (100 + TIMEOUT_MARGIN_PERCENT) / 100)
+
+
+def derive(spec: PDClusterSpec) -> Derived:
+    """Derived timeouts: the user's value when given (validated separately), otherwise the
+    larger of the engine's default and the computed minimum."""
+    kvt = spec.kv_transfer
+    minimum = minimum_transfer_timeout_seconds(spec)
+    slowest = math.ceil(spec.model.max_context_length_tokens / kvt.conservative_prefill_tokens_per_second)
+    floor = max(SGLANG_DEFAULT_TIMEOUT_SECONDS, minimum)
+    return Derived(
+        slowest_prefill_seconds=slowest,
+        minimum_transfer_timeout_seconds=minimum,
+        bootstrap_timeout_seconds=kvt.bootstrap_timeout_seconds or floor,
+        waiting_timeout_seconds=kvt.waiting_timeout_seconds or floor,
+        decoder_kv_blocks_ttl_seconds=kvt.decoder_kv_blocks_ttl_seconds
+        or max(VLLM_DEFAULT_KV_BLOCKS_TTL_SECONDS, minimum),
+    )
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    path = "spec"
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def parse(raw: dict[str, Any] | None) -> PDClusterSpec:
+    """The spec dict (camelCase, as in the resource) -> model, or SpecError naming fields."""
+    try:
+        return PDClusterSpec.model_validate(raw or {})
+    except pydantic.ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            message = err["msg"]
+            if err["type"] == "extra_forbidden":
+                message = "unknown field"
+            problems.append(Problem(_loc(err["loc"]), message))
+        raise SpecError(problems) from None
+
+
+def _gpus_used(engine: EngineKind, p: RoleParallelism) -> tuple[int, str]:
+    if engine is EngineKind.SGLANG and p.data_parallel_attention:
+        # DP-attention splits the TP group's GPUs into DP attention groups: no extra GPUs.
+        return p.tensor_parallel_size, f"tensorParallelSize {p.tensor_parallel_size} with DP-attention"
+    gpus = p.tensor_parallel_size * p.data_parallel_size
+    return gpus, (
+        f"tensorParallelSize {p.tensor_parallel_size} x dataParallelSize {p.data_parallel_size}"
+    )
+
+
+def _check_parallelism(spec: PDClusterSpec, role: str, p: RoleParallelism) -> list[Problem]:
+    out = []
+    base = f"spec.parallelism.{role}"
+    engine = spec.engine.kind
+    gpus, how = _gpus_used(engine, p)
+    per_node = spec.placement.gpus_per_node
+    if gpus != per_node:
+        out.append(Problem(base, f"uses {gpus} GPUs ({how}) but placement.gpusPerNode is "
+                                 f"{per_node}; one instance must occupy exactly one whole node"))
+    tp, dp, ep = p.tensor_parallel_size, p.data_parallel_size, p.expert_parallel_size
+    if engine is EngineKind.SGLANG:
+        if p.data_parallel_attention and (dp < 2 or tp % dp):
+            out.append(Problem(f"{base}.dataParallelSize",
+                               f"DP-attention needs dataParallelSize > 1 dividing "
+                               f"tensorParallelSize {tp}; got {dp}"))
+        if ep > 1 and (ep > tp or tp % ep):
+            out.append(Problem(f"{base}.expertParallelSize",
+                               f"SGLang expert parallelism must divide tensorParallelSize {tp}; "
+                               f"got {ep}"))
+    else:
+        if p.data_parallel_attention:
+            out.append(Problem(f"{base}.dataParallelAttention",
+                               "VLLM has no DP-attention switch; use dataParallelSize with "
+                               "expertParallelSize instead"))
+        if ep not in (1, tp * dp):
+            out.append(Problem(f"{base}.expertParallelSize",
+                               f"VLLM's --enable-expert-parallel spans tensorParallelSize x "
+                               f"dataParallelSize = {tp * dp}; expertParallelSize must be 1 or "
+                               f"{tp * dp}, got {ep}"))
+    return out
+
+
+def _check_role(role: str, r: RoleSpec) -> list[Problem]:
+    out = []
+    base = f"spec.{role}"
+    if r.min_replicas > r.max_replicas:
+        out.append(Problem(f"{base}.minReplicas",
+                           f"{r.min_replicas} exceeds maxReplicas {r.max_replicas}"))
+    elif not r.min_replicas <= r.replicas <= r.max_replicas:
+        out.append(Problem(f"{base}.replicas",
+                           f"{r.replicas} is outside [minReplicas {r.min_replicas}, "
+                           f"maxReplicas {r.max_replicas}]"))
+    needed = r.pre_stop_drain_seconds + SHUTDOWN_SECONDS
+    if r.termination_grace_period_seconds < needed:
+        out.append(Problem(f"{base}.terminationGracePeriodSeconds",
+                           f"{r.termination_grace_period_seconds} s would kill the pod before "
+                           f"it drains; needs at least {needed} s (preStopDrainSeconds "
+                           f"{r.pre_stop_drain_seconds} + {SHUTDOWN_SECONDS} s to shut down)"))
+    for section, quantities in (("requests", r.resources.requests), ("limits", r.resources.limits)):
+        if GPU_RESOURCE in quantities:
+            out.append(Problem(f"{base}.resources.{section}",
+                               f"{GPU_RESOURCE} is set by placement.gpusPerNode (whole nodes); "
+                               f"remove it here"))
+    return out
+
+
+def _check_timeouts(spec: PDClusterSpec) -> list[Problem]:
+    out = []
+    kvt = spec.kv_transfer
+    minimum = minimum_transfer_timeout_seconds(spec)
+    why = (f"the slowest prefill ({spec.model.max_context_length_tokens} tokens at "
+           f"{kvt.conservative_prefill_tokens_per_second} tokens/s plus "
+           f"{TIMEOUT_MARGIN_PERCENT}% margin) needs at least {minimum} s")
+    sglang_only = {
+        "bootstrapTimeoutSeconds": kvt.bootstrap_timeout_seconds,
+        "waitingTimeoutSeconds": kvt.waiting_timeout_seconds,
+    }
+    for name, value in sglang_only.items():
+        if value is None:
+            continue
+        if spec.engine.kind is not EngineKind.SGLANG:
+            out.append(Problem(f"spec.kvTransfer.{name}",
+                               "applies to SGLang only; VLLM uses decoderKVBlocksTTLSeconds"))
+        elif value < minimum:
+            out.append(Problem(f"spec.kvTransfer.{name}", f"{value} s is too short: {why}"))
+    ttl = kvt.decoder_kv_blocks_ttl_seconds
+    if ttl is not None:
+        if spec.engine.kind is not EngineKind.VLLM:
+            out.append(Problem("spec.kvTransfer.decoderKVBlocksTTLSeconds",
+                               "applies to VLLM NIXL only"))
+        elif ttl < minimum:
+            out.append(Problem("spec.kvTransfer.decoderKVBlocksTTLSeconds",
+                               f"{ttl} s is too short: prefill would free blocks while decode "
+                               f"still waits; {why}"))
+    return out
+
+
+def check(spec: PDClusterSpec) -> list[Problem]:
+    """Every cross-field rule of the checklist; an empty list means valid."""
+    out: list[Problem] = []
+    engine = spec.engine.kind
+    # Topology: complete and compatible on both roles.
+    par = spec.parallelism
+    for role in ("prefill", "decode"):
+        out += _check_parallelism(spec, role, getattr(par, role))
+    if par.prefill.tensor_parallel_size > par.decode.tensor_parallel_size:
+        out.append(Problem("spec.parallelism.prefill.tensorParallelSize",
+                           f"{par.prefill.tensor_parallel_size} exceeds "
+                           f"parallelism.decode.tensorParallelSize "
+                           f"{par.decode.tensor_parallel_size}; decode cannot take KV from a "
+                           f"wider prefill"))
+    # Engine/backend pairs we render and have checked.
+    if engine is EngineKind.VLLM and spec.kv_transfer.backend is not TransferBackend.NIXL:
+        out.append(Problem("spec.kvTransfer.backend",
+                           f"{spec.kv_transfer.backend.value} is not supported with VLLM; use NIXL"))
+    if spec.router.kind is not None and spec.router.kind.value != engine.value:
+        out.append(Problem("spec.router.kind",
+                           f"{spec.router.kind.value} router cannot pair {engine.value} workers; "
+                           f"use {engine.value} or leave it unset"))
+    # Shared KV settings the engine must support.
+    if engine is EngineKind.VLLM and spec.kv_cache.decode_allocation_policy is not None:
+        out.append(Problem("spec.kvCache.decodeAllocationPolicy",
+                           "is an SGLang setting; VLLM has no equivalent"))
+    if engine is EngineKind.SGLANG and spec.kv_cache.layout is not KVCacheLayout.AUTO:
+        out.append(Problem("spec.kvCache.layout",
+                           f"SGLang has no KV layout setting; {spec.kv_cache.layout.value} "
+                           f"cannot be enforced, use Auto"))
+    out += _check_timeouts(spec)
+    if engine is EngineKind.SGLANG and spec.kv_transfer.bootstrap_port == spec.engine.port:
+        out.append(Problem("spec.kvTransfer.bootstrapPort",
+                           f"{spec.kv_transfer.bootstrap_port} collides with engine.port"))
+    # Roles.
+    for role in ("prefill", "decode"):
+        out += _check_role(role, getattr(spec, role))
+    # Placement.
+    pinned = spec.placement.node_selector.get(GPU_PRODUCT_LABEL)
+    if pinned is not None and pinned != spec.placement.gpu_product:
+        out.append(Problem(f"spec.placement.nodeSelector.{GPU_PRODUCT_LABEL}",
+                           f"{pinned!r} contradicts placement.gpuProduct "
+                           f"{spec.placement.gpu_product!r}"))
+    # Model.
+    weights = spec.model.weights
+    if weights is not None:
+        if (weights.pvc is None) == (weights.host_path is None):
+            out.append(Problem("spec.model.weights", "exactly one of pvc or hostPath must be set"))
+        mount = weights.mount_path.rstrip("/") + "/"
+        if not (spec.model.path + "/").startswith(mount):
+            out.append(Problem("spec.model.path",
+                               f"{spec.model.path!r} is not under weights.mountPath "
+                               f"{weights.mount_path!r}"))
+    # Router ports.
+    if spec.router.port == spec.router.metrics_port:
+        out.append(Problem("spec.router.metricsPort", "collides with router.port"))
+    # Planner.
+    planner = spec.planner
+    if planner.mode is not PlannerMode.OFF and not planner.prometheus_url:
+        out.append(Problem("spec.planner.prometheusURL",
+                           f"required when planner.mode is {planner.mode.value}"))
+    if planner.node_budget is not None:
+        floor = spec.prefill.min_replicas + spec.decode.min_replicas
+        now = spec.prefill.replicas + spec.decode.replicas
+        if planner.node_budget < floor:
+            out.append(Problem("spec.planner.nodeBudget",
+                               f"{planner.node_budget} is below prefill.minReplicas + "
+                               f"decode.minReplicas = {floor}"))
+        elif planner.node_budget < now:
+            out.append(Problem("spec.planner.nodeBudget",
+                               f"{planner.node_budget} is below prefill.replicas + "
+                               f"decode.replicas = {now}"))
+    return out
+
+
+def validate(raw: dict[str, Any] | None) -> tuple[PDClusterSpec, Derived]:
+    """Parse and check a spec; raise SpecError listing every problem."""
+    spec = parse(raw)
+    problems = check(spec)
+    if problems:
+        raise SpecError(problems)
+    return spec, derive(spec)

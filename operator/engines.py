@@ -1,0 +1,172 @@
+"""Engine renderers: the command line and environment of one role's engine container.
+
+Every P/D-critical setting (page size, KV dtype, layout, allocation policy, transfer backend)
+comes from a single spec field and is rendered explicitly on both roles, so the two sides
+agree by construction instead of by each engine's defaults. Flag names: ../shared/docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checklist import Derived
+from .pdcluster import EngineKind, KVCacheDType, KVCacheLayout, PDClusterSpec
+
+NIXL_SIDE_CHANNEL_PORT = 5600
+# SGLang's source suggests 1800 s so DeepGEMM JIT can finish during warm-up.
+SGLANG_MIN_WARMUP_TIMEOUT_SECONDS = 1800
+
+_SGLANG_DTYPE = {
+    KVCacheDType.AUTO: "auto",
+    KVCacheDType.BF16: "bf16",
+    KVCacheDType.FP8E4M3: "fp8_e4m3",
+    KVCacheDType.FP8E5M2: "fp8_e5m2",
+}
+_VLLM_DTYPE = {
+    KVCacheDType.AUTO: "auto",
+    KVCacheDType.BF16: "bfloat16",
+    KVCacheDType.FP8E4M3: "fp8_e4m3",
+    KVCacheDType.FP8E5M2: "fp8_e5m2",
+}
+_ALLOCATION = {"Early": "early", "PrefillComplete": "prefill_complete"}
+
+
+@dataclass
+class EngineContainer:
+    """What a role's engine container runs: command, args, env (core/v1 EnvVar dicts), extra
+    named container ports and pod annotations."""
+
+    command: list[str]
+    args: list[str]
+    env: list[dict[str, Any]]
+    ports: list[dict[str, Any]] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def _env(name: str, value: object) -> dict[str, Any]:
+    return {"name": name, "value": str(value)}
+
+
+def _user_env(spec: PDClusterSpec, role: str) -> list[dict[str, Any]]:
+    role_spec = getattr(spec, role)
+    return [_env(e.name, e.value) for e in (*spec.engine.env, *role_spec.env)]
+
+
+def _user_args(spec: PDClusterSpec, role: str) -> list[str]:
+    return [*spec.engine.extra_args, *getattr(spec, role).extra_args]
+
+
+def sglang(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
+    """`python3 -m sglang.launch_server` for one role of a PD deployment."""
+    par = getattr(spec.parallelism, role)
+    kvt = spec.kv_transfer
+    args = [
+        "--model-path", spec.model.path,
+        "--served-model-name", spec.model.served_name,
+        "--host", "0.0.0.0",
+        "--port", str(spec.engine.port),
+        "--context-length", str(spec.model.max_context_length_tokens),
+        "--disaggregation-mode", role,
+        "--disaggregation-transfer-backend", kvt.backend.value.lower(),
+        "--disaggregation-bootstrap-port", str(kvt.bootstrap_port),
+        "--tp-size", str(par.tensor_parallel_size),
+        "--dp-size", str(par.data_parallel_size),
+        "--ep-size", str(par.expert_parallel_size),
+        "--page-size", str(spec.kv_cache.page_size_tokens),
+        "--kv-cache-dtype", _SGLANG_DTYPE[spec.kv_cache.dtype],
+        "--enable-metrics",
+        # Without it only attention-TP rank 0 reports, and with DP-attention every metric
+        # would look like it came from one rank.
+        "--enable-metrics-for-all-schedulers",
+    ]
+    if par.data_parallel_attention:
+        args.append("--enable-dp-attention")
+    if kvt.ib_devices:
+        args += ["--disaggregation-ib-device", kvt.ib_devices]
+    if spec.kv_cache.decode_allocation_policy is not None:
+        args += [
+            "--disaggregation-decode-allocation-policy",
+            _ALLOCATION[spec.kv_cache.decode_allocation_policy.value],
+        ]
+    if spec.model.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += _user_args(spec, role)
+    warmup = max(SGLANG_MIN_WARMUP_TIMEOUT_SECONDS, getattr(spec, role).warmup_seconds)
+    env = [
+        _env("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", derived.bootstrap_timeout_seconds),
+        _env("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", derived.waiting_timeout_seconds),
+        _env("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", kvt.heartbeat_interval_seconds),
+        _env("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", kvt.heartbeat_max_failures),
+        _env("SGLANG_WARMUP_TIMEOUT", warmup),
+        *_user_env(spec, role),
+    ]
+    ports = []
+    annotations = {}
+    if role == "prefill":
+        ports.append({"name": "bootstrap", "containerPort": kvt.bootstrap_port, "protocol": "TCP"})
+        # The SGLang router's service discovery reads this key (hard-coded in the router).
+        annotations["sglang.ai/bootstrap-port"] = str(kvt.bootstrap_port)
+    return EngineContainer(
+        command=["python3", "-m", "sglang.launch_server"],
+        args=args,
+        env=env,
+        ports=ports,
+        annotations=annotations,
+    )
+
+
+def vllm_kv_transfer_config(spec: PDClusterSpec, derived: Derived) -> dict[str, Any]:
+    """The NIXL KVTransferConfig; identical on both roles (NIXL ignores kv_role, the router
+    decides who is P and who is D)."""
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {
+            "decoder_kv_blocks_ttl": derived.decoder_kv_blocks_ttl_seconds,
+        },
+    }
+
+
+def vllm(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
+    """`vllm serve` for one role, with the NIXL connector."""
+    par = getattr(spec.parallelism, role)
+    args = [
+        spec.model.path,
+        "--served-model-name", spec.model.served_name,
+        "--host", "0.0.0.0",
+        "--port", str(spec.engine.port),
+        "--max-model-len", str(spec.model.max_context_length_tokens),
+        "--tensor-parallel-size", str(par.tensor_parallel_size),
+        "--data-parallel-size", str(par.data_parallel_size),
+        "--block-size", str(spec.kv_cache.page_size_tokens),
+        "--kv-cache-dtype", _VLLM_DTYPE[spec.kv_cache.dtype],
+        "--kv-transfer-config",
+        json.dumps(vllm_kv_transfer_config(spec, derived), separators=(",", ":"), sort_keys=True),
+    ]
+    if par.expert_parallel_size > 1:
+        args.append("--enable-expert-parallel")
+    if spec.model.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += _user_args(spec, role)
+    env: list[dict[str, Any]] = [
+        # NIXL's side channel defaults to localhost; the peer must reach this pod's IP.
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
+        _env("VLLM_NIXL_SIDE_CHANNEL_PORT", NIXL_SIDE_CHANNEL_PORT),
+    ]
+    if spec.kv_cache.layout is not KVCacheLayout.AUTO:
+        env.append(_env("VLLM_KV_CACHE_LAYOUT", spec.kv_cache.layout.value))
+    if spec.kv_transfer.ib_devices:
+        env.append(_env("UCX_NET_DEVICES", spec.kv_transfer.ib_devices))
+    env += _user_env(spec, role)
+    ports = [{"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"}]
+    return EngineContainer(command=["vllm", "serve"], args=args, env=env, ports=ports)
+
+
+def render(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
+    if spec.engine.kind is EngineKind.SGLANG:
+        return sglang(spec, derived, role)
+    return vllm(spec, derived, role)

@@ -1,0 +1,260 @@
+"""Pure builders: plain dict assertions on what the operator would apply."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+import yaml
+from pdscale.operator import builders, engines, names, router
+from pdscale.operator.checklist import validate
+from pdscale.operator.names import Owner
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+OWNER = Owner(name="glm53", namespace="serving", uid="1234-uid")
+
+
+def _sample(name: str):
+    doc = yaml.safe_load((ROOT / "examples" / name).read_text())
+    return validate(doc["spec"])
+
+
+@pytest.fixture(scope="module")
+def sglang_children():
+    spec, derived = _sample("sglang-glm-4p8d.yaml")
+    return {(c["kind"], c["metadata"]["name"]): c for c in builders.build_children(OWNER, spec, derived)}
+
+
+@pytest.fixture(scope="module")
+def vllm_children():
+    spec, derived = _sample("vllm-nixl-2p4d.yaml")
+    return {(c["kind"], c["metadata"]["name"]): c for c in builders.build_children(OWNER, spec, derived)}
+
+
+def _container(children, role):
+    return children[("Deployment", f"glm53-{role}")]["spec"]["template"]["spec"]["containers"][0]
+
+
+def _args(container) -> dict:
+    """Flag -> value ('' for switches), checking no flag is given twice."""
+    out, args, i = {}, container["args"], 0
+    while i < len(args):
+        flag = args[i]
+        assert flag not in out, f"{flag} twice"
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[flag], i = args[i + 1], i + 2
+        else:
+            out[flag], i = "", i + 1
+    return out
+
+
+def _env(container) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_every_child_is_built_and_owned(sglang_children):
+    assert sorted(sglang_children) == [
+        ("Deployment", "glm53-decode"), ("Deployment", "glm53-prefill"),
+        ("Deployment", "glm53-router"), ("Role", "glm53-router"), ("RoleBinding", "glm53-router"),
+        ("Service", "glm53-decode"), ("Service", "glm53-prefill"), ("Service", "glm53-router"),
+        ("ServiceAccount", "glm53-router"),
+    ]
+    for child in sglang_children.values():
+        assert child["metadata"]["namespace"] == "serving"
+        assert child["metadata"]["ownerReferences"] == [{
+            "apiVersion": "pdscale.io/v1alpha1", "kind": "PDCluster", "name": "glm53",
+            "uid": "1234-uid", "controller": True, "blockOwnerDeletion": True}]
+        assert child["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "pdscale-operator"
+        assert child["metadata"]["annotations"]["pdscale.io/applied-hash"]
+
+
+def test_worker_pods_pin_whole_h200_nodes(sglang_children):
+    for role, replicas in (("prefill", 4), ("decode", 8)):
+        dep = sglang_children[("Deployment", f"glm53-{role}")]
+        assert dep["spec"]["replicas"] == replicas
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        c = pod["containers"][0]
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1"}
+        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+        assert {"name": "model", "hostPath": {"path": "/raid/models", "type": "Directory"}} in pod["volumes"]
+        assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+        assert dep["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/instance": "glm53", "pdscale.io/role": role}
+        assert dep["spec"]["template"]["metadata"]["labels"]["pdscale.io/role"] == role
+
+
+def test_drain_settings_per_role(sglang_children):
+    prefill = sglang_children[("Deployment", "glm53-prefill")]["spec"]["template"]["spec"]
+    decode = sglang_children[("Deployment", "glm53-decode")]["spec"]["template"]["spec"]
+    assert prefill["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 120}}}
+    assert prefill["terminationGracePeriodSeconds"] == 180
+    assert decode["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 600}}}
+    assert decode["terminationGracePeriodSeconds"] == 660
+
+
+def test_startup_probe_covers_a_cold_start(sglang_children):
+    c = _container(sglang_children, "prefill")
+    startup = c["startupProbe"]
+    # warmupSeconds 900, three times for a cold start, checked every 10 s.
+    assert startup["httpGet"]["path"] == "/health"
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 2700
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_sglang_flags_are_identical_on_both_roles_except_the_mode(sglang_children):
+    prefill, decode = _args(_container(sglang_children, "prefill")), _args(_container(sglang_children, "decode"))
+    assert prefill["--disaggregation-mode"] == "prefill"
+    assert decode["--disaggregation-mode"] == "decode"
+    for flag, value in {"--page-size": "64", "--kv-cache-dtype": "fp8_e4m3",
+                        "--disaggregation-transfer-backend": "mooncake",
+                        "--disaggregation-bootstrap-port": "8998", "--tp-size": "8",
+                        "--dp-size": "8", "--ep-size": "8", "--enable-dp-attention": "",
+                        "--enable-metrics": "", "--context-length": "1048576",
+                        "--disaggregation-ib-device": "mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7",
+                        "--model-path": "/models/GLM-5.3-FP8", "--served-model-name": "glm-5.3"}.items():
+        assert prefill[flag] == decode[flag] == value, flag
+    assert decode["--max-running-requests"] == "128"
+    assert "--max-running-requests" not in prefill
+
+
+def test_sglang_env_carries_derived_timeouts_and_heartbeat(sglang_children):
+    for role in ("prefill", "decode"):
+        env = _env(_container(sglang_children, role))
+        assert env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "787"
+        assert env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "787"
+        assert env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "5"
+        assert env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "2"
+        assert env["SGLANG_WARMUP_TIMEOUT"] == "1800"
+
+
+def test_prefill_pods_publish_the_bootstrap_port_for_the_router(sglang_children):
+    prefill = sglang_children[("Deployment", "glm53-prefill")]["spec"]["template"]["metadata"]
+    decode = sglang_children[("Deployment", "glm53-decode")]["spec"]["template"]["metadata"]
+    assert prefill["annotations"]["sglang.ai/bootstrap-port"] == "8998"
+    assert "sglang.ai/bootstrap-port" not in decode["annotations"]
+    svc = sglang_children[("Service", "glm53-prefill")]["spec"]
+    assert svc["clusterIP"] == "None"
+    assert {"name": "bootstrap", "port": 8998, "targetPort": "bootstrap", "protocol": "TCP"} in svc["ports"]
+
+
+def test_allocation_policy_is_rendered_on_both_roles():
+    raw = yaml.safe_load((ROOT / "examples" / "sglang-glm-4p8d.yaml").read_text())["spec"]
+    raw["kvCache"]["decodeAllocationPolicy"] = "PrefillComplete"
+    spec, derived = validate(raw)
+    for role in ("prefill", "decode"):
+        c = engines.sglang(spec, derived, role)
+        i = c.args.index("--disaggregation-decode-allocation-policy")
+        assert c.args[i + 1] == "prefill_complete"
+
+
+def test_vllm_nixl_settings(vllm_children):
+    for role in ("prefill", "decode"):
+        c = _container(vllm_children, role)
+        assert c["command"] == ["vllm", "serve"]
+        assert c["args"][0] == "/models/Llama-3.3-70B-Instruct-FP8"
+        args = _args({"args": c["args"][1:]})
+        assert json.loads(args["--kv-transfer-config"]) == {
+            "kv_connector": "NixlConnector", "kv_role": "kv_both",
+            "kv_load_failure_policy": "fail",
+            "kv_connector_extra_config": {"decoder_kv_blocks_ttl": 480}}
+        assert args["--tensor-parallel-size"] == "8"
+        assert args["--block-size"] == "64"
+        env = _env(c)
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
+        assert env["VLLM_KV_CACHE_LAYOUT"] == "HND"
+        assert env["UCX_NET_DEVICES"] == "mlx5_0,mlx5_1"
+    pod = vllm_children[("Deployment", "glm53-prefill")]["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "llama70b-weights",
+                                                        "readOnly": True}} in pod["volumes"]
+
+
+def test_sglang_router_consumes_our_worker_discovery(sglang_children):
+    from sglang_router.launch_router import parse_router_args
+
+    c = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    parsed = parse_router_args(c["args"])
+    assert parsed.pd_disaggregation and parsed.service_discovery
+    assert parsed.service_discovery_namespace == "serving"
+    assert parsed.service_discovery_port == 8000
+    assert parsed.prefill_policy == "cache_aware" and parsed.decode_policy == "power_of_two"
+    # The selectors the router uses are exactly the labels our pods carry.
+    for role, selector in (("prefill", parsed.prefill_selector), ("decode", parsed.decode_selector)):
+        labels = sglang_children[("Deployment", f"glm53-{role}")]["spec"]["template"]["metadata"]["labels"]
+        assert selector == names.selector_labels("glm53", role)
+        assert selector.items() <= labels.items()
+    # ... and the bootstrap port annotation key is the one the router reads.
+    prefill_ann = sglang_children[("Deployment", "glm53-prefill")]["spec"]["template"]["metadata"]["annotations"]
+    assert parsed.bootstrap_port_annotation in prefill_ann
+
+
+def test_router_identity_can_only_read_pods(sglang_children):
+    role = sglang_children[("Role", "glm53-router")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    dep = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]
+    assert dep["serviceAccountName"] == "glm53-router"
+
+
+def test_vllm_router_command(vllm_children):
+    c = vllm_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["vllm-router"]
+    assert c["args"][0] == "--vllm-pd-disaggregation"
+
+
+@pytest.mark.parametrize("cluster_name", [
+    "a" * 253, "x" * 40, "model.v2.prod", "9lives", "glm53",
+])
+def test_child_names_fit_and_are_deterministic(cluster_name):
+    for role in router_roles():
+        name = names.child_name(cluster_name, role)
+        assert len(name) <= names.CHILD_NAME_MAX_CHARS
+        assert len(name) + names.POD_SUFFIX_CHARS <= 63
+        assert name == names.child_name(cluster_name, role)
+        assert name.endswith(f"-{role}")
+        assert name[0].isalpha() and set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-")
+    assert len(names.base_name(cluster_name)) <= 63  # also a label value
+
+
+def router_roles():
+    return ("prefill", "decode", "router")
+
+
+def test_long_names_with_a_shared_prefix_stay_distinct():
+    a, b = "x" * 50 + "-a", "x" * 50 + "-b"
+    assert names.child_name(a, "prefill") != names.child_name(b, "prefill")
+    assert names.child_name("glm53", "prefill") == "glm53-prefill"
+
+
+def test_applied_hash_changes_with_the_spec_only():
+    spec, derived = _sample("sglang-glm-4p8d.yaml")
+    first = builders.build_children(OWNER, spec, derived)
+    again = builders.build_children(OWNER, spec, derived)
+    assert [c["metadata"]["annotations"] for c in first] == [c["metadata"]["annotations"] for c in again]
+    raw = yaml.safe_load((ROOT / "examples" / "sglang-glm-4p8d.yaml").read_text())["spec"]
+    raw["engine"]["image"] = "lmsysorg/sglang:next"
+    spec2, derived2 = validate(raw)
+    changed = {c["metadata"]["name"] + c["kind"]: c["metadata"]["annotations"]["pdscale.io/applied-hash"]
+               for c in builders.build_children(OWNER, spec2, derived2)}
+    before = {c["metadata"]["name"] + c["kind"]: c["metadata"]["annotations"]["pdscale.io/applied-hash"]
+              for c in first}
+    assert changed["glm53-prefillDeployment"] != before["glm53-prefillDeployment"]
+    assert changed["glm53-routerService"] == before["glm53-routerService"]
+
+
+def test_offline_render_has_no_owner_references():
+    spec, derived = _sample("vllm-nixl-2p4d.yaml")
+    for child in builders.build_children(Owner("llama70b", "default"), spec, derived):
+        assert "ownerReferences" not in child["metadata"]
+
+
+def test_router_service_and_worker_discovery():
+    spec, _ = _sample("sglang-glm-4p8d.yaml")
+    svc = router.service(OWNER, spec)
+    assert svc["spec"]["selector"] == {"app.kubernetes.io/instance": "glm53", "pdscale.io/role": "router"}
+    assert svc["spec"]["ports"][0] == {"name": "http", "port": 30000, "targetPort": "http", "protocol": "TCP"}

@@ -1,0 +1,149 @@
+"""The CRD in crds/ and the pydantic model agree: same file, same defaults, same bounds."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import pytest
+import yaml
+from pdscale.operator import crd
+from pdscale.operator.checklist import parse
+from pdscale.operator.pdcluster import PDClusterSpec, dump
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "pdclusters.pdscale.io.yaml"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+MINIMAL = {
+    "model": {"servedName": "m", "path": "org/model"},
+    "engine": {"kind": "SGLang", "image": "img"},
+    "router": {"image": "router-img"},
+}
+
+
+def _schema() -> dict:
+    return yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def _apply_defaults(schema: dict, value):
+    """The API server's structural defaulting, for the subset of OpenAPI the CRD uses."""
+    if schema.get("type") == "object" and isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = _apply_defaults(sub, value[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for k in value:
+                value[k] = _apply_defaults(extra, value[k])
+    if schema.get("type") == "array" and isinstance(value, list):
+        return [_apply_defaults(schema["items"], v) for v in value]
+    return value
+
+
+def _prune(value):
+    """Empty lists and maps mean the same as absent ones; drop them before comparing."""
+    if isinstance(value, dict):
+        pruned = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ([], {})}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def test_checked_in_crd_is_the_generated_one():
+    assert CRD_FILE.read_text() == crd.render_yaml(), (
+        "crds/ is stale: run python -m pdscale.operator.crd > crds/pdclusters.pdscale.io.yaml"
+    )
+
+
+@pytest.mark.parametrize("raw", [MINIMAL, *[yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]],
+                         ids=["minimal", *[p.stem for p in EXAMPLES]])
+def test_api_server_defaults_equal_model_defaults(raw):
+    by_crd = _apply_defaults(_schema()["properties"]["spec"], copy.deepcopy(raw))
+    by_model = dump(parse(raw))
+    assert _prune(by_crd) == _prune(by_model)
+
+
+def _walk(schema: dict, path: str = "spec"):
+    yield path, schema
+    for name, sub in schema.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural_and_documented():
+    for path, node in _walk(_schema()["properties"]["spec"]):
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "title"} & node.keys(), path
+        assert node.get("type") or node.get("x-kubernetes-int-or-string"), path
+        if node.get("type") == "object":
+            assert node.get("additionalProperties") is not False, path
+        if not path.endswith(("[]", "{}")):
+            assert node.get("description"), f"{path} has no description (kubectl explain)"
+
+
+def _model_fields(model, path="spec"):
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        yield f"{path}.{alias}", field
+        origin = getattr(field.annotation, "__origin__", None)
+        for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                sub = f"{path}.{alias}[]" if origin is list else f"{path}.{alias}"
+                yield from _model_fields(arg, sub)
+
+
+def test_every_model_field_is_in_the_schema_with_its_bounds_and_requiredness():
+    nodes = dict(_walk(_schema()["properties"]["spec"]))
+    parents = {}
+    for path, node in nodes.items():
+        for req in node.get("required", []):
+            parents[f"{path}.{req}"] = True
+    seen = 0
+    for path, field in _model_fields(PDClusterSpec):
+        assert path in nodes, f"{path} missing from the CRD"
+        node = nodes[path]
+        assert parents.get(path, False) == field.is_required(), path
+        for meta in field.metadata:
+            for attr, key in (("ge", "minimum"), ("le", "maximum"), ("min_length", "minLength")):
+                if getattr(meta, attr, None) is not None:
+                    assert node[key] == getattr(meta, attr), f"{path}.{key}"
+        seen += 1
+    assert seen > 60  # the walk really covered the model
+
+
+def test_crd_names_status_and_columns():
+    doc = yaml.safe_load(CRD_FILE.read_text())
+    assert doc["metadata"]["name"] == "pdclusters.pdscale.io"
+    assert doc["spec"]["names"]["shortNames"] == ["pdc"]
+    version = doc["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["P-Ready"] == ".status.prefill.readyReplicas"
+    assert columns["D-Desired"] == ".status.decode.desiredReplicas"
+    assert columns["Planner"] == ".spec.planner.mode"
+    assert columns["Decision"] == ".status.planner.lastDecision"
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+
+
+def test_cel_rules_sit_where_they_apply():
+    spec = _schema()["properties"]["spec"]
+    rules = [r["rule"] for r in spec["x-kubernetes-validations"]]
+    assert any("tensorParallelSize" in r for r in rules)
+    assert any("NIXL" in r for r in rules)
+    role_rules = [r["rule"] for r in spec["properties"]["prefill"]["x-kubernetes-validations"]]
+    assert "self.minReplicas <= self.maxReplicas" in role_rules
+    weights = spec["properties"]["model"]["properties"]["weights"]
+    assert weights["x-kubernetes-validations"][0]["rule"] == "has(self.pvc) != has(self.hostPath)"
+    # Optional sections that are absent by default must not get a default object.
+    assert "default" not in weights
+    assert "default" not in spec["properties"]["placement"]["properties"]["rdma"]
+    assert spec["properties"]["kvCache"]["default"] == {}
