@@ -10,6 +10,7 @@ import sys
 # subcommand -> module under pdscale that defines add_arguments(parser) and run(args) -> int
 SUBCOMMANDS = {
     "cluster": ("pdscale.localcluster", "start, stop or inspect the local control plane"),
+    "render": ("pdscale.render", "print the manifests the operator would create for a PDCluster"),
 }
 
 
