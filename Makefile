@@ -1,0 +1,26 @@
+# The two things a fresh machine needs: `make demo` (the main job) and `make test` (all tests).
+# Both run `make setup` first, which is idempotent (seconds once everything is installed).
+VENV := .venv
+BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
+
+.PHONY: setup test lint demo down
+
+setup:
+	@e2e/setup
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e).
+test: lint
+	$(VENV)/bin/pytest
+
+# Bring up the local control plane with 24 fake 8xH200 nodes and show it.
+demo: setup
+	$(VENV)/bin/pdscale cluster up --nodes 24
+	KUBECONFIG=$$HOME/.local/state/pdscale/cluster/admin.kubeconfig $(BIN)/kubectl get nodes -L nvidia.com/gpu.product -o wide | head -8
+	@echo "... use it:  export KUBECONFIG=$$HOME/.local/state/pdscale/cluster/admin.kubeconfig ; stop it:  make down"
+
+down:
+	$(VENV)/bin/pdscale cluster down

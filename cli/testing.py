@@ -1,0 +1,77 @@
+"""pytest fixtures for tests that need a real cluster or a real Prometheus.
+
+Import them in a conftest (``from pdscale.testing import cluster, namespace, ...``). The
+cluster is the local control plane started once per session, or, when ``KUBECONFIG`` is set,
+the cluster it points to (a user's kind cluster with kwok): the same suite runs on both.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from .localcluster import LocalCluster
+from .localprometheus import LocalPrometheus
+from .testbed import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
+
+
+@dataclass
+class ClusterHandle:
+    kubeconfig: Path  # admin
+    operator_kubeconfig: Path  # ServiceAccount pdscale-system/pdscale-operator, no RBAC bound
+    local: LocalCluster | None  # None when the suite runs against KUBECONFIG
+
+    def ensure_h200_nodes(self, n: int, pool: str = "default") -> list[str]:
+        names = ensure_h200_nodes(self.kubeconfig, n, pool)
+        wait_nodes_ready(self.kubeconfig, names)
+        return names
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
+    workdir = tmp_path_factory.mktemp("cluster")
+    existing = os.environ.get("KUBECONFIG")
+    if existing:
+        kubeconfig = Path(existing)
+        yield ClusterHandle(kubeconfig, operator_kubeconfig(kubeconfig, workdir / "operator.kubeconfig"), None)
+        return
+    local = LocalCluster(workdir=workdir)
+    local.start()
+    try:
+        op = operator_kubeconfig(local.kubeconfig, workdir / "operator.kubeconfig")
+        yield ClusterHandle(local.kubeconfig, op, local)
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def admin_api(cluster: ClusterHandle) -> client.ApiClient:
+    return api_client(cluster.kubeconfig)
+
+
+@pytest.fixture
+def namespace(admin_api: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (its objects go with it)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(admin_api)
+    core.create_namespace({"metadata": {"name": name, "labels": {"pdscale.io/test": "true"}}})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPrometheus]:
+    prom = LocalPrometheus(workdir=tmp_path_factory.mktemp("prometheus"))
+    prom.start()
+    try:
+        yield prom
+    finally:
+        prom.stop()
