@@ -1,0 +1,109 @@
+"""Forecast of a per-interval series (request rate, lengths) over the planning horizon.
+
+A few simple, robust methods; which one the planner uses is chosen by measured error on the
+shared traces (``bench/forecast_bench.py``), not by fashion. Unknown intervals (``None``) are
+skipped, never read as zero."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+METHODS = ("last", "moving-average", "ewma", "holt", "seasonal-naive", "recent-max")
+
+
+def _known(history: Sequence[float | None]) -> list[float]:
+    return [x for x in history if x is not None and math.isfinite(x)]
+
+
+def forecast(
+    history: Sequence[float | None],
+    horizon: int,
+    *,
+    method: str = "holt",
+    window: int = 5,
+    alpha: float = 0.5,
+    beta: float = 0.2,
+    damping: float = 0.9,
+    period: int = 0,
+) -> list[float] | None:
+    """Predict the next ``horizon`` values of a series; ``None`` when nothing is known.
+
+    Parameters
+    ----------
+    history : past values, oldest first, one per interval; ``None`` = unknown.
+    horizon : number of future intervals to predict.
+    method : ``last``; ``moving-average`` over ``window``; ``ewma`` with weight ``alpha``;
+        ``holt`` (level + damped trend, ``alpha``/``beta``/``damping``);
+        ``seasonal-naive`` (value one ``period`` ago, falls back to ``holt`` when the history
+        is shorter); ``recent-max`` (max of the last ``window``: conservative).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    xs = _known(history)
+    if not xs:
+        return None
+    if method == "last":
+        return [xs[-1]] * horizon
+    if method == "moving-average":
+        tail = xs[-window:]
+        return [sum(tail) / len(tail)] * horizon
+    if method == "recent-max":
+        return [max(xs[-window:])] * horizon
+    if method == "ewma":
+        level = xs[0]
+        for x in xs[1:]:
+            level += alpha * (x - level)
+        return [level] * horizon
+    if method == "seasonal-naive" and period > 0 and len(history) >= period + horizon:
+        # the same intervals one period ago, skipping unknowns by falling back to holt
+        base = history[len(history) - period : len(history) - period + horizon]
+        fallback = _holt(xs, horizon, alpha, beta, damping)
+        return [b if b is not None else f for b, f in zip(base, fallback, strict=True)]
+    return _holt(xs, horizon, alpha, beta, damping)
+
+
+def _holt(xs: list[float], horizon: int, alpha: float, beta: float, damping: float) -> list[float]:
+    level, trend = xs[0], 0.0
+    for x in xs[1:]:
+        prev = level
+        level = alpha * x + (1 - alpha) * (level + damping * trend)
+        trend = beta * (level - prev) + (1 - beta) * damping * trend
+    out = []
+    phi_sum = 0.0
+    for h in range(1, horizon + 1):
+        phi_sum += damping**h
+        out.append(max(0.0, level + phi_sum * trend))
+    return out
+
+
+def backtest(
+    series: Sequence[float],
+    *,
+    method: str,
+    horizon: int,
+    warmup: int = 5,
+    **kwargs: float,
+) -> dict[str, float]:
+    """Rolling-origin error of ``method`` at lead ``horizon`` over ``series``.
+
+    Returns the mean absolute error relative to the series mean (``rel_mae``) and the
+    share of under-forecasts by more than 10% (``under_10pct``): under-forecasting costs SLO,
+    over-forecasting costs only GPU-hours."""
+    errs: list[float] = []
+    under = 0
+    for origin in range(warmup, len(series) - horizon):
+        pred = forecast(series[:origin], horizon, method=method, **kwargs)  # type: ignore[arg-type]
+        if pred is None:
+            continue
+        actual = series[origin + horizon - 1]
+        p = pred[-1]
+        errs.append(abs(p - actual))
+        if p < 0.9 * actual:
+            under += 1
+    mean = sum(series) / len(series) if series else 0.0
+    n = max(len(errs), 1)
+    return {
+        "rel_mae": (sum(errs) / n) / mean if mean > 0 else 0.0,
+        "under_10pct": under / n,
+    }
