@@ -344,7 +344,7 @@ def plan(
     short = np.array([x[vi(r, SHORT)] for r in (0, 1)])
     provisioned = base_prov + prov @ x
     cost = float(gpu_h * provisioned.sum())
-    target = (int(round(comm[0, 0])), int(round(comm[1, 0])))
+    target = (int(np.rint(comm[0, 0])), int(np.rint(comm[1, 0])))
     sw_to_p, sw_to_d = int(x[vi(0, SW)][0]), int(x[vi(1, SW)][0])
     budget_short = bool(over.any())
     shortfall = bool(short.sum() > 1e-6) or budget_short
