@@ -325,7 +325,7 @@ class RDMASpec(_Model):
     """RDMA device-plugin resource requested by each engine pod."""
 
     resource_name: str = Field(
-        default="rdma/rdma_shared_device_a", min_length=1, description="Extended resource name."
+        default="rdma/ib", min_length=1, description="Extended resource name."
     )
     count: int = Field(default=1, ge=1, le=64, description="Units per pod.")
 

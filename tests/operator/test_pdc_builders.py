@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 import yaml
+
 from pdscale.operator import builders, engines, names, router
 from pdscale.operator.checklist import validate
 from pdscale.operator.names import Owner
@@ -77,7 +78,7 @@ def test_worker_pods_pin_whole_h200_nodes(sglang_children):
         assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         c = pod["containers"][0]
-        assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1"}
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
         assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
         assert {"name": "model", "hostPath": {"path": "/raid/models", "type": "Directory"}} in pod["volumes"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from pdscale.operator.checklist import (
     SpecError,
     derive,

@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 import yaml
+
 from pdscale.operator import crd
 from pdscale.operator.checklist import parse
 from pdscale.operator.pdcluster import PDClusterSpec, dump

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import yaml
+
 from pdscale.main import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

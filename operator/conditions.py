@@ -1,0 +1,63 @@
+"""Status condition types and reasons (the one place they are named), and the pure helper
+that keeps lastTransitionTime stable while a condition's status does not change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Condition types.
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+SPEC_VALID = "SpecValid"
+TYPES = (SPEC_VALID, READY, PROGRESSING, DEGRADED)
+
+# Reasons (CamelCase, stable: alerts and dashboards match on them).
+SPEC_ACCEPTED = "SpecAccepted"
+SPEC_INVALID = "SpecInvalid"
+ALL_READY = "AllReplicasReady"
+WAITING_FOR_REPLICAS = "WaitingForReplicas"
+ROLLING_OUT = "RollingOut"
+ROLLOUT_COMPLETE = "RolloutComplete"
+NAME_CONFLICT = "NameConflict"
+DEPLOYMENT_STALLED = "DeploymentStalled"
+AS_EXPECTED = "AsExpected"
+
+# Event reasons.
+EVENT_CREATED = "Created"
+EVENT_UPDATED = "Updated"
+EVENT_SCALED = "Scaled"
+EVENT_NAME_CONFLICT = NAME_CONFLICT
+EVENT_SPEC_INVALID = SPEC_INVALID
+EVENT_READY = "Ready"
+EVENT_NOT_READY = "NotReady"
+
+
+def condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def merge(previous: list[dict[str, Any]] | None, current: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
+    """Conditions in TYPES order, with lastTransitionTime carried over from `previous` when a
+    condition's status is unchanged and set to `now` (RFC 3339) when it flips."""
+    before = {c.get("type"): c for c in previous or []}
+    out = []
+    for cond in sorted(current, key=lambda c: TYPES.index(c["type"])):
+        old = before.get(cond["type"])
+        stamped = dict(cond)
+        if old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
+            stamped["lastTransitionTime"] = old["lastTransitionTime"]
+        else:
+            stamped["lastTransitionTime"] = now
+        out.append(stamped)
+    return out
+
+
+def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)

@@ -1,0 +1,180 @@
+"""kopf wiring: thin handlers that read, build, apply and report through reconcile().
+
+Run with ``kopf run -m pdscale.operator.handlers --all-namespaces``.
+
+Only event-watching handlers are used, never change-detecting ones or timers: those make kopf
+keep state on the PDCluster (annotations, a finalizer), i.e. write to it on every change and
+block deletion while the operator is down. Here the operator's only writes are children that
+differ, status that differs, and Events. Failed reconciles are retried with backoff by the
+operator's own loop, which also resyncs every PDCluster periodically (level-based: a missed
+event costs latency, never correctness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from .kube import Kube
+from .names import LABEL_MANAGED_BY, MANAGER
+from .pdcluster import GROUP, KIND, PLURAL, VERSION
+from .reconcile import now_rfc3339, reconcile
+
+log = logging.getLogger(__name__)
+
+RESYNC_SECONDS = float(os.environ.get("PDSCALE_RESYNC_SECONDS", "300"))
+RETRY_MIN_SECONDS = 1.0
+RETRY_MAX_SECONDS = 60.0
+OURS = {LABEL_MANAGED_BY: MANAGER}
+
+
+def _api_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+class Retries:
+    """PDClusters whose last reconcile failed, with when to try again (exponential backoff)."""
+
+    def __init__(self) -> None:
+        self.due: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def failed(self, key: tuple[str, str], now: float) -> float:
+        _, delay = self.due.get(key, (0.0, RETRY_MIN_SECONDS / 2))
+        delay = min(RETRY_MAX_SECONDS, delay * 2)
+        self.due[key] = (now + delay, delay)
+        return delay
+
+    def succeeded(self, key: tuple[str, str]) -> None:
+        self.due.pop(key, None)
+
+    def ready(self, now: float) -> list[tuple[str, str]]:
+        return [k for k, (when, _) in self.due.items() if when <= now]
+
+
+def _run(memo: kopf.Memo, body: dict[str, Any]) -> None:
+    """Reconcile one PDCluster; on API errors schedule a retry instead of giving up."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    try:
+        outcome = reconcile(Kube(memo.api), body, now_rfc3339())
+    except ApiException as exc:
+        delay = memo.retries.failed(key, time.monotonic())
+        log.warning("reconcile of %s/%s failed (HTTP %s %s); retrying in %.0f s",
+                    *key, exc.status, exc.reason, delay)
+        # Conflicts and outages are temporary by nature; kopf logs it, our loop retries.
+        raise kopf.TemporaryError(f"HTTP {exc.status}: {exc.reason}", delay=delay) from exc
+    memo.retries.succeeded(key)
+    memo.writes += outcome.writes
+    if outcome.writes:
+        log.info("reconciled %s/%s: %d writes, events: %s", *key, outcome.writes,
+                 [e.reason for e in outcome.events])
+
+
+def _fresh(memo: kopf.Memo, namespace: str, name: str, uid: str | None = None) -> dict[str, Any] | None:
+    body = Kube(memo.api).get("PDCluster", namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    if uid is not None and body["metadata"]["uid"] != uid:
+        return None
+    return body
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.peering.standalone = True  # one replica; no peering CRD to require
+    settings.posting.enabled = False  # we post our own Events, only on meaningful changes
+    settings.watching.server_timeout = int(os.environ.get("PDSCALE_WATCH_TIMEOUT_SECONDS", "300"))
+    settings.execution.max_workers = int(os.environ.get("PDSCALE_WORKERS", "8"))
+    memo.api = _api_client()
+    memo.retries = Retries()
+    memo.writes = 0
+
+
+@kopf.on.startup()
+async def start_resync(memo: kopf.Memo, **_: Any) -> None:
+    memo.resync_task = asyncio.create_task(_resync_loop(memo))
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "resync_task", None)
+    if task is not None:
+        task.cancel()
+
+
+async def _resync_loop(memo: kopf.Memo) -> None:
+    last_full = time.monotonic()
+    while True:
+        await asyncio.sleep(RETRY_MIN_SECONDS)
+        now = time.monotonic()
+        keys = memo.retries.ready(now)
+        full = now - last_full >= RESYNC_SECONDS
+        try:
+            if full:
+                last_full = now
+                bodies = await asyncio.to_thread(Kube(memo.api).list_pdclusters)
+            else:
+                bodies = [b for k in keys if (b := await asyncio.to_thread(_fresh, memo, *k))]
+                for k in keys:
+                    if not any((b["metadata"]["namespace"], b["metadata"]["name"]) == k for b in bodies):
+                        memo.retries.succeeded(k)  # gone
+        except ApiException as exc:
+            log.warning("resync listing failed: HTTP %s", exc.status)
+            continue
+        for body in bodies:
+            if body["metadata"].get("deletionTimestamp"):
+                continue
+            with contextlib.suppress(kopf.TemporaryError):  # already scheduled for retry
+                await asyncio.to_thread(_run, memo, body)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def pdcluster_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+        return  # children go with it: garbage collection follows the owner references
+    _run(memo, _plain(body))
+
+
+def _owner_ref(body: kopf.Body) -> dict[str, Any] | None:
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
+            return ref
+    return None
+
+
+def _child_changed(body: kopf.Body, memo: kopf.Memo) -> None:
+    ref = _owner_ref(body)
+    if ref is None:
+        return
+    owner = _fresh(memo, body["metadata"]["namespace"], ref["name"], ref["uid"])
+    if owner is not None:
+        _run(memo, owner)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OURS)
+def deployment_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    # Ready counts and drift (someone edited or deleted our Deployment) both land here.
+    _child_changed(body, memo)
+
+
+@kopf.on.event("", "v1", "services", labels=OURS)
+def service_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    _child_changed(body, memo)
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    import copy
+
+    return copy.deepcopy(dict(body))

@@ -1,0 +1,64 @@
+"""The operator's least-privilege RBAC, as pure builders (the Helm chart and tests use them).
+
+What each rule is for:
+- PDClusters: watch them, write only their status (never their spec).
+- Deployments, Services: create and server-side apply the children (SSA create needs create
+  and patch), watch them for ready counts and drift. No delete: garbage collection removes
+  children through their owner references.
+- ServiceAccounts, Roles, RoleBindings: the router's identity. The API server lets us grant
+  the router "read pods" only because we hold it ourselves (no escalate, no bind).
+- Events: report.
+- CustomResourceDefinitions (read): kopf checks that the PDCluster resource exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .pdcluster import GROUP, PLURAL
+
+NAME = "pdscale-operator"
+NAMESPACE = "pdscale-system"
+
+_READ = ["get", "list", "watch"]
+_APPLY = ["get", "create", "patch"]
+
+
+def rules() -> list[dict[str, Any]]:
+    return [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": _READ},
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+        # Setting blockOwnerDeletion on children needs update on the owner's finalizers
+        # where the OwnerReferencesPermissionEnforcement admission plugin is on.
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*_READ, "create", "patch"]},
+        {"apiGroups": [""], "resources": ["services"], "verbs": [*_READ, "create", "patch"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": _APPLY},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
+         "verbs": _APPLY},
+        # Held so that the router Role we create may grant it (RBAC escalation check).
+        {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": _READ},
+    ]
+
+
+def cluster_role(name: str = NAME) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pdscale"}},
+        "rules": rules(),
+    }
+
+
+def cluster_role_binding(name: str = NAME, namespace: str = NAMESPACE,
+                         service_account: str = NAME) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pdscale"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+    }

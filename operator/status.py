@@ -1,0 +1,119 @@
+"""Pure: the PDCluster status from what the operator observed (the live Deployments, the
+validation result, name conflicts). Time is passed in, never read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import conditions as c
+
+ROLES = ("prefill", "decode", "router")
+
+
+@dataclass
+class Observation:
+    """What one reconcile saw. `deployments` maps role -> the live Deployment (None when it
+    does not exist or is not ours)."""
+
+    generation: int
+    problems: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    deployments: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    derived: dict[str, int] | None = None
+
+
+def role_counts(deployment: dict[str, Any] | None) -> dict[str, int]:
+    if deployment is None:
+        return {"desiredReplicas": 0, "readyReplicas": 0, "updatedReplicas": 0}
+    st = deployment.get("status") or {}
+    return {
+        "desiredReplicas": int((deployment.get("spec") or {}).get("replicas", 1)),
+        "readyReplicas": int(st.get("readyReplicas", 0)),
+        "updatedReplicas": int(st.get("updatedReplicas", 0)),
+    }
+
+
+def _rolled_out(deployment: dict[str, Any] | None) -> bool:
+    """Deployment's own rollout-complete test (what `kubectl rollout status` waits for)."""
+    if deployment is None:
+        return False
+    meta, spec, st = deployment["metadata"], deployment.get("spec") or {}, deployment.get("status") or {}
+    desired = int(spec.get("replicas", 1))
+    return (
+        int(st.get("observedGeneration", 0)) >= int(meta.get("generation", 0))
+        and int(st.get("updatedReplicas", 0)) == desired
+        and int(st.get("replicas", 0)) == desired
+        and int(st.get("availableReplicas", 0)) == desired
+    )
+
+
+def _stalled(deployment: dict[str, Any] | None) -> str | None:
+    for cond in ((deployment or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            return cond.get("message") or "progress deadline exceeded"
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            return cond.get("message") or "replica failure"
+    return None
+
+
+def compute(obs: Observation, previous: dict[str, Any] | None, now: str) -> dict[str, Any]:
+    """The whole status object. `previous` is the current status (for transition times)."""
+    gen = obs.generation
+    counts = {role: role_counts(obs.deployments.get(role)) for role in ROLES}
+    valid = not obs.problems
+    conds = [
+        c.condition(c.SPEC_VALID, valid, c.SPEC_ACCEPTED if valid else c.SPEC_INVALID,
+                    "; ".join(obs.problems) if obs.problems else "spec passes the P/D checklist",
+                    gen),
+    ]
+    stalled = {role: m for role in ROLES if (m := _stalled(obs.deployments.get(role)))}
+    rolling = [role for role in ROLES if not _rolled_out(obs.deployments.get(role))]
+    ready = valid and not obs.conflicts and not rolling
+    if not valid:
+        ready_reason, ready_msg = c.SPEC_INVALID, "the spec is invalid; children were left as they were"
+    elif obs.conflicts:
+        ready_reason, ready_msg = c.NAME_CONFLICT, "; ".join(obs.conflicts)
+    elif rolling:
+        ready_reason = c.WAITING_FOR_REPLICAS
+        ready_msg = ", ".join(
+            f"{role} {counts[role]['readyReplicas']}/{counts[role]['desiredReplicas']} ready"
+            for role in rolling)
+    else:
+        ready_reason = c.ALL_READY
+        ready_msg = ", ".join(
+            f"{role} {counts[role]['readyReplicas']}/{counts[role]['desiredReplicas']}" for role in ROLES)
+    conds.append(c.condition(c.READY, ready, ready_reason, ready_msg, gen))
+    progressing = valid and not obs.conflicts and bool(rolling) and not stalled
+    conds.append(c.condition(
+        c.PROGRESSING, progressing,
+        c.ROLLING_OUT if progressing else c.ROLLOUT_COMPLETE,
+        f"rolling out: {', '.join(rolling)}" if progressing else "no rollout in progress", gen))
+    if obs.conflicts:
+        degraded = (True, c.NAME_CONFLICT, "; ".join(obs.conflicts))
+    elif stalled:
+        degraded = (True, c.DEPLOYMENT_STALLED,
+                    "; ".join(f"{role}: {m}" for role, m in sorted(stalled.items())))
+    else:
+        degraded = (False, c.AS_EXPECTED, "no conflicts, no stalled rollouts")
+    conds.append(c.condition(c.DEGRADED, *degraded, gen))
+
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "conditions": c.merge((previous or {}).get("conditions"), conds, now),
+        **counts,
+    }
+    if obs.derived is not None:
+        status["derived"] = obs.derived
+    elif previous and "derived" in previous:
+        status["derived"] = previous["derived"]  # keep the last valid derivation visible
+    return status
+
+
+def patch_for(previous: dict[str, Any] | None, desired: dict[str, Any]) -> dict[str, Any] | None:
+    """A merge patch turning `previous` into `desired` for the keys the operator owns, or None
+    when nothing changed (so a no-op reconcile writes nothing). The planner's keys are left
+    alone."""
+    previous = previous or {}
+    patch = {k: v for k, v in desired.items() if previous.get(k) != v}
+    return patch or None

@@ -1,0 +1,222 @@
+"""reconcile() against an in-memory API: writes only what differs, never takes over objects
+that are not ours, and reports conditions and Events."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import yaml
+
+from pdscale.operator import conditions as c
+from pdscale.operator import rbac
+from pdscale.operator.reconcile import contains, reconcile
+from pdscale.operator.status import Observation, compute
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOW = "2026-11-30T12:00:00Z"
+LATER = "2026-11-30T12:05:00Z"
+
+
+class FakeKube:
+    """Stores objects by (kind, ns, name); bumps resourceVersion on every write, adds a
+    server-side default to Deployments (as the API server does) to exercise `contains`."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.writes = 0
+        self.events: list[dict] = []
+        self.rv = 0
+
+    def _bump(self, obj):
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+
+    def get(self, kind, namespace, name):
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def apply(self, manifest, *, force=True):
+        self.writes += 1
+        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        obj = copy.deepcopy(manifest)
+        if manifest["kind"] == "Deployment":
+            obj["spec"]["progressDeadlineSeconds"] = obj["spec"].get("progressDeadlineSeconds", 600)
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                container.setdefault("terminationMessagePath", "/dev/termination-log")
+            old = self.objects.get(key)
+            obj["status"] = (old or {}).get("status", {})
+            obj["metadata"]["generation"] = (old or {}).get("metadata", {}).get("generation", 0) + 1
+        self._bump(obj)
+        self.objects[key] = obj
+        return copy.deepcopy(obj)
+
+    def patch_status(self, namespace, name, patch):
+        self.writes += 1
+        obj = self.objects[("PDCluster", namespace, name)]
+        obj.setdefault("status", {}).update(copy.deepcopy(patch))
+        self._bump(obj)
+
+    def create_event(self, event):
+        self.writes += 1
+        self.events.append(event)
+
+    def versions(self):
+        return {k: v["metadata"]["resourceVersion"] for k, v in self.objects.items()}
+
+    def make_ready(self):
+        for (kind, _, _), obj in self.objects.items():
+            if kind == "Deployment":
+                n = obj["spec"]["replicas"]
+                obj["status"] = {"observedGeneration": obj["metadata"]["generation"], "replicas": n,
+                                 "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}
+
+
+def _pdc(kube: FakeKube, sample="sglang-glm-4p8d.yaml") -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / sample).read_text())
+    doc["metadata"].update(namespace="serving", uid="uid-1", generation=1, resourceVersion="1")
+    kube.objects[("PDCluster", "serving", doc["metadata"]["name"])] = doc
+    return doc
+
+
+def _body(kube, name="glm53"):
+    return kube.get("PDCluster", "serving", name)
+
+
+def test_first_reconcile_creates_every_child_then_a_noop_writes_nothing():
+    kube = FakeKube()
+    _pdc(kube)
+    first = reconcile(kube, _body(kube), NOW)
+    kinds = sorted(k for (k, _, _) in kube.objects)
+    assert kinds == ["Deployment"] * 3 + ["PDCluster", "Role", "RoleBinding"] + ["Service"] * 3 + ["ServiceAccount"]
+    assert [e.reason for e in first.events].count("Created") == 9
+    kube.make_ready()
+    reconcile(kube, _body(kube), NOW)  # status catches up with readiness
+    before = kube.versions()
+    again = reconcile(kube, _body(kube), LATER)
+    assert again.writes == 0 and again.events == []
+    assert kube.versions() == before
+
+
+def test_status_counts_and_conditions_follow_the_deployments():
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    status = _body(kube)["status"]
+    assert status["observedGeneration"] == 1
+    assert status["prefill"] == {"desiredReplicas": 4, "readyReplicas": 0, "updatedReplicas": 0}
+    ready = c.find(status["conditions"], c.READY)
+    assert (ready["status"], ready["reason"]) == ("False", c.WAITING_FOR_REPLICAS)
+    assert c.find(status["conditions"], c.PROGRESSING)["status"] == "True"
+    assert status["derived"]["bootstrapTimeoutSeconds"] == 787
+    kube.make_ready()
+    out = reconcile(kube, _body(kube), LATER)
+    status = _body(kube)["status"]
+    assert status["decode"] == {"desiredReplicas": 8, "readyReplicas": 8, "updatedReplicas": 8}
+    ready = c.find(status["conditions"], c.READY)
+    assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == ("True", c.ALL_READY, LATER)
+    assert c.find(status["conditions"], c.SPEC_VALID)["lastTransitionTime"] == NOW  # unchanged
+    assert [e.reason for e in out.events] == ["Ready"]
+
+
+def test_changing_replicas_applies_only_that_deployment_with_a_scaled_event():
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    kube.make_ready()
+    reconcile(kube, _body(kube), NOW)
+    before = kube.versions()
+    pdc = kube.objects[("PDCluster", "serving", "glm53")]
+    pdc["spec"]["decode"]["replicas"] = 10
+    pdc["metadata"]["generation"] = 2
+    out = reconcile(kube, _body(kube), LATER)
+    after = kube.versions()
+    changed = sorted(k for k in after if after[k] != before[k])
+    assert changed == [("Deployment", "serving", "glm53-decode"), ("PDCluster", "serving", "glm53")]
+    assert ("Normal", "Scaled", "Deployment/glm53-decode replicas 8 -> 10") in [
+        (e.type, e.reason, e.message) for e in out.events]
+
+
+def test_drift_in_our_fields_is_repaired():
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    dep = kube.objects[("Deployment", "serving", "glm53-prefill")]
+    dep["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
+    reconcile(kube, _body(kube), NOW)
+    image = kube.objects[("Deployment", "serving", "glm53-prefill")]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "lmsysorg/sglang:v0.5.6-cu129"
+
+
+def test_an_object_that_is_not_ours_is_never_overwritten():
+    kube = FakeKube()
+    _pdc(kube)
+    foreign = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "glm53-router", "namespace": "serving", "resourceVersion": "77"},
+               "spec": {"ports": [{"port": 80}]}}
+    kube.objects[("Service", "serving", "glm53-router")] = copy.deepcopy(foreign)
+    out = reconcile(kube, _body(kube), NOW)
+    assert kube.objects[("Service", "serving", "glm53-router")] == foreign
+    status = _body(kube)["status"]
+    degraded = c.find(status["conditions"], c.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", c.NAME_CONFLICT)
+    assert "Service/glm53-router exists and is not controlled by this PDCluster" in degraded["message"]
+    assert c.find(status["conditions"], c.READY)["reason"] == c.NAME_CONFLICT
+    warnings = [e for e in out.events if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["NameConflict"]
+    # The warning is not repeated on every reconcile.
+    assert [e for e in reconcile(kube, _body(kube), LATER).events if e.type == "Warning"] == []
+
+
+def test_invalid_spec_touches_no_child_and_reports_the_field():
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    children_before = {k: v for k, v in kube.versions().items() if k[0] != "PDCluster"}
+    pdc = kube.objects[("PDCluster", "serving", "glm53")]
+    pdc["spec"]["kvTransfer"]["waitingTimeoutSeconds"] = 60
+    pdc["metadata"]["generation"] = 2
+    out = reconcile(kube, _body(kube), LATER)
+    assert {k: v for k, v in kube.versions().items() if k[0] != "PDCluster"} == children_before
+    status = _body(kube)["status"]
+    valid = c.find(status["conditions"], c.SPEC_VALID)
+    assert (valid["status"], valid["reason"]) == ("False", c.SPEC_INVALID)
+    assert valid["message"].startswith("spec.kvTransfer.waitingTimeoutSeconds: 60 s is too short")
+    assert status["observedGeneration"] == 2
+    assert status["prefill"]["desiredReplicas"] == 4  # still reporting what runs
+    assert ("Warning", "SpecInvalid") in [(e.type, e.reason) for e in out.events]
+
+
+def test_contains_tolerates_server_defaults_and_int_or_string():
+    assert contains({"a": 1, "b": {"c": "8", "d": 2}}, {"b": {"c": 8}})
+    assert not contains({"a": [1, 2]}, {"a": [1]})
+    assert not contains({"a": {"c": "x"}}, {"a": {"c": "y"}})
+    assert not contains({"a": "true"}, {"a": True})
+
+
+def test_compute_degraded_on_a_stalled_rollout():
+    stalled = {"metadata": {"generation": 2}, "spec": {"replicas": 2},
+               "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1,
+                          "conditions": [{"type": "Progressing", "status": "False",
+                                          "reason": "ProgressDeadlineExceeded",
+                                          "message": "ReplicaSet x has timed out progressing."}]}}
+    status = compute(Observation(generation=3, deployments={"prefill": stalled}), None, NOW)
+    degraded = c.find(status["conditions"], c.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", c.DEPLOYMENT_STALLED)
+    assert degraded["message"] == "prefill: ReplicaSet x has timed out progressing."
+    assert c.find(status["conditions"], c.PROGRESSING)["status"] == "False"
+
+
+def test_rbac_is_least_privilege():
+    role = rbac.cluster_role()
+    verbs = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+             for g in rule["apiGroups"] for r in rule["resources"]}
+    assert all("*" not in v and "delete" not in v and "escalate" not in v and "bind" not in v
+               for v in verbs.values())
+    assert verbs[("pdscale.io", "pdclusters")] == {"get", "list", "watch"}  # never writes spec
+    assert verbs[("pdscale.io", "pdclusters/status")] == {"get", "patch"}
+    assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
+    assert ("", "secrets") not in verbs
+    binding = rbac.cluster_role_binding()
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pdscale-operator",
+                                    "namespace": "pdscale-system"}]
