@@ -339,12 +339,20 @@ def simulate(
         st_ttft.append(first)
         st_tpot.append(t_tok)
 
+    last_obs = [math.nan]
+
     def observe(now: float) -> Observation:
         span = config.interval_seconds
         n = st["n"]
+        # before a whole interval has been watched, the load is unknown, not zero
+        measured = not math.isnan(last_obs[0])
+        last_obs[0] = now
 
         def rd(v: float | None) -> Reading | None:
             return None if v is None else Reading(v, now)
+
+        def rl(v: float | None) -> Reading | None:
+            return rd(v) if measured else None
 
         def q(xs: list[float], p: float) -> Reading | None:
             return rd(float(np.quantile(xs, p))) if xs else None
@@ -365,10 +373,10 @@ def simulate(
 
         obs = Observation(
             now_seconds=now,
-            rate_rps=rd(n / span),
-            mean_input_tokens=rd(st["in"] / n) if n else None,
-            mean_output_tokens=rd(st["out"] / n) if n else None,
-            prefix_hit_rate=rd(st["hit"] / st["in"]) if st["in"] else None,
+            rate_rps=rl(n / span),
+            mean_input_tokens=rl(st["in"] / n) if n else None,
+            mean_output_tokens=rl(st["out"] / n) if n else None,
+            prefix_hit_rate=rl(st["hit"] / st["in"]) if st["in"] else None,
             ttft_p50_seconds=q(st_ttft, 0.5),
             ttft_p99_seconds=q(st_ttft, 0.99),
             tpot_p50_seconds=q(st_tpot, 0.5),

@@ -22,6 +22,7 @@ re-solves with fresh metrics.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -114,8 +115,11 @@ def plan(
     config: PlannerConfig,
     history: History = History(),
     now: float,
+    future_loads: Sequence[Load] | None = None,
 ) -> Decision:
     """Decide target prefill/decode counts for the interval starting at ``now`` (seconds).
+
+    ``future_loads`` replaces the forecast with known loads per interval (the oracle).
 
     Returns a :class:`Decision` whose ``prefill``/``decode`` are replica counts (ready +
     warming). Unknown or stale load metrics hold the previous decision (or the current counts)
@@ -136,15 +140,16 @@ def plan(
     True
     """
     cfg = config
-    model = cfg.model
-    P, D = observation.prefill, observation.decode
     load = current_load(observation, cfg.max_age_seconds)
     if load is None:
         return _hold(observation, history, now, "load metrics unknown or stale")
 
     H = max(1, cfg.horizon_intervals)
-    dt = cfg.interval_seconds
     loads = [*history.loads, load]
+    if future_loads:
+        known = list(future_loads)[:H]
+        known += [known[-1]] * (H - len(known))
+        return _plan_for(observation, cfg, history, now, load, known)
     rates = forecast(
         [x.rate_rps if x else None for x in loads], H,
         method=cfg.forecast_method, window=cfg.forecast_window,
@@ -161,6 +166,24 @@ def plan(
     else:
         isl, osl, hit = load.mean_input_tokens, load.mean_output_tokens, load.prefix_hit_rate
     future = [Load(r, isl, osl, hit) for r in rates]
+    return _plan_for(observation, cfg, history, now, load, future)
+
+
+def _plan_for(
+    observation: Observation,
+    cfg: PlannerConfig,
+    history: History,
+    now: float,
+    load: Load,
+    future: list[Load],
+) -> Decision:
+    model = cfg.model
+    P, D = observation.prefill, observation.decode
+    H = len(future)
+    dt = cfg.interval_seconds
+    isl = future[0].mean_input_tokens
+    osl = future[0].mean_output_tokens
+    hit = future[0].prefix_hit_rate
     need = np.array(
         [
             model.instances_needed(

@@ -261,3 +261,40 @@ def _sorted(trace: Trace) -> Trace:
         [trace.hash_ids[i] for i in order],
         trace.block_tokens,
     )
+
+
+def load_trace(
+    path: str | Path,
+    *,
+    rate_scale: float = 1.0,
+    time_scale: float = 1.0,
+    lengths_from: str | Path | None = None,
+    seed: int = 0,
+) -> Trace:
+    """Read any supported trace by its content and apply the scale factors.
+
+    ``.jsonl`` is Mooncake; a CSV starting ``TIMESTAMP`` is Azure; a CSV starting
+    ``window_start_s`` is a rate series, whose lengths (and prefix blocks) are drawn from the
+    trace at ``lengths_from``. For a rate series, ``time_scale`` K compresses the windows K
+    times and, like for request traces, multiplies the rate by K; ``rate_scale`` multiplies it.
+    """
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        return scale_trace(read_mooncake(p), rate_scale=rate_scale, time_scale=time_scale, seed=seed)
+    try:
+        with p.open() as fh:
+            head = fh.readline()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {p}: {exc.strerror}") from None
+    if head.startswith("TIMESTAMP"):
+        return scale_trace(read_azure(p), rate_scale=rate_scale, time_scale=time_scale, seed=seed)
+    if head.startswith("window_start_s"):
+        if lengths_from is None:
+            raise TraceError(f"{p}: a rate series needs a length distribution (lengths_from)")
+        donor = load_trace(lengths_from)
+        windows = [(s / time_scale, r * time_scale * rate_scale) for s, r in read_rate_series(p)]
+        name = f"{p.stem}+{donor.name}-lengths"
+        if rate_scale != 1.0 or time_scale != 1.0:
+            name += f"@x{rate_scale:g}/t{time_scale:g}"
+        return synthesize_from_rates(windows, donor, name=name, seed=seed)
+    raise TraceError(f"{p}:1: unknown trace format (expected Mooncake .jsonl, Azure or rate CSV)")

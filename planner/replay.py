@@ -1,0 +1,263 @@
+"""Replay a trace through the simulator under a policy, with one cost accounting for all.
+
+This is what ``pdscale replay`` runs; it is pure apart from the simulation's CPU time."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .model import Load, PerformanceModel, Slo
+from .policies import (
+    POLICIES,
+    PdscaleController,
+    ReactiveController,
+    SlaInterpController,
+    parse_static,
+    static_controller,
+)
+from .simulate import Controller, SimConfig, SimResult, simulate
+from .solve import PlannerConfig
+from .traces import Trace
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """Everything that is the same for every policy compared on one trace."""
+
+    trace: Trace
+    model: PerformanceModel
+    slo: Slo = field(default_factory=Slo)
+    nodes: int = 64
+    interval_seconds: float = 60.0
+    router: str = "predicted-ttft"
+    early_rejection: bool = False
+    #: static:best is the smallest fixed fleet reaching this attainment
+    target_attainment: float = 0.99
+    #: pdscale planner knobs (model, slo and nodes are overridden from this setup)
+    planner: PlannerConfig | None = None
+
+
+def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0) -> list[Load]:
+    """True per-interval load of a trace (what the oracle knows), intervals from t = first."""
+    if not len(trace):
+        return []
+    t0 = trace.arrival_seconds[0]
+    idx = ((np.asarray(trace.arrival_seconds) - t0) // interval_seconds).astype(int)
+    n = int(idx[-1]) + 1
+    cnt = np.bincount(idx, minlength=n).astype(float)
+    isl = np.bincount(idx, weights=np.asarray(trace.input_tokens, float), minlength=n)
+    osl = np.bincount(idx, weights=np.asarray(trace.output_tokens, float), minlength=n)
+    out = []
+    for k in range(n):
+        c = cnt[k]
+        out.append(Load(c / interval_seconds, isl[k] / c if c else 0.0, osl[k] / c if c else 0.0, hit_rate))
+    return out
+
+
+def planner_config(setup: ReplaySetup) -> PlannerConfig:
+    base = setup.planner or PlannerConfig(model=setup.model)
+    return replace(
+        base, model=setup.model, slo=setup.slo, nodes=setup.nodes,
+        interval_seconds=setup.interval_seconds,
+    )
+
+
+def initial_fleet(setup: ReplaySetup) -> tuple[int, int]:
+    """Where dynamic policies start: the first interval's need (no cache credit), ready."""
+    loads = interval_loads(setup.trace, setup.interval_seconds)
+    cfg = planner_config(setup)
+    if not loads:
+        return cfg.min_prefill, cfg.min_decode
+    p, d = setup.model.instances_needed(
+        loads[0], setup.slo,
+        prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
+    )
+    return max(p, cfg.min_prefill), max(d, cfg.min_decode)
+
+
+def _run(
+    setup: ReplaySetup,
+    start: tuple[int, int],
+    controller: Controller | None,
+    progress: Callable[[float], None] | None,
+    *,
+    prefill_only: bool = False,
+) -> SimResult:
+    cfg = SimConfig(
+        router=setup.router, early_rejection=setup.early_rejection, slo=setup.slo,
+        interval_seconds=setup.interval_seconds, initial_prefill=start[0],
+        initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
+    )
+    return simulate(setup.trace, setup.model, cfg, controller, progress=progress)
+
+
+def static_best(
+    setup: ReplaySetup, progress: Callable[[str], None] | None = None
+) -> tuple[tuple[int, int], list[tuple[int, int, float]]]:
+    """Smallest fixed xPyD (in hindsight) meeting the target attainment; also the probes tried.
+
+    Prefill and decode are nearly separable (TTFT depends on prefill, TPOT on decode), so each
+    is bisected with the other side ample, then the pair is checked and the weaker side raised.
+    When nothing within the budget meets the target, the best-attaining probe is returned."""
+    loads = interval_loads(setup.trace, setup.interval_seconds)
+    peak_p = max((setup.model.fluid_demand(ld, setup.slo)[0] for ld in loads), default=1.0)
+    peak_d = max((setup.model.fluid_demand(ld, setup.slo)[1] for ld in loads), default=1.0)
+    tried: list[tuple[int, int, float]] = []
+    target = setup.target_attainment
+    d_ample = min(setup.nodes - 1, max(2, math.ceil(peak_d * 2)))
+    p_ample = min(setup.nodes - 1, max(2, math.ceil(peak_p * 2)))
+
+    def ok_p(p: int) -> bool:
+        r = _run(setup, (p, d_ample), None, None, prefill_only=True)
+        a = r.attainment(setup.slo, ttft_only=True)
+        tried.append((p, 0, a))
+        if progress:
+            progress(f"static probe {p}P: TTFT attainment {a:.3f}")
+        return a >= target
+
+    def ok_d(d: int) -> float:
+        r = _run(setup, (p_ample, d), None, None)
+        a = r.attainment(setup.slo)
+        tried.append((p_ample, d, a))
+        if progress:
+            progress(f"static probe {p_ample}P{d}D: attainment {a:.3f}")
+        return a
+
+    def bisect(pred: Callable[[int], bool], lo: int, hi: int) -> int:
+        if not pred(hi):
+            return hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pred(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    p = bisect(ok_p, 1, p_ample)
+    d = bisect(lambda y: ok_d(y) >= target, 1, d_ample)
+    for _ in range(6):
+        if p + d > setup.nodes:
+            break
+        r = _run(setup, (p, d), None, None)
+        a = r.attainment(setup.slo)
+        tried.append((p, d, a))
+        if progress:
+            progress(f"static check {p}P{d}D: attainment {a:.3f}")
+        if a >= target:
+            break
+        ttft_ok = r.attainment(setup.slo, ttft_only=True)
+        tpot_ok = float(np.mean(r.tpot_seconds[~r.rejected] <= setup.slo.tpot_seconds))
+        if ttft_ok <= tpot_ok:
+            p += max(1, p // 10)
+        else:
+            d += max(1, d // 10)
+    return (p, d), tried
+
+
+def run_policy(
+    setup: ReplaySetup,
+    policy: str,
+    *,
+    progress: Callable[[float], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict)."""
+    started = time.perf_counter()
+    name = policy
+    extra: dict[str, Any] = {}
+    controller: Controller | None = None
+    explanations: list[str] = []
+    if policy.startswith("static:") and policy != "static:best":
+        start = parse_static(policy)
+        controller = static_controller(*start)
+    elif policy == "static:best":
+        start, tried = static_best(setup, log)
+        controller = static_controller(*start)
+        name = f"static:best={start[0]}P{start[1]}D"
+        extra["static_probes"] = [{"prefill": p, "decode": d, "attainment": a} for p, d, a in tried]
+    elif policy in ("pdscale", "oracle"):
+        start = initial_fleet(setup)
+        cfg = planner_config(setup)
+        future = interval_loads(setup.trace, setup.interval_seconds) if policy == "oracle" else None
+        ctl = PdscaleController(cfg, future=future)
+        controller = ctl
+        explanations = ctl.decisions
+    elif policy == "reactive":
+        start = initial_fleet(setup)
+        controller = ReactiveController(setup.model, setup.slo)
+    elif policy == "sla-interp":
+        start = initial_fleet(setup)
+        pc = planner_config(setup)
+        controller = SlaInterpController(
+            setup.model, setup.slo, nodes=setup.nodes,
+            prefill_utilization=pc.prefill_utilization, decode_utilization=pc.decode_utilization,
+        )
+    else:
+        raise ValueError(f"policy must be one of {POLICIES} (static:xPyD e.g. static:4P17D), got {policy!r}")
+    result = _run(setup, start, controller, progress)
+    report = summarize(setup, name, result)
+    report["wall_seconds"] = round(time.perf_counter() - started, 2)
+    report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}
+    if explanations:
+        report["explanations"] = [
+            {"t": round(t, 1), "why": w} for (t, *_), w in zip(result.ticks, explanations, strict=False)
+        ]
+    report.update(extra)
+    return report
+
+
+def _pct(x: np.ndarray, q: float) -> float | None:
+    x = x[~np.isnan(x)]
+    return None if x.size == 0 else round(float(np.percentile(x, q)), 4)
+
+
+def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
+    """The replay JSON: the issue's fields plus per-interval series for plotting."""
+    gpus = setup.model.profile.gpus_per_instance
+    inst_h = {k: v / 3600.0 for k, v in r.instance_seconds.items()}
+    t0 = float(r.arrival_seconds[0]) if len(r.arrival_seconds) else 0.0
+    dt = setup.interval_seconds
+    idx = ((r.arrival_seconds - t0) // dt).astype(int) if len(r.arrival_seconds) else np.zeros(0, int)
+    n = int(idx.max()) + 1 if idx.size else 0
+    ok = (r.ttft_seconds <= setup.slo.ttft_seconds) & (r.tpot_seconds <= setup.slo.tpot_seconds)
+    cnt = np.bincount(idx, minlength=n)
+    good = np.bincount(idx, weights=ok.astype(float), minlength=n)
+    per_interval = [
+        {
+            "t": round(t0 + k * dt, 1),
+            "rate_rps": round(float(cnt[k]) / dt, 3),
+            "attainment": round(float(good[k] / cnt[k]), 4) if cnt[k] else None,
+        }
+        for k in range(n)
+    ]
+    return {
+        "policy": policy,
+        "trace": setup.trace.name,
+        "requests": len(r.arrival_seconds),
+        "slo": {"ttft_seconds": setup.slo.ttft_seconds, "tpot_seconds": setup.slo.tpot_seconds},
+        "slo_attainment": round(r.attainment(setup.slo), 5),
+        "ttft_p50": _pct(r.ttft_seconds, 50),
+        "ttft_p90": _pct(r.ttft_seconds, 90),
+        "ttft_p99": _pct(r.ttft_seconds, 99),
+        "tpot_p50": _pct(r.tpot_seconds, 50),
+        "tpot_p90": _pct(r.tpot_seconds, 90),
+        "tpot_p99": _pct(r.tpot_seconds, 99),
+        "rejected": int(r.rejected.sum()),
+        "gpu_hours": round(sum(inst_h.values()) * gpus, 3),
+        "instance_hours_by_state": {k: round(v, 3) for k, v in inst_h.items()},
+        "role_changes": r.role_changes,
+        "prefix_hit_rate": round(r.hit_tokens / r.prompt_tokens, 4) if r.prompt_tokens else None,
+        "nodes": setup.nodes,
+        "decisions": [
+            {"t": round(t, 1), "prefill": p, "decode": d, "provisioned_prefill": pp, "provisioned_decode": pd}
+            for t, p, d, pp, pd in r.ticks
+        ],
+        "per_interval": per_interval,
+    }
