@@ -11,6 +11,7 @@ import sys
 SUBCOMMANDS = {
     "cluster": ("pdscale.localcluster", "start, stop or inspect the local control plane"),
     "render": ("pdscale.render", "print the manifests the operator would create for a PDCluster"),
+    "replay": ("pdscale.replay", "replay a trace through the planner on a simulated fleet"),
 }
 
 
