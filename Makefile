@@ -1,6 +1,9 @@
 # The two things a fresh machine needs: `make demo` (the main job) and `make test` (all tests).
 # Both run `make setup` first, which is idempotent (seconds once everything is installed).
 VENV := .venv
+# Keep the working directory off sys.path: the folder operator/ would shadow the standard
+# library's operator module for any `python -m` run from here.
+export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
 .PHONY: setup test lint demo down
