@@ -197,7 +197,6 @@ def _plan_for(
     ).T  # shape (2, H)
     need[0] = np.maximum(need[0], cfg.min_prefill)
     need[1] = np.maximum(need[1], cfg.min_decode)
-    desired = (int(need[0, 0]), int(need[1, 0]))
     # Over budget, divide the shortfall before solving: each role gets the budget in
     # proportion to its need, so TTFT and TPOT degrade together instead of one role starving
     # (Dynamo cuts prefill first; neither side's users are worth more by default).
@@ -210,6 +209,8 @@ def _plan_for(
         p_share = np.clip(p_share, cfg.min_prefill, max(avail - cfg.min_decode, cfg.min_prefill))
         need[0] = np.where(over, p_share, need[0])
         need[1] = np.where(over, np.maximum(avail - p_share, cfg.min_decode), need[1])
+    # what this interval needs (after the budget split): remembered for the scale-down window
+    desired = (int(need[0, 0]), int(need[1, 0]))
 
     # -- timing in intervals ------------------------------------------------------------------
     prof = model.profile

@@ -7,6 +7,7 @@ within 2 percentage points; the xPyD table must come out of the performance mode
 from __future__ import annotations
 
 import pytest
+
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
 from pdscale.planner.simulate import SimConfig, simulate

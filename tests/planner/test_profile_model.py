@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pdscale.planner.model import Load, PerformanceModel, Slo, calibrate
+from pdscale.planner.profile import ProfileError, load_profile, parse_profile
+
+SHIPPED = Path(__file__).parents[2] / "planner" / "profiles" / "deepseek-fp8-8xh200-sglang.yaml"
+
+
+def _data() -> dict:
+    return yaml.safe_load(SHIPPED.read_text())
+
+
+def test_shipped_profiles_load_and_cite_sources() -> None:
+    p = load_profile()
+    assert p.gpus_per_instance == 8
+    text = SHIPPED.read_text()
+    # every capacity number is scaled from a cited measurement
+    for source in ("LMSYS", "H800", "vLLM issue #43189"):
+        assert source in text
+    assert load_profile("article-xpyd").prefill.tokens_per_second == 20000
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("prefill", "tokens_per_second"), -5, "prefill.tokens_per_second"),
+        (("decode", "max_batch"), "lots", "decode.max_batch"),
+        (("warmup", "new_node_seconds"), None, "warmup.new_node_seconds"),
+        (("kv_transfer", "gigabytes_per_second"), 0, "kv_transfer.gigabytes_per_second"),
+    ],
+)
+def test_invalid_field_is_named(path: tuple[str, str], value: object, field: str) -> None:
+    data = _data()
+    data[path[0]][path[1]] = value
+    with pytest.raises(ProfileError, match=rf"field '{field}'"):
+        parse_profile(data)
+
+
+def test_missing_and_misspelt_fields_are_named() -> None:
+    data = _data()
+    del data["decode"]["step_seconds"]
+    data["prefill"]["tokens_per_sec"] = 1
+    with pytest.raises(ProfileError) as exc:
+        parse_profile(data, source="x.yaml")
+    msg = str(exc.value)
+    assert "x.yaml" in msg
+    assert "decode.step_seconds" in msg
+    assert "prefill.tokens_per_sec" in msg
+
+
+def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prefill: [unclosed\n")
+    with pytest.raises(ProfileError, match="not YAML"):
+        load_profile(bad)
+
+
+def test_prefill_time_counts_only_uncached_tokens(model: PerformanceModel) -> None:
+    full = model.prefill_seconds(8000, 0)
+    half = model.prefill_seconds(8000, 4000)
+    assert half < full
+    assert model.prefill_seconds(8000, 8000) == pytest.approx(model.profile.prefill.overhead_seconds)
+
+
+@given(st.floats(1, 500), st.floats(1, 500), st.floats(0, 100_000))
+def test_tpot_grows_with_batch(b1: float, b2: float, ctx: float) -> None:
+    m = PerformanceModel(load_profile())
+    lo, hi = sorted((b1, b2))
+    assert m.tpot_seconds(lo, ctx) <= m.tpot_seconds(hi, ctx)
+
+
+def test_decode_batch_at_slo_meets_the_target(model: PerformanceModel) -> None:
+    b = model.decode_batch_at_slo(0.05, 3000)
+    assert model.tpot_seconds(b, 3000) <= 0.05 < model.tpot_seconds(b + 1, 3000)
+
+
+def test_predicted_ttft_falls_with_more_instances(model: PerformanceModel) -> None:
+    load = Load(30, 8000, 300, 0.5)
+    ttfts = [model.predicted_ttft_seconds(load, c, 0.99) for c in range(1, 30)]
+    assert math.isinf(ttfts[0])
+    finite = [t for t in ttfts if math.isfinite(t)]
+    assert finite == sorted(finite, reverse=True)
+
+
+def test_calibration_follows_observations_but_skips_warm_up(model: PerformanceModel) -> None:
+    slow = 1.5 * model.tpot_seconds(100, 3000)
+    kwargs = dict(
+        observed_tpot_seconds=slow, decode_batch=100.0, decode_context_tokens=3000.0,
+        observed_prefill_seconds=None, prefill_input_tokens=None, prefill_cached_tokens=None,
+    )
+    # a new instance's first passes (JIT, graphs) must not teach the model the fleet is slow
+    assert calibrate(model, instances_warming_up=1, **kwargs) is model
+    m = model
+    for _ in range(30):
+        m = calibrate(m, instances_warming_up=0, **kwargs)
+    assert m.calibration.decode_factor == pytest.approx(1.5, rel=0.01)
+    assert m.decode_batch_at_slo(0.05, 3000) < model.decode_batch_at_slo(0.05, 3000)
+    # unknown readings change nothing
+    same = calibrate(model, instances_warming_up=0, **{**kwargs, "observed_tpot_seconds": None})
+    assert same is model
+
+
+def test_instances_needed_rounds_up_and_honours_caps(model: PerformanceModel) -> None:
+    load = Load(50, 6000, 400, 0.3)
+    p1, d1 = model.instances_needed(load, Slo())
+    p2, d2 = model.instances_needed(load, Slo(), prefill_utilization=0.5, decode_utilization=0.5)
+    assert p2 >= 2 * p1 - 1 and d2 >= 2 * d1 - 1

@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pdscale.planner.decision import Decision
+from pdscale.planner.model import Load, PerformanceModel
+from pdscale.planner.observe import Observation, Reading, RoleState, Warming
+from pdscale.planner.profile import load_profile
+from pdscale.planner.solve import History, PlannerConfig, plan
+
+MODEL = PerformanceModel(load_profile())
+
+
+def obs(rate: float | None, p: int = 2, d: int = 2, *, now: float = 600.0, isl: float = 8000,
+        osl: float = 300, hit: float = 0.4, age: float = 0.0, warming_p: int = 0) -> Observation:
+    at = now - age
+    return Observation(
+        now_seconds=now,
+        rate_rps=None if rate is None else Reading(rate, at),
+        mean_input_tokens=Reading(isl, at),
+        mean_output_tokens=Reading(osl, at),
+        prefix_hit_rate=Reading(hit, at),
+        prefill=RoleState(ready=p, warming=tuple(Warming(now + 300) for _ in range(warming_p))),
+        decode=RoleState(ready=d),
+    )
+
+
+def cfg(**kw: object) -> PlannerConfig:
+    return PlannerConfig(model=MODEL, **kw)  # type: ignore[arg-type]
+
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(
+    rate=st.floats(0, 400),
+    p=st.integers(1, 30),
+    d=st.integers(1, 30),
+    nodes=st.integers(4, 120),
+    min_p=st.integers(1, 3),
+    max_p=st.integers(3, 60),
+    min_d=st.integers(1, 3),
+    max_d=st.integers(3, 60),
+    isl=st.floats(100, 60000),
+    osl=st.floats(10, 3000),
+)
+def test_never_above_budget_or_outside_min_max(rate, p, d, nodes, min_p, max_p, min_d, max_d, isl, osl):
+    # start inside the bounds and the budget, as a running fleet would be
+    p = min(max(p, min_p), max_p)
+    d = min(max(d, min_d), max_d)
+    if p + d > nodes:
+        nodes = p + d
+    c = cfg(nodes=nodes, min_prefill=min_p, max_prefill=max_p, min_decode=min_d, max_decode=max_d)
+    dec = plan(obs(rate, p, d, isl=isl, osl=osl), config=c, now=600.0)
+    assert min_p <= dec.prefill <= max_p
+    assert min_d <= dec.decode <= max_d
+    assert dec.prefill + dec.decode <= nodes
+    assert all(a + b <= nodes for a, b in dec.plan)
+
+
+@FAST
+@given(
+    r1=st.floats(0.5, 300), extra=st.floats(0, 300), p=st.integers(1, 20), d=st.integers(1, 20),
+    isl=st.floats(500, 30000), osl=st.floats(20, 2000),
+)
+def test_more_load_never_fewer_instances(r1, extra, p, d, isl, osl):
+    c = cfg(nodes=2000)
+    lo = plan(obs(r1, p, d, isl=isl, osl=osl), config=c, now=600.0)
+    hi = plan(obs(r1 + extra, p, d, isl=isl, osl=osl), config=c, now=600.0)
+    assert hi.prefill >= lo.prefill
+    assert hi.decode >= lo.decode
+
+
+def test_unknown_rate_holds_last_decision() -> None:
+    last = Decision(0.0, 7, 9, 1.0, 0.03, 1.0, "earlier", desired=(7, 9))
+    h = History(decisions=(last,))
+    dec = plan(obs(None, 3, 3), config=cfg(), history=h, now=600.0)
+    assert (dec.prefill, dec.decode) == (7, 9)
+    assert dec.held and "unknown" in dec.explanation
+    # with no history, it holds what is running (never reads unknown as zero and scales to min)
+    dec = plan(obs(None, 5, 4), config=cfg(), now=600.0)
+    assert (dec.prefill, dec.decode) == (5, 4)
+
+
+def test_stale_metrics_hold() -> None:
+    last = Decision(0.0, 6, 6, 1.0, 0.03, 1.0, "earlier", desired=(6, 6))
+    dec = plan(obs(50.0, 3, 3, age=600.0), config=cfg(max_age_seconds=180), history=History(decisions=(last,)), now=600.0)
+    assert dec.held and (dec.prefill, dec.decode) == (6, 6)
+
+
+def test_over_budget_divides_shortfall_in_proportion_and_says_so() -> None:
+    c = cfg(nodes=20)
+    dec = plan(obs(200.0, 10, 10, isl=12000, osl=343), config=c, now=600.0)
+    assert dec.shortfall
+    assert "OVER BUDGET" in dec.explanation and "proportion" in dec.explanation
+    assert dec.prefill + dec.decode == 20
+    need_p, need_d = MODEL.instances_needed(
+        Load(200.0, 12000, 343, 0.4),
+        c.slo, prefill_utilization=c.prefill_utilization, decode_utilization=c.decode_utilization,
+    )
+    assert dec.prefill / 20 == pytest.approx(need_p / (need_p + need_d), abs=0.1)
+
+
+def test_warm_up_is_priced_scale_up_starts_early_and_explains() -> None:
+    # history of rising rate: the forecast sees the ramp, capacity is started ahead of need
+    c = cfg(nodes=500, forecast_method="holt")
+    h = History()
+    for k, r in enumerate([10, 14, 18, 22, 26, 30]):
+        h = h.record(Load(r, 8000, 300, 0.4),
+                     Decision(k * 60.0, 5, 3, 1, 0.03, 1, "", desired=(5, 3)))
+    dec = plan(obs(34.0, 10, 4), config=c, history=h, now=600.0)
+    now_need = MODEL.instances_needed(
+        Load(34.0, 8000, 300, 0.4), c.slo,
+        prefill_utilization=c.prefill_utilization, decode_utilization=c.decode_utilization,
+    )
+    assert dec.prefill > now_need[0]
+    assert "warm-up" in dec.explanation and "forecast peak" in dec.explanation
+
+
+def test_does_not_drop_capacity_it_needs_again_within_warm_up() -> None:
+    # a one-interval dip: removing and re-adding would cost a 10-minute warm-up, so it keeps it
+    c = cfg(nodes=500, stabilization_window_seconds=0)
+    future = [Load(5.0, 8000, 300, 0.4)] + [Load(40.0, 8000, 300, 0.4)] * 29
+    dec = plan(obs(5.0, 12, 6), config=c, now=600.0, future_loads=future)
+    assert dec.prefill >= 12
+
+
+def test_scale_down_waits_for_the_stabilisation_window() -> None:
+    c = cfg(nodes=500, stabilization_window_seconds=300, forecast_method="last")
+    h = History()
+    for k in range(3):
+        h = h.record(None, Decision(k * 60.0, 20, 8, 1, 0.03, 1, "", desired=(20, 8)))
+    dec = plan(obs(5.0, 20, 8), config=c, history=h, now=600.0)
+    assert (dec.prefill, dec.decode) == (20, 8)
+    assert "stabilisation window" in dec.explanation
+    h2 = History(decisions=tuple(Decision(k * 60.0, 20, 8, 1, 0.03, 1, "", desired=(2, 1)) for k in range(6)))
+    dec = plan(obs(5.0, 20, 8), config=c, history=h2, now=600.0)
+    assert dec.prefill < 20
+
+
+def test_max_step_limits_change_per_interval() -> None:
+    dec = plan(obs(300.0, 2, 2), config=cfg(nodes=500, max_step_up=3), now=600.0)
+    assert dec.prefill <= 5 and dec.decode <= 5
+
+
+def test_existing_warm_up_counts_toward_capacity() -> None:
+    c = cfg(nodes=500, forecast_method="last")
+    without = plan(obs(30.0, 4, 4), config=c, now=600.0)
+    with_warm = plan(obs(30.0, 4, 4, warming_p=3), config=c, now=600.0)
+    assert with_warm.prefill == without.prefill  # the 3 warming are part of the target
+    assert not math.isnan(with_warm.predicted_ttft_seconds)

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdscale.planner.traces import (
+    TraceError,
+    load_trace,
+    read_azure,
+    read_mooncake,
+    read_rate_series,
+    scale_trace,
+    synthesize_from_rates,
+)
+
+SHARED = Path("/work/shared/traces")
+
+
+def test_mooncake_errors_name_line_and_field(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "input_length": 10, "hash_ids": [1]}\n'
+    )
+    with pytest.raises(TraceError, match=r"t.jsonl:2: missing field 'output_length'"):
+        read_mooncake(f)
+    f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\nnot json\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:2: not JSON"):
+        read_mooncake(f)
+    f.write_text('{"timestamp": 0, "input_length": -1, "output_length": 2}\n')
+    with pytest.raises(TraceError, match=r":1: field 'input_length'"):
+        read_mooncake(f)
+    f.write_text('{"timestamp": 0, "input_length": 1, "output_length": 2, "hash_ids": ["a"]}\n')
+    with pytest.raises(TraceError, match=r":1: field 'hash_ids'"):
+        read_mooncake(f)
+
+
+def test_azure_seven_digit_timestamps_and_errors(tmp_path: Path) -> None:
+    f = tmp_path / "a.csv"
+    f.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,4808,10\n"
+        "2023-11-16 18:17:04.0319600,3180,8\n"
+    )
+    t = read_azure(f)
+    assert t.arrival_seconds == pytest.approx([0.0, 0.052])
+    assert t.input_tokens == [4808, 3180]
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,x,10\n")
+    with pytest.raises(TraceError, match=r"a.csv:2: field 'ContextTokens'"):
+        read_azure(f)
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,10\n")
+    with pytest.raises(TraceError, match=r"a.csv:2: field 'TIMESTAMP'"):
+        read_azure(f)
+    f.write_text("when,ctx,gen\n")
+    with pytest.raises(TraceError, match=r"a.csv:1: header"):
+        read_azure(f)
+
+
+def test_rate_series_errors(tmp_path: Path) -> None:
+    f = tmp_path / "r.csv"
+    f.write_text("window_start_s,total_rate_rps\n0,1.5\n600,-2\n")
+    with pytest.raises(TraceError, match=r"r.csv:3: field 'total_rate_rps'"):
+        read_rate_series(f)
+    f.write_text("window_start_s,total_rate_rps\n0,abc\n")
+    with pytest.raises(TraceError, match=r"r.csv:2:"):
+        read_rate_series(f)
+    with pytest.raises(TraceError, match="length distribution"):
+        f.write_text("window_start_s,total_rate_rps\n0,1\n")
+        load_trace(f)
+
+
+def test_shared_traces_read_as_documented() -> None:
+    m = read_mooncake(SHARED / "mooncake/conversation_trace.jsonl")
+    assert len(m) == 12031
+    assert sum(m.input_tokens) / len(m) == pytest.approx(12035, abs=1)
+    a = read_azure(SHARED / "azure2023/AzureLLMInferenceTrace_code.csv")
+    assert len(a) == 8819
+    assert sum(a.input_tokens) / len(a) == pytest.approx(2048, abs=1)
+    assert len(read_rate_series(SHARED / "servegen/m-mid_rate.csv")) == 2016
+
+
+def test_scaling_factors() -> None:
+    m = read_mooncake(SHARED / "mooncake/conversation_trace.jsonl")
+    x3 = scale_trace(m, rate_scale=3)
+    assert len(x3) == 3 * len(m)
+    # replicas keep shared (system-prompt) blocks but not a user's private history
+    assert x3.hash_ids[0] != () and any(h and h[0] == 0 for h in x3.hash_ids[:10])
+    private = {b for h in m.hash_ids for b in h}
+    assert len({b for h in x3.hash_ids for b in h}) > 2 * len(private)
+    t2 = scale_trace(m, time_scale=2)
+    assert t2.duration_seconds == pytest.approx(m.duration_seconds / 2)
+    half = scale_trace(m, rate_scale=0.5)
+    assert 0.45 * len(m) < len(half) < 0.55 * len(m)
+
+
+def test_rate_series_synthesis_follows_rates() -> None:
+    m = read_mooncake(SHARED / "mooncake/conversation_trace.jsonl")
+    t = synthesize_from_rates([(0.0, 2.0), (600.0, 10.0)], m, seed=1)
+    first = sum(1 for x in t.arrival_seconds if x < 600)
+    assert first == pytest.approx(1200, rel=0.15)
+    assert len(t) - first == pytest.approx(6000, rel=0.1)
+    assert set(t.input_tokens) <= set(m.input_tokens)
