@@ -54,6 +54,8 @@ class PlannerConfig:
     decode_utilization: float = 0.8
     #: scale-down uses the highest need seen in this window (HPA scaleDown stabilization)
     stabilization_window_seconds: float = 300.0
+    #: scale down only if the survivors stay below (1 - tolerance) x the utilisation cap
+    scale_down_tolerance: float = 0.1
     #: most instances one role may gain / lose per interval (HPA policies); None = unlimited
     max_step_up: int | None = None
     max_step_down: int | None = None
@@ -240,12 +242,25 @@ def _plan_for(
                 landing[r, k:] += 1
     existing_draining = P.draining + D.draining
 
-    # -- stabilisation: scale-down floor from the highest need in the window --------------------
+    # -- stabilisation: scale-down floor ---------------------------------------------------------
+    # HPA-style: scale down only to the highest recommendation of the window. A recommendation
+    # for scale-down is the need at a cap lowered by the tolerance: the survivors must absorb
+    # the load with margin, or per-minute noise removes a node only to re-add it minutes later.
     window_n = int(cfg.stabilization_window_seconds // dt)
+    tol = 1.0 - cfg.scale_down_tolerance
+    recent_loads = [ld for ld in history.loads[-window_n:] if ld is not None] if window_n else []
     floor = np.array(desired, dtype=float)
+    for ld in [*recent_loads, load]:
+        hold = model.instances_needed(
+            ld, cfg.slo,
+            prefill_utilization=cfg.prefill_utilization * tol,
+            decode_utilization=cfg.decode_utilization * tol,
+        )
+        floor = np.maximum(floor, np.array(hold, dtype=float))
     if window_n > 0:
         for dec in history.decisions[-window_n:]:
             floor = np.maximum(floor, np.array(dec.desired, dtype=float))
+    floor = np.where(over[0], np.minimum(floor, need[:, 0]), floor)  # budget split wins
     floor = np.minimum(floor, committed0)  # a floor never forces a scale-up
 
     # -- MILP ----------------------------------------------------------------------------------
