@@ -6,7 +6,7 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo down
+.PHONY: setup test lint demo down chart-sync
 
 setup:
 	@e2e/setup
@@ -27,3 +27,11 @@ demo: setup
 
 down:
 	$(VENV)/bin/pdscale cluster down
+
+# Copy the single sources (the CRD generated from the spec model, the operator's RBAC rules)
+# into the Helm chart; tests/chart fails when they drift.
+chart-sync: setup
+	cp crds/pdclusters.pdscale.io.yaml charts/pdscale/crds/
+	$(VENV)/bin/python -c "import json, yaml; from pdscale.operator import rbac; \
+	print(yaml.safe_dump(json.loads(json.dumps(rbac.rules())), sort_keys=False), end='')" \
+	> charts/pdscale/rbac-rules.yaml

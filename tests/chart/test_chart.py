@@ -1,0 +1,172 @@
+"""The Helm chart: lints, validates its values against the schema with field-naming errors,
+renders a restricted-security operator, carries the CRD and RBAC of their single sources, and
+installs for real on the cluster with an identity that can do its job and no more."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from pdscale.localcluster import DEFAULT_BIN_DIR
+from pdscale.operator import rbac
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "pdscale"
+HELM = DEFAULT_BIN_DIR / "helm"
+KUBE_VERSION = "1.34.4"
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if not HELM.is_file():
+        pytest.fail(f"helm not found at {HELM}: run e2e/cluster/build")
+    result = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def render(*sets: str) -> list[dict]:
+    args = ["template", "t", str(CHART), "-n", "pdscale-system", "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_chart_crd_is_the_crd_in_crds_folder():
+    assert (CHART / "crds" / "pdclusters.pdscale.io.yaml").read_text() == (
+        ROOT / "crds" / "pdclusters.pdscale.io.yaml"
+    ).read_text(), "copy crds/pdclusters.pdscale.io.yaml to charts/pdscale/crds/"
+
+
+def test_chart_rbac_rules_are_the_operators_rules():
+    rendered = by_kind(render(), "ClusterRole")[0]["rules"]
+    assert rendered == json.loads(json.dumps(rbac.rules())), (
+        "regenerate charts/pdscale/rbac-rules.yaml from pdscale.operator.rbac.rules()"
+    )
+
+
+def test_helm_lint_strict_passes():
+    helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+
+
+@pytest.mark.parametrize(("value", "field", "reason"), [
+    ("replicaCount=two", "/replicaCount", "want integer"),
+    ("replicaCount=2", "/replicaCount", "maximum"),
+    ("operator.logLevel=verbose", "/operator/logLevel", "must be one of"),
+    ("metrics.serviceMonitor.interval=soon", "/metrics/serviceMonitor/interval", "pattern"),
+    ("operatr.workers=3", "", "additional properties 'operatr' not allowed"),
+])
+def test_bad_values_are_refused_naming_the_field(value, field, reason):
+    result = helm("template", "t", str(CHART), "--kube-version", KUBE_VERSION, "--set", value,
+                  check=False)
+    assert result.returncode != 0
+    assert f"at '{field}'" in result.stderr
+    assert reason in result.stderr
+
+
+def test_operator_pod_meets_the_restricted_pod_security_standard():
+    deployment = by_kind(render(), "Deployment")[0]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--all-namespaces" in container["args"]
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+
+
+def test_watch_namespaces_replace_all_namespaces():
+    args = by_kind(render("operator.watchNamespaces={team-a,team-b}"), "Deployment")[0][
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" not in args
+    assert {"--namespace=team-a", "--namespace=team-b"} <= set(args)
+
+
+def test_optional_parts_follow_their_switches():
+    assert not by_kind(render(), "ServiceMonitor")
+    assert by_kind(render("metrics.serviceMonitor.enabled=true"), "ServiceMonitor")
+    dashboards = by_kind(render(), "ConfigMap")
+    assert dashboards[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(dashboards[0]["data"]["pdscale.json"])
+    titles = [p["title"] for p in dashboard["panels"]]
+    assert any("TTFT" in t for t in titles) and any("prefill" in t for t in titles)
+    assert not by_kind(render("grafana.dashboard.enabled=false"), "ConfigMap")
+
+
+def test_every_value_is_documented():
+    """Every knob of the schema has a comment line right above it in values.yaml, and a
+    description in values.schema.json."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    commented: dict[str, bool] = {}
+    stack: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        key = re.match(r"^(\s*)([A-Za-z]\w*):", line)
+        if not key:
+            continue
+        indent = len(key.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([k for _, k in stack] + [key.group(2)])
+        stack.append((indent, key.group(2)))
+        commented[path] = i > 0 and lines[i - 1].strip().startswith("#")
+
+    def knobs(node, prefix=""):
+        for name, sub in node.get("properties", {}).items():
+            yield f"{prefix}{name}", sub
+            yield from knobs(sub, f"{prefix}{name}.")
+
+    missing = [p for p, _ in knobs(schema) if not commented.get(p, False)]
+    assert not missing, f"values.yaml keys without a comment above them: {missing}"
+    undescribed = [p for p, sub in knobs(schema) if "description" not in sub]
+    assert not undescribed, f"schema fields without a description: {undescribed}"
+
+
+@pytest.mark.cluster
+def test_helm_install_gives_the_operator_exactly_its_permissions(cluster, admin_api, namespace):
+    release = f"e2e-{uuid.uuid4().hex[:6]}"
+    helm("install", release, str(CHART), "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+         "--set", "grafana.dashboard.enabled=false", "--wait=false")
+    try:
+        crd = client.ApiextensionsV1Api(admin_api).read_custom_resource_definition(
+            "pdclusters.pdscale.io")
+        assert any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
+        role = client.RbacAuthorizationV1Api(admin_api).read_cluster_role(
+            f"pdscale-operator-{namespace}")
+        assert [r.to_dict()["verbs"] for r in role.rules] == [r["verbs"] for r in rbac.rules()]
+
+        core = client.CoreV1Api(admin_api)
+        token = core.create_namespaced_service_account_token(
+            "pdscale-operator", namespace, {"spec": {"expirationSeconds": 600}}).status.token
+        cfg = client.Configuration()
+        cfg.host = admin_api.configuration.host
+        cfg.ssl_ca_cert = admin_api.configuration.ssl_ca_cert
+        cfg.api_key = {"authorization": f"Bearer {token}"}
+        as_operator = client.ApiClient(cfg)
+        client.CustomObjectsApi(as_operator).list_cluster_custom_object(
+            "pdscale.io", "v1alpha1", "pdclusters")
+        client.AppsV1Api(as_operator).list_deployment_for_all_namespaces()
+        with pytest.raises(ApiException) as refused:
+            client.CoreV1Api(as_operator).list_secret_for_all_namespaces()
+        assert refused.value.status == 403
+        deployment = client.AppsV1Api(admin_api).read_namespaced_deployment("pdscale-operator", namespace)
+        assert deployment.spec.template.spec.service_account_name == "pdscale-operator"
+    finally:
+        helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
