@@ -31,5 +31,7 @@ class Decision:
     held: bool = False
     #: per-interval plan over the horizon: (prefill, decode) serving counts
     plan: tuple[tuple[int, int], ...] = field(default=())
-    #: the unstabilized target the solver wanted (kept in history for the down-window)
+    #: the need of the first interval after the budget split (kept for the down-window)
     desired: tuple[int, int] = (0, 0)
+    #: how the programme was solved: "lp" (relaxation was integral), "milp", "lp-rounded"
+    solver: str = ""

@@ -87,10 +87,12 @@ def backtest(
 ) -> dict[str, float]:
     """Rolling-origin error of ``method`` at lead ``horizon`` over ``series``.
 
-    Returns the mean absolute error relative to the series mean (``rel_mae``) and the
+    Returns the mean absolute error relative to the series mean (``rel_mae``), the 0.9
+    pinball loss relative to the mean (``rel_pinball_q90``, the planner's criterion) and the
     share of under-forecasts by more than 10% (``under_10pct``): under-forecasting costs SLO,
     over-forecasting costs only GPU-hours."""
     errs: list[float] = []
+    pinball: list[float] = []
     under = 0
     for origin in range(warmup, len(series) - horizon):
         pred = forecast(series[:origin], horizon, method=method, **kwargs)  # type: ignore[arg-type]
@@ -99,11 +101,14 @@ def backtest(
         actual = series[origin + horizon - 1]
         p = pred[-1]
         errs.append(abs(p - actual))
+        # quantile (pinball) loss at 0.9: an under-forecast costs 9x an over-forecast
+        pinball.append(max(0.9 * (actual - p), 0.1 * (p - actual)))
         if p < 0.9 * actual:
             under += 1
     mean = sum(series) / len(series) if series else 0.0
     n = max(len(errs), 1)
     return {
         "rel_mae": (sum(errs) / n) / mean if mean > 0 else 0.0,
+        "rel_pinball_q90": (sum(pinball) / n) / mean if mean > 0 else 0.0,
         "under_10pct": under / n,
     }

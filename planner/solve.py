@@ -409,6 +409,7 @@ def _plan_for(
         shortfall=shortfall,
         plan=tuple((int(a), int(b)) for a, b in zip(serve[0], serve[1], strict=True)),
         desired=desired,
+        solver=how,
     )
 
 
