@@ -106,18 +106,32 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_NO_DEFAULT = "x-pdscale-no-default"  # transient marker, removed before output
+
+
+def _defaults_of(node: dict[str, Any]) -> dict[str, Any]:
+    """The object the API server would build from `{}` by structural defaulting."""
+    out = {}
+    for name, child in (node.get("properties") or {}).items():
+        if "default" in child:
+            out[name] = copy.deepcopy(child["default"])
+    return out
+
+
 def _default_empty_objects(node: dict[str, Any], required: bool) -> None:
-    """Give optional objects whose own fields all have defaults a `default: {}`: the API
-    server only defaults inside objects that exist, and the model treats an absent section as
-    all-defaults (default_factory)."""
+    """Give optional objects whose own fields all have defaults a default: the API server
+    only defaults inside objects that exist, and the model treats an absent section as
+    all-defaults (default_factory). The default is written out in full, not `{}`: CEL rules
+    on the object are checked against the default itself, before any nested defaulting."""
     props = node.get("properties")
     if not props:
         return
     for name, child in props.items():
         child_required = name in node.get("required", [])
         _default_empty_objects(child, child_required)
-    if node.get("type") == "object" and not required and not node.get("required"):
-        node.setdefault("default", {})
+    if (node.get("type") == "object" and not required and not node.get("required")
+            and not node.get(_NO_DEFAULT)):
+        node.setdefault("default", _defaults_of(node))
 
 
 def spec_schema() -> dict[str, Any]:
@@ -129,12 +143,17 @@ def spec_schema() -> dict[str, Any]:
     # Optional sub-objects that default to None in the model (e.g. weights, rdma) must stay
     # absent: mark them so _default_empty_objects leaves them alone.
     optional_none = _optional_none_paths(PDClusterSpec)
+    for path in optional_none:
+        node = schema
+        for part in path:
+            node = node["properties"][part]
+        node[_NO_DEFAULT] = True
     _default_empty_objects(schema, required=True)
     for path in optional_none:
         node = schema
         for part in path:
             node = node["properties"][part]
-        node.pop("default", None)
+        del node[_NO_DEFAULT]
     return schema
 
 

@@ -91,6 +91,13 @@ def _fresh(memo: kopf.Memo, namespace: str, name: str, uid: str | None = None) -
     return body
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # kopf's own readers, which look at $KUBECONFIG when called (the client library's
+    # loader fixes its default path at import time).
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.peering.standalone = True  # one replica; no peering CRD to require

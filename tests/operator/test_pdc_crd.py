@@ -147,4 +147,6 @@ def test_cel_rules_sit_where_they_apply():
     # Optional sections that are absent by default must not get a default object.
     assert "default" not in weights
     assert "default" not in spec["properties"]["placement"]["properties"]["rdma"]
-    assert spec["properties"]["kvCache"]["default"] == {}
+    assert spec["properties"]["kvCache"]["default"] == {
+        "pageSizeTokens": 64, "dtype": "Auto", "layout": "Auto"}
+    assert spec["properties"]["prefill"]["default"]["minReplicas"] == 1

@@ -1,0 +1,89 @@
+"""Fixtures for the operator's integration tests: the CRD and the operator's RBAC installed by
+the admin, the operator running under KopfRunner with its own ServiceAccount identity, and
+polling helpers (never bare sleeps)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pdc_cluster_helpers import CPU_NODE, DECOY_NODE, POOL, wait_for
+
+
+def _create_or_replace(create, read, replace, body):
+    from kubernetes.client.rest import ApiException
+
+    try:
+        create(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = read(body["metadata"]["name"])
+        body = copy.deepcopy(body)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        replace(body["metadata"]["name"], body)
+
+
+@pytest.fixture(scope="session")
+def operator_installed(cluster) -> None:
+    """CRD, ClusterRole (from operator/rbac.py) and its binding to the operator's SA, applied by
+    the admin; plus an untainted CPU node for the router and a decoy GPU node of another
+    product that no engine pod may use."""
+    from kubernetes import client
+
+    from pdscale.operator import crd, rbac
+    from pdscale.testbed import api_client, h200_node, wait_nodes_ready
+
+    api = api_client(cluster.kubeconfig)
+    ext = client.ApiextensionsV1Api(api)
+    _create_or_replace(ext.create_custom_resource_definition, ext.read_custom_resource_definition,
+                       ext.replace_custom_resource_definition, crd.build_crd())
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                         ext.read_custom_resource_definition(crd.CRD_NAME).status.conditions or []),
+             what="CRD established")
+    rb = client.RbacAuthorizationV1Api(api)
+    _create_or_replace(rb.create_cluster_role, rb.read_cluster_role, rb.replace_cluster_role,
+                       rbac.cluster_role())
+    _create_or_replace(rb.create_cluster_role_binding, rb.read_cluster_role_binding,
+                       rb.replace_cluster_role_binding, rbac.cluster_role_binding())
+    core = client.CoreV1Api(api)
+    cpu = h200_node(CPU_NODE, POOL)
+    for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory"):
+        cpu["metadata"]["labels"].pop(key)
+    cpu["metadata"]["labels"]["pdscale.io/pool"] = "cpu"
+    cpu["spec"] = {}
+    for field in ("capacity", "allocatable"):
+        cpu["status"][field] = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+    decoy = h200_node(DECOY_NODE, POOL)
+    decoy["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3"
+    for node in (cpu, decoy):
+        _create_or_replace(core.create_node, core.read_node, core.replace_node, node)
+    cluster.ensure_h200_nodes(24, POOL)
+    wait_nodes_ready(cluster.kubeconfig, [CPU_NODE, DECOY_NODE])
+
+
+@pytest.fixture
+def run_operator(cluster, operator_installed, monkeypatch) -> Iterator[Callable[[], Any]]:
+    """Factory: `with run_operator() as runner:` runs the operator under KopfRunner as the
+    ServiceAccount pdscale-system/pdscale-operator (never the admin)."""
+    import kopf
+    from kopf.testing import KopfRunner
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.operator_kubeconfig))
+    monkeypatch.setenv("PDSCALE_WATCH_TIMEOUT_SECONDS", "10")
+    runners: list[KopfRunner] = []
+
+    def start() -> KopfRunner:
+        settings = kopf.OperatorSettings()
+        settings.watching.server_timeout = 10
+        runner = KopfRunner(["run", "--all-namespaces", "--standalone", "-m",
+                             "pdscale.operator.handlers"], settings=settings)
+        runners.append(runner)
+        return runner
+
+    yield start
+    for runner in runners:
+        if runner.exception is not None:
+            raise runner.exception

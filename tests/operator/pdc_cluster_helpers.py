@@ -1,0 +1,43 @@
+"""Helpers shared by the operator's integration tests (polling, samples pinned to the pool)."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+POOL = "operator"
+CPU_NODE = "cpu-operator-000"
+DECOY_NODE = "h100-operator-000"
+
+
+def wait_for(fn: Callable[[], Any], *, timeout_seconds: float = 60, interval_seconds: float = 0.25,
+             what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_seconds
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval_seconds)
+    raise TimeoutError(f"timed out after {timeout_seconds:.0f}s waiting for {what}; last: {last!r}")
+
+
+def sample(name: str, cluster_name: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """An example PDCluster, pinned to this suite's node pool, with dotted-path overrides."""
+    doc = yaml.safe_load((ROOT / "examples" / name).read_text())
+    if cluster_name:
+        doc["metadata"]["name"] = cluster_name
+    doc["spec"].setdefault("placement", {}).setdefault("nodeSelector", {})["pdscale.io/pool"] = POOL
+    for dotted, value in overrides.items():
+        node = doc["spec"]
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = copy.deepcopy(value)
+    return doc
