@@ -26,8 +26,7 @@ def installed_layout(target: Path) -> Path:
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run(
-        [str(Path(sys.executable).parent / "lint-imports"), "--config", str(ROOT / ".importlinter"),
-         "--no-cache"],
+        [str(Path(sys.executable).parent / "lint-imports"), str(ROOT / ".importlinter"), "--no-cache"],
         capture_output=True, text=True, env=env, cwd=tree,
     )
 

@@ -1,0 +1,276 @@
+"""The metrics reader: PromQL for one PDCluster, and its answers turned into readings.
+
+This is the planner's one door to the outside world (the operator is the other); the rest of
+``planner/`` never imports an HTTP library. Rendering queries and interpreting answers are
+pure functions; :func:`read_metrics` is the only function that talks to Prometheus.
+
+Selection. Engines are scraped with three target labels, set by relabelling the pods' labels
+(a PodMonitor, or the scrape config pdscale's demo writes): ``namespace``, ``pdcluster``
+(``app.kubernetes.io/instance``) and ``role`` (``pdscale.io/role``: prefill or decode). The
+same labels then select a PDCluster's pods for SGLang and vLLM alike. Every template can be
+replaced per PDCluster (``spec.planner.metrics.queries``).
+
+Unknown is never zero. An empty answer, NaN or infinity (a ratio of two zero rates), a query
+error or an unreachable Prometheus make the reading ``None``, and the failure is recorded by
+query name so that a condition can say which query failed and why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .observe import Observation, Reading, RoleState
+
+#: Reading names, in the order they are queried. Per-role gauges end in ``_prefill``/``_decode``.
+READINGS = (
+    "rate_rps",
+    "mean_input_tokens",
+    "mean_output_tokens",
+    "prefix_hit_rate",
+    "ttft_p50_seconds",
+    "ttft_p99_seconds",
+    "tpot_p50_seconds",
+    "tpot_p99_seconds",
+    "queue_depth_prefill",
+    "queue_depth_decode",
+    "running_requests_prefill",
+    "running_requests_decode",
+)
+
+# {sel} is the PDCluster selector, {role} is added per role, {window} is the rate window.
+# SGLang: requests are counted on the prefill side (each request prefills exactly once);
+# output tokens and TPOT on the decode side; TTFT on the decode side, which in SGLang's PD
+# mode receives the request at the same time as prefill, so its TTFT includes bootstrap,
+# prefill and KV transfer.
+SGLANG_QUERIES: Mapping[str, str] = {
+    "rate_rps": 'sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))',
+    "mean_input_tokens": (
+        'sum(rate(sglang:prompt_tokens_total{{{sel},role="prefill"}}[{window}]))'
+        ' / sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))'
+    ),
+    "mean_output_tokens": (
+        'sum(rate(sglang:generation_tokens_total{{{sel},role="decode"}}[{window}]))'
+        ' / sum(rate(sglang:num_requests_total{{{sel},role="decode"}}[{window}]))'
+    ),
+    "prefix_hit_rate": (
+        'sum(rate(sglang:cached_tokens_total{{{sel},role="prefill"}}[{window}]))'
+        ' / sum(rate(sglang:prompt_tokens_total{{{sel},role="prefill"}}[{window}]))'
+    ),
+    "ttft_p50_seconds": (
+        "histogram_quantile(0.5, sum by (le) (rate("
+        'sglang:time_to_first_token_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+    ),
+    "ttft_p99_seconds": (
+        "histogram_quantile(0.99, sum by (le) (rate("
+        'sglang:time_to_first_token_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+    ),
+    "tpot_p50_seconds": (
+        "histogram_quantile(0.5, sum by (le) (rate("
+        'sglang:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+    ),
+    "tpot_p99_seconds": (
+        "histogram_quantile(0.99, sum by (le) (rate("
+        'sglang:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+    ),
+    "queue_depth_prefill": 'sum(sglang:num_queue_reqs{{{sel},role="prefill"}})',
+    "queue_depth_decode": 'sum(sglang:num_queue_reqs{{{sel},role="decode"}})',
+    "running_requests_prefill": 'sum(sglang:num_running_reqs{{{sel},role="prefill"}})',
+    "running_requests_decode": 'sum(sglang:num_running_reqs{{{sel},role="decode"}})',
+}
+
+# vLLM: the decode instance's TTFT misses the prefill time (the proxy sends to prefill first),
+# so TTFT comes from the prefill side, whose first token is the one prefill produces; a
+# router's TTFT is better where one is scraped (override ttft_* with it).
+VLLM_QUERIES: Mapping[str, str] = {
+    "rate_rps": 'sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))',
+    "mean_input_tokens": (
+        'sum(rate(vllm:prompt_tokens_total{{{sel},role="prefill"}}[{window}]))'
+        ' / sum(rate(vllm:request_success_total{{{sel},role="prefill"}}[{window}]))'
+    ),
+    "mean_output_tokens": (
+        'sum(rate(vllm:generation_tokens_total{{{sel},role="decode"}}[{window}]))'
+        ' / sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))'
+    ),
+    "prefix_hit_rate": (
+        'sum(rate(vllm:prefix_cache_hits_total{{{sel},role="prefill"}}[{window}]))'
+        ' / sum(rate(vllm:prefix_cache_queries_total{{{sel},role="prefill"}}[{window}]))'
+    ),
+    "ttft_p50_seconds": (
+        "histogram_quantile(0.5, sum by (le) (rate("
+        'vllm:time_to_first_token_seconds_bucket{{{sel},role="prefill"}}[{window}])))'
+    ),
+    "ttft_p99_seconds": (
+        "histogram_quantile(0.99, sum by (le) (rate("
+        'vllm:time_to_first_token_seconds_bucket{{{sel},role="prefill"}}[{window}])))'
+    ),
+    "tpot_p50_seconds": (
+        "histogram_quantile(0.5, sum by (le) (rate("
+        'vllm:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+    ),
+    "tpot_p99_seconds": (
+        "histogram_quantile(0.99, sum by (le) (rate("
+        'vllm:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+    ),
+    "queue_depth_prefill": 'sum(vllm:num_requests_waiting{{{sel},role="prefill"}})',
+    "queue_depth_decode": 'sum(vllm:num_requests_waiting{{{sel},role="decode"}})',
+    "running_requests_prefill": 'sum(vllm:num_requests_running{{{sel},role="prefill"}})',
+    "running_requests_decode": 'sum(vllm:num_requests_running{{{sel},role="decode"}})',
+}
+
+ENGINE_QUERIES: Mapping[str, Mapping[str, str]] = {"sglang": SGLANG_QUERIES, "vllm": VLLM_QUERIES}
+
+
+def render_queries(
+    engine: str,
+    *,
+    namespace: str,
+    pdcluster: str,
+    window_seconds: int,
+    overrides: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """PromQL for every reading of one PDCluster.
+
+    Parameters
+    ----------
+    engine : ``"sglang"`` or ``"vllm"`` (case-insensitive).
+    namespace, pdcluster : select the PDCluster's pods by the scrape labels.
+    window_seconds : the rate window, normally the planner interval (at least 2 scrapes).
+    overrides : reading name -> template replacing the default; may use ``{sel}`` and
+        ``{window}``. An unknown reading name is an error (a typo would silently do nothing).
+    """
+    key = engine.lower()
+    if key not in ENGINE_QUERIES:
+        raise ValueError(f"engine: unknown engine {engine!r}; expected one of {sorted(ENGINE_QUERIES)}")
+    if window_seconds < 1:
+        raise ValueError(f"window_seconds: must be at least 1, got {window_seconds}")
+    templates = dict(ENGINE_QUERIES[key])
+    for name, template in (overrides or {}).items():
+        if name not in templates:
+            raise ValueError(
+                f"queries.{name}: unknown reading; expected one of {', '.join(READINGS)}"
+            )
+        templates[name] = template
+    sel = f'namespace="{namespace}",pdcluster="{pdcluster}"'
+    rendered = {}
+    for name, template in templates.items():
+        try:
+            rendered[name] = template.format(sel=sel, window=f"{window_seconds}s")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"queries.{name}: bad template ({exc}); use {{sel}} and {{window}}") from None
+    return rendered
+
+
+def to_reading(result: Any, at_seconds: float) -> tuple[Reading | None, str | None]:
+    """Interpret one instant-query answer (the ``result`` list of a vector).
+
+    Returns the reading, or ``None`` with the reason it is unknown."""
+    if not isinstance(result, list) or not result:
+        return None, "no data"
+    if len(result) > 1:
+        return None, f"{len(result)} series (the query must aggregate to one)"
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None, "malformed answer"
+    if math.isnan(value) or math.isinf(value):
+        return None, "not a number (no traffic in the window?)"
+    return Reading(value, at_seconds), None
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Readings by name (``None`` = unknown) and, for each unknown one, why."""
+
+    readings: Mapping[str, Reading | None]
+    failures: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def unreachable(self) -> bool:
+        return bool(self.failures) and all(
+            reason.startswith("unreachable") for reason in self.failures.values()
+        )
+
+    def summary(self) -> str:
+        """One line for a condition message: which queries failed and why."""
+        if not self.failures:
+            return "all metrics read"
+        parts = [f"{name}: {reason}" for name, reason in sorted(self.failures.items())]
+        return f"{len(parts)} of {len(self.readings)} metrics unknown ({'; '.join(parts)})"
+
+
+class QueryClient(Protocol):
+    def custom_query(self, query: str) -> Any: ...
+
+
+def read_metrics(client: QueryClient, queries: Mapping[str, str], now_seconds: float) -> MetricsSnapshot:
+    """Run every query; a failure makes that reading unknown, never zero.
+
+    ``client`` is a ``prometheus_api_client.PrometheusConnect`` (or anything with its
+    ``custom_query``); ``now_seconds`` stamps the readings (the caller's clock)."""
+    readings: dict[str, Reading | None] = {}
+    failures: dict[str, str] = {}
+    for name, query in queries.items():
+        try:
+            answer = client.custom_query(query)
+        except Exception as exc:  # the client raises requests' and its own errors alike
+            readings[name] = None
+            failures[name] = _describe_error(exc)
+            continue
+        readings[name], reason = to_reading(answer, now_seconds)
+        if reason:
+            failures[name] = reason
+    return MetricsSnapshot(readings, failures)
+
+
+def _describe_error(exc: Exception) -> str:
+    text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    connection = ("Connection", "Timeout", "MaxRetry", "NewConnection")
+    if any(word in type(exc).__name__ or word in text for word in connection):
+        return f"unreachable: {text}"
+    return f"query failed: {text}"
+
+
+def prometheus_client(url: str, timeout_seconds: float = 10.0) -> QueryClient:
+    """A PrometheusConnect with a bounded timeout and no retries: a slow Prometheus must not
+    stall the planning loop; the next interval tries again."""
+    from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
+
+    return PrometheusConnect(  # type: ignore[no-any-return]
+        url=url, disable_ssl=url.startswith("http://"), retry=Retry(total=0),
+        timeout=timeout_seconds,
+    )
+
+
+def observation_from(
+    snapshot: MetricsSnapshot, now_seconds: float, prefill: RoleState, decode: RoleState
+) -> Observation:
+    """Join the metrics with the instance states the operator counted from the pods."""
+    r = snapshot.readings
+
+    def role_state(state: RoleState, role: str) -> RoleState:
+        return RoleState(
+            ready=state.ready,
+            warming=state.warming,
+            draining=state.draining,
+            recently_ready=state.recently_ready,
+            queue_depth=r.get(f"queue_depth_{role}"),
+            running_requests=r.get(f"running_requests_{role}"),
+        )
+
+    return Observation(
+        now_seconds=now_seconds,
+        rate_rps=r.get("rate_rps"),
+        mean_input_tokens=r.get("mean_input_tokens"),
+        mean_output_tokens=r.get("mean_output_tokens"),
+        prefix_hit_rate=r.get("prefix_hit_rate"),
+        ttft_p50_seconds=r.get("ttft_p50_seconds"),
+        ttft_p99_seconds=r.get("ttft_p99_seconds"),
+        tpot_p50_seconds=r.get("tpot_p50_seconds"),
+        tpot_p99_seconds=r.get("tpot_p99_seconds"),
+        prefill=role_state(prefill, "prefill"),
+        decode=role_state(decode, "decode"),
+    )

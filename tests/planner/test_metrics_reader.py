@@ -1,0 +1,167 @@
+"""The metrics reader: PromQL per engine for one PDCluster, and unknown never read as zero.
+The last test runs the queries against a real Prometheus scraping SGLang-named metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pdscale.planner.observe import RoleState
+from pdscale.planner.prometheus import (
+    READINGS,
+    MetricsSnapshot,
+    observation_from,
+    prometheus_client,
+    read_metrics,
+    render_queries,
+    to_reading,
+)
+
+
+def test_every_reading_has_a_query_for_both_engines():
+    for engine in ("sglang", "SGLang", "vllm"):
+        queries = render_queries(engine, namespace="ns", pdcluster="glm", window_seconds=60)
+        assert set(queries) == set(READINGS)
+        for q in queries.values():
+            assert 'namespace="ns",pdcluster="glm"' in q
+            assert "{sel}" not in q and "{window}" not in q
+
+
+def test_queries_select_the_right_role_and_window():
+    q = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=120)
+    assert q["queue_depth_prefill"] == 'sum(sglang:num_queue_reqs{namespace="a",pdcluster="b",role="prefill"})'
+    assert '[120s]' in q["rate_rps"]
+    assert 'role="decode"' in q["tpot_p99_seconds"] and "0.99" in q["tpot_p99_seconds"]
+
+
+def test_overrides_replace_one_query_and_typos_are_refused():
+    q = render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60,
+                       overrides={"ttft_p99_seconds": "max(router_ttft{{{sel}}})"})
+    assert q["ttft_p99_seconds"] == 'max(router_ttft{namespace="a",pdcluster="b"})'
+    with pytest.raises(ValueError, match=r"queries\.ttft_p98_seconds: unknown reading"):
+        render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60,
+                       overrides={"ttft_p98_seconds": "x"})
+    with pytest.raises(ValueError, match=r"queries\.rate_rps: bad template"):
+        render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60,
+                       overrides={"rate_rps": "sum(x{{{selector}}})"})
+    with pytest.raises(ValueError, match=r"engine: unknown engine 'trt'"):
+        render_queries("trt", namespace="a", pdcluster="b", window_seconds=60)
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    ([], "no data"),
+    ([{"metric": {}, "value": [0, "NaN"]}], "not a number"),
+    ([{"metric": {}, "value": [0, "+Inf"]}], "not a number"),
+    ([{"metric": {"a": "1"}, "value": [0, "1"]}, {"metric": {"a": "2"}, "value": [0, "2"]}], "2 series"),
+    ([{"metric": {}}], "malformed"),
+])
+def test_unknown_answers_are_none_with_a_reason(answer, reason):
+    reading, why = to_reading(answer, 5.0)
+    assert reading is None
+    assert reason in why
+
+
+def test_a_zero_is_a_real_zero():
+    reading, why = to_reading([{"metric": {}, "value": [0, "0"]}], 7.0)
+    assert reading is not None and reading.value == 0.0 and reading.at_seconds == 7.0
+    assert why is None
+
+
+class _Refusing:
+    def custom_query(self, query):
+        raise ConnectionError("HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded")
+
+
+def test_unreachable_prometheus_gives_unknown_everywhere_and_says_so():
+    queries = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=60)
+    snap = read_metrics(_Refusing(), queries, now_seconds=100.0)
+    assert all(v is None for v in snap.readings.values())
+    assert snap.unreachable
+    assert snap.summary().startswith(f"{len(READINGS)} of {len(READINGS)} metrics unknown")
+    obs = observation_from(snap, 100.0, RoleState(ready=3), RoleState(ready=5))
+    assert obs.rate_rps is None and obs.prefill.queue_depth is None
+    assert obs.prefill.ready == 3 and obs.decode.ready == 5
+
+
+def test_partial_answers_keep_what_was_read():
+    snap = MetricsSnapshot({"rate_rps": None, "queue_depth_decode": to_reading(
+        [{"metric": {}, "value": [0, "4"]}], 1.0)[0]}, {"rate_rps": "no data"})
+    assert not snap.unreachable
+    obs = observation_from(snap, 1.0, RoleState(), RoleState())
+    assert obs.decode.queue_depth is not None and obs.decode.queue_depth.value == 4.0
+    assert obs.rate_rps is None
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """SGLang-named counters growing at known rates: 5 req/s of 2,000 prompt tokens, 40% cached."""
+
+    started = time.monotonic()
+
+    def do_GET(self):
+        t = time.monotonic() - self.started
+        role = self.server.role  # type: ignore[attr-defined]
+        lines = [
+            f'sglang:num_requests_total{{engine_type="{role}"}} {5 * t:.3f}',
+            f'sglang:prompt_tokens_total{{engine_type="{role}"}} {5 * 2000 * t:.3f}',
+            f'sglang:cached_tokens_total{{engine_type="{role}"}} {5 * 800 * t:.3f}',
+            f'sglang:num_queue_reqs{{engine_type="{role}"}} {3 if role == "prefill" else 1}',
+        ]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_reads_a_real_prometheus(prometheus):
+    servers = []
+    for role in ("prefill", "decode"):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+        server.role = role  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        prometheus.set_targets(f"reader-{role}", [f"127.0.0.1:{server.server_address[1]}"],
+                               {"namespace": "ns", "pdcluster": "glm", "role": role})
+    try:
+        queries = render_queries("sglang", namespace="ns", pdcluster="glm", window_seconds=5)
+        client = prometheus_client(prometheus.url)
+        deadline = time.monotonic() + 40
+        snap = read_metrics(client, queries, 0.0)
+        while time.monotonic() < deadline and snap.readings["mean_input_tokens"] is None:
+            time.sleep(1)
+            snap = read_metrics(client, queries, 0.0)
+        # A rate is only whole once the series spans the window (Prometheus extrapolates less
+        # at a series' start): a window and two scrapes more.
+        time.sleep(7)
+        snap = read_metrics(client, queries, 0.0)
+        r = snap.readings
+        assert r["rate_rps"] is not None and r["rate_rps"].value == pytest.approx(5, rel=0.25)
+        assert r["mean_input_tokens"].value == pytest.approx(2000, rel=0.02)
+        assert r["prefix_hit_rate"].value == pytest.approx(0.4, rel=0.02)
+        assert r["queue_depth_prefill"].value == 3 and r["queue_depth_decode"].value == 1
+        # No histogram is exported: TTFT is unknown, not zero, and the failure says so.
+        assert r["ttft_p99_seconds"] is None and snap.failures["ttft_p99_seconds"] == "no data"
+        # Another PDCluster's selector sees nothing at all.
+        other = read_metrics(client, render_queries("sglang", namespace="ns", pdcluster="x",
+                                                    window_seconds=5), 0.0)
+        assert all(v is None for v in other.readings.values())
+    finally:
+        for server in servers:
+            server.shutdown()
+        for role in ("prefill", "decode"):
+            prometheus.set_targets(f"reader-{role}", [])
+
+
+def test_unreachable_real_endpoint_is_reported_as_unreachable():
+    snap = read_metrics(prometheus_client("http://127.0.0.1:1", timeout_seconds=2),
+                        {"rate_rps": "sum(x)"}, 0.0)
+    assert snap.readings["rate_rps"] is None
+    assert snap.failures["rate_rps"].startswith("unreachable")
