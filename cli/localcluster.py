@@ -240,11 +240,13 @@ class LocalCluster:
             f"--secure-port={self.ports['scheduler']}", "--v=1",
         ])
         stages = [f"--config={path}" for path in self.stage_files]
+        # Pod IPs from the loopback range: a simulated engine or router can bind to its pod's
+        # IP, and the operator reaches pods by IP exactly as inside a real cluster.
         self._spawn("kwok", [
             str(self.bin_dir / "kwok"), f"--kubeconfig={kc}",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             f"--server-address=127.0.0.1:{self.ports['kwok']}",
-            "--cidr=10.244.0.1/16", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
+            "--cidr=127.1.0.1/16", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
             *stages,
         ])
 
