@@ -46,11 +46,16 @@ class Slo:
 class Calibration:
     """Observed/predicted correction factors (1.0 = the profile is right).
 
-    ``prefill_factor`` multiplies prefill compute time, ``decode_factor`` multiplies TPOT."""
+    ``prefill_factor`` multiplies prefill compute time, ``decode_factor`` multiplies TPOT.
+    ``prefill_headroom``/``decode_headroom`` multiply the instances a role is sized for: they
+    grow when the observed p99 latency misses the SLO although the model said it would not
+    (bursts and heavy tails the fluid model cannot see) and decay back when it is met easily."""
 
     prefill_factor: float = 1.0
     decode_factor: float = 1.0
     samples: int = 0
+    prefill_headroom: float = 1.0
+    decode_headroom: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,8 @@ class PerformanceModel:
         ceil(rate*osl/D_CAP). A cap below 1 leaves headroom for queueing within the interval.
         """
         p, d = self.fluid_demand(load, slo)
+        p *= self.calibration.prefill_headroom
+        d *= self.calibration.decode_headroom
         # round before ceil: 4.0000000001 from float error must stay 4
         return (
             math.ceil(round(p / prefill_utilization, 9)),
@@ -244,5 +251,50 @@ def calibrate(
         return model
     return replace(
         model,
-        calibration=Calibration(prefill_factor, decode_factor, cal.samples + 1),
+        calibration=replace(
+            cal, prefill_factor=prefill_factor, decode_factor=decode_factor, samples=cal.samples + 1
+        ),
     )
+
+
+#: headroom bounds: never size below the model, never more than double it
+HEADROOM_BOUNDS = (1.0, 2.0)
+#: growth per interval at a miss (scaled by how badly it missed) and decay when comfortably met
+HEADROOM_STEP = 0.1
+HEADROOM_DECAY = 0.01
+
+
+def calibrate_slo(
+    model: PerformanceModel,
+    *,
+    ttft_p99_seconds: float | None,
+    tpot_p99_seconds: float | None,
+    slo: Slo,
+    settled: bool,
+) -> PerformanceModel:
+    """Move each role's headroom from the observed p99 latency against the SLO.
+
+    A miss (p99 above target) raises the role's headroom by up to ``HEADROOM_STEP`` x the
+    relative miss; a p99 below half the target lets it decay by ``HEADROOM_DECAY``. Nothing
+    moves unless ``settled``: while instances warm up, or while the planner already knows it is
+    short, a miss says nothing about the model. Unknown readings change nothing."""
+    if not settled:
+        return model
+    cal = model.calibration
+    lo, hi = HEADROOM_BOUNDS
+
+    def step(h: float, observed: float | None, target: float) -> float:
+        if observed is None or target <= 0:
+            return h
+        ratio = observed / target
+        if ratio > 1.0:
+            return min(hi, h * (1.0 + HEADROOM_STEP * min(ratio - 1.0 + 0.5, 2.0)))
+        if ratio < 0.5:
+            return max(lo, h * (1.0 - HEADROOM_DECAY))
+        return h
+
+    hp = step(cal.prefill_headroom, ttft_p99_seconds, slo.ttft_seconds)
+    hd = step(cal.decode_headroom, tpot_p99_seconds, slo.tpot_seconds)
+    if hp == cal.prefill_headroom and hd == cal.decode_headroom:
+        return model
+    return replace(model, calibration=replace(cal, prefill_headroom=hp, decode_headroom=hd))

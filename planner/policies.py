@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .forecast import forecast
-from .model import Load, PerformanceModel, Slo, calibrate
+from .model import Load, PerformanceModel, Slo, calibrate, calibrate_slo
 from .observe import Observation
 from .simulate import Controller
 from .solve import History, PlannerConfig, current_load, plan
@@ -62,6 +62,19 @@ class PdscaleController:
             prefill_cached_tokens=None,
             instances_warming_up=obs.decode.recently_ready + len(obs.decode.warming),
         )
+        last = self.history.decisions[-1] if self.history.decisions else None
+        settled = (
+            not obs.prefill.warming and not obs.decode.warming
+            and obs.prefill.recently_ready == 0 and obs.decode.recently_ready == 0
+            and last is not None and not last.shortfall and not last.held
+        )
+        model = calibrate_slo(
+            model,
+            ttft_p99_seconds=_get(obs.ttft_p99_seconds, now),
+            tpot_p99_seconds=_get(obs.tpot_p99_seconds, now),
+            slo=cfg.slo,
+            settled=settled,
+        )
         if model is not cfg.model:
             cfg = replace(cfg, model=model)
             self.config = cfg
@@ -73,8 +86,8 @@ class PdscaleController:
             # fleet, so take the one measured now (or the last one measured)
             hit = _get(obs.prefix_hit_rate, now)
             if hit is None and self.history.loads:
-                last = self.history.loads[-1]
-                hit = last.prefix_hit_rate if last else None
+                prev = self.history.loads[-1]
+                hit = prev.prefix_hit_rate if prev else None
             future = [replace(f, prefix_hit_rate=hit or 0.0) for f in future] or None
         d = plan(obs, config=cfg, history=self.history, now=now, future_loads=future)
         self.history = self.history.record(current_load(obs, cfg.max_age_seconds), d)
