@@ -1,0 +1,197 @@
+"""The fleet as the operator sees it: pods per role, by state, and the ordered steps that move
+it to the planner's target without dropping a request. Pure: pods in, actions out.
+
+Every piece of actuation state lives on the pods themselves (the draining annotation and the
+deletion cost), so the loop is level-based: an operator restarted mid-drain reads the same
+pods and finishes the same drain.
+
+The release order (control-plane article, rule 6) made concrete, for one instance leaving:
+
+1. mark it draining (annotation) and give it the lowest pod-deletion-cost;
+2. the router sync drops it from the router's worker list (draining pods are never workers);
+3. wait until its engine reports no request in flight (or the drain timeout passes);
+4. lower the Deployment's replicas by one: the ReplicaSet removes the pod with the lowest
+   deletion cost, which is exactly this one, because every other pod of the role is Ready
+   (the ReplicaSet removes not-ready pods before looking at deletion costs, so a drain is not
+   finished while another pod of the role is still warming up).
+
+Warming pods are removed before any Ready pod is drained: they hold no request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pdscale.planner.observe import RoleState, Warming
+
+DRAINING_ANNOTATION = "pdscale.io/draining-since"
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+#: deletion cost of a pod being drained: lower than any default (0) so the ReplicaSet picks it
+DRAINING_DELETION_COST = -1000
+#: a pod Ready for less than this is "recently ready": its first passes are not yet warm
+RECENTLY_READY_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the loop needs of one engine pod. Times in seconds on the operator's clock."""
+
+    name: str
+    role: str
+    ip: str | None
+    ready: bool
+    created_at_seconds: float
+    ready_since_seconds: float | None = None
+    deleting: bool = False
+    draining_since_seconds: float | None = None
+    #: requests running or queued on the engine; None = unknown (engine did not answer)
+    in_flight: int | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since_seconds is not None
+
+    @property
+    def serving(self) -> bool:
+        """Ready, not leaving: the router may send it work."""
+        return self.ready and not self.draining and not self.deleting
+
+
+def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: float) -> RoleState:
+    """Counts by state for the planner. A warming pod is expected to serve ``warmup_seconds``
+    after its creation (and not before now: an overdue pod is about to be ready)."""
+    live = [p for p in pods if not p.deleting]
+    warming = tuple(
+        Warming(ready_at_seconds=max(now_seconds, p.created_at_seconds + warmup_seconds))
+        for p in live
+        if not p.ready and not p.draining
+    )
+    ready = [p for p in live if p.serving]
+    recent = sum(
+        1 for p in ready
+        if p.ready_since_seconds is not None
+        and now_seconds - p.ready_since_seconds < RECENTLY_READY_SECONDS
+    )
+    draining = sum(1 for p in pods if p.draining or p.deleting)
+    return RoleState(ready=len(ready), warming=warming, draining=draining, recently_ready=recent)
+
+
+@dataclass(frozen=True)
+class RoleActions:
+    """What to do for one role this tick, in this order."""
+
+    role: str
+    #: pods to un-mark (a drain cancelled because the target rose again)
+    undrain: tuple[str, ...] = ()
+    #: pods to mark draining (annotation + deletion cost), then drop from the router
+    start_drain: tuple[str, ...] = ()
+    #: drained pods the replicas change below removes (their deletion cost is already lowest)
+    finish_drain: tuple[str, ...] = ()
+    #: the Deployment's replicas after this tick (None = leave as is)
+    replicas: int | None = None
+    #: why anything is waiting (for status and Events)
+    waiting: tuple[str, ...] = field(default=())
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.undrain or self.start_drain or self.finish_drain or self.replicas is not None)
+
+
+def plan_role_actions(
+    role: str,
+    target: int,
+    pods: Sequence[PodView],
+    replicas: int,
+    *,
+    now_seconds: float,
+    drain_timeout_seconds: float,
+) -> RoleActions:
+    """One level-based step of moving a role to ``target`` instances (ready + warming).
+
+    ``replicas`` is the Deployment's current ``spec.replicas``; ``pods`` its pods.
+    """
+    live = [p for p in pods if not p.deleting]
+    draining = sorted((p for p in live if p.draining), key=lambda p: p.draining_since_seconds or 0.0)
+    active = [p for p in live if not p.draining]  # ready or warming, staying
+    warming = [p for p in active if not p.ready]
+    # Pods the ReplicaSet has yet to create count as warming: a scale while earlier new pods
+    # are pending must not count them twice, nor forget them.
+    not_yet_created = max(0, replicas - len(live))
+    committed = len(active) + not_yet_created
+    waiting: list[str] = []
+
+    undrain: list[str] = []
+    start: list[str] = []
+    new_replicas = replicas
+    if target > committed:
+        # Cheapest first: a draining pod still holds its weights and is Ready.
+        for p in reversed(draining):  # the most recently marked has drained least
+            if committed >= target:
+                break
+            if p.ready:
+                undrain.append(p.name)
+                committed += 1
+        new_replicas = replicas + (target - committed)
+    elif target < committed:
+        excess = committed - target
+        # Pods not yet created, then warming pods, go first: they hold no request.
+        cut = min(excess, not_yet_created + len(warming))
+        new_replicas -= cut
+        excess -= cut
+        # Then drain the least loaded Ready pods (unknown load counts as busy).
+        ready = sorted((p for p in active if p.ready),
+                       key=lambda p: (p.in_flight is None, p.in_flight or 0, p.name))
+        start = [p.name for p in ready[:excess]]
+
+    finish: list[str] = []
+    undrained = set(undrain)
+    staying_not_ready = [p for p in active if not p.ready]
+    for p in draining:
+        if p.name in undrained:
+            continue
+        since = p.draining_since_seconds or now_seconds
+        idle = p.in_flight == 0
+        timed_out = now_seconds - since >= drain_timeout_seconds
+        if not (idle or timed_out):
+            waiting.append(f"{p.name} drains ({p.in_flight if p.in_flight is not None else 'unknown'} in flight)")
+            continue
+        if staying_not_ready or new_replicas > replicas:
+            # The ReplicaSet would remove a not-ready pod instead of this one.
+            waiting.append(f"{p.name} drained; waits for warming pods to become Ready")
+            continue
+        finish.append(p.name)
+    if finish:
+        new_replicas -= len(finish)
+    return RoleActions(
+        role=role,
+        undrain=tuple(undrain),
+        start_drain=tuple(start),
+        finish_drain=tuple(finish),
+        replicas=new_replicas if new_replicas != replicas else None,
+        waiting=tuple(waiting),
+    )
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One entry of the router's worker list."""
+
+    url: str
+    role: str
+    bootstrap_port: int | None = None
+
+
+def router_workers(
+    pods: Sequence[PodView], *, port: int, bootstrap_port: int | None
+) -> frozenset[Worker]:
+    """The router's worker list: exactly the Ready, non-draining, non-deleting pods."""
+    return frozenset(
+        Worker(
+            url=f"http://{p.ip}:{port}",
+            role=p.role,
+            bootstrap_port=bootstrap_port if p.role == "prefill" else None,
+        )
+        for p in pods
+        if p.serving and p.ip
+    )

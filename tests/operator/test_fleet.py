@@ -1,0 +1,112 @@
+"""The ordered actuation, pure: which pods drain, when a drain finishes, what replicas become."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdscale.operator.fleet import PodView, Worker, plan_role_actions, role_state, router_workers
+
+
+def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None):
+    return PodView(name=name, role="decode", ip=ip or f"127.1.0.{len(name)}", ready=ready,
+                   created_at_seconds=created, ready_since_seconds=0.0 if ready else None,
+                   deleting=deleting, draining_since_seconds=draining_since, in_flight=in_flight)
+
+
+def step(target, pods, replicas=None, now=100.0, timeout=60.0):
+    return plan_role_actions("decode", target, pods, len(pods) if replicas is None else replicas,
+                             now_seconds=now, drain_timeout_seconds=timeout)
+
+
+def test_scale_up_adds_replicas():
+    a = step(4, [pod("a"), pod("b")])
+    assert a.replicas == 4 and not a.start_drain
+
+
+def test_scale_up_counts_pods_not_yet_created():
+    # replicas already 4 with 2 pods: the two missing ones are on their way, not to be re-added
+    assert step(4, [pod("a"), pod("b")], replicas=4).replicas is None
+
+
+def test_scale_down_drains_the_least_loaded_ready_pod_and_keeps_replicas():
+    a = step(2, [pod("a", in_flight=9), pod("b", in_flight=1), pod("c", in_flight=None)])
+    assert a.start_drain == ("b",)  # unknown load counts as busy
+    assert a.replicas is None  # nothing removed before the drain
+
+
+def test_warming_pods_go_first_without_a_drain():
+    a = step(1, [pod("a"), pod("w", ready=False)])
+    assert a.start_drain == () and a.replicas == 1
+
+
+def test_drain_finishes_when_idle_then_replicas_drop_by_one():
+    pods = [pod("a"), pod("b", draining_since=90.0, in_flight=3)]
+    busy = step(1, pods)
+    assert busy.finish_drain == () and busy.replicas is None
+    assert "b drains (3 in flight)" in busy.waiting
+    idle = step(1, [pod("a"), pod("b", draining_since=90.0, in_flight=0)])
+    assert idle.finish_drain == ("b",) and idle.replicas == 1
+
+
+def test_drain_timeout_finishes_a_busy_or_silent_pod():
+    a = step(1, [pod("a"), pod("b", draining_since=10.0, in_flight=None)], now=100.0, timeout=60)
+    assert a.finish_drain == ("b",)
+
+
+def test_a_drained_pod_waits_while_another_pod_warms():
+    # The ReplicaSet would remove the warming pod instead of the drained one.
+    a = step(2, [pod("a"), pod("w", ready=False), pod("b", draining_since=50.0, in_flight=0)])
+    assert a.finish_drain == ()
+    assert any("waits for warming" in w for w in a.waiting)
+
+
+def test_target_rising_during_a_drain_undrains_instead_of_adding():
+    a = step(2, [pod("a"), pod("b", draining_since=90.0, in_flight=2)])
+    assert a.undrain == ("b",) and a.replicas is None and a.finish_drain == ()
+
+
+def test_role_state_counts_by_state_and_estimates_warmup():
+    pods = [pod("a"), pod("w", ready=False, created=90.0), pod("d", draining_since=1.0),
+            pod("x", deleting=True)]
+    s = role_state(pods, now_seconds=100.0, warmup_seconds=300.0)
+    assert (s.ready, len(s.warming), s.draining) == (1, 1, 2)
+    assert s.warming[0].ready_at_seconds == 390.0
+
+
+def test_router_workers_are_exactly_the_serving_pods():
+    pods = [pod("a", ip="127.1.0.5"), pod("w", ready=False), pod("d", draining_since=1.0),
+            pod("x", deleting=True)]
+    assert router_workers(pods, port=30000, bootstrap_port=8998) == {
+        Worker("http://127.1.0.5:30000", "decode", None)}
+
+
+pods_strategy = st.lists(
+    st.builds(
+        lambda i, ready, drain, flight, deleting: pod(
+            f"p{i}", ready=ready, draining_since=drain, in_flight=flight, deleting=deleting),
+        st.integers(0, 10**6), st.booleans(), st.one_of(st.none(), st.floats(0, 100)),
+        st.one_of(st.none(), st.integers(0, 5)), st.booleans()),
+    max_size=8, unique_by=lambda p: p.name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pods=pods_strategy, target=st.integers(0, 10), extra=st.integers(0, 3))
+def test_no_serving_pod_is_ever_removed_without_a_drain(pods, target, extra):
+    live = [p for p in pods if not p.deleting]
+    replicas = len(live) + extra
+    a = plan_role_actions("decode", target, pods, replicas, now_seconds=100.0,
+                          drain_timeout_seconds=60.0)
+    new = replicas if a.replicas is None else a.replicas
+    assert new >= 0
+    removed = replicas - new
+    if removed > 0:
+        # Every removal is a not-yet-created pod, a warming pod, or a finished drain.
+        warming = sum(1 for p in live if not p.ready and not p.draining)
+        assert removed <= extra + warming + len(a.finish_drain)
+        if a.finish_drain:
+            assert all(p.ready for p in live if not p.draining)
+    for name in a.finish_drain:
+        p = next(p for p in pods if p.name == name)
+        assert p.draining and (p.in_flight == 0 or 100.0 - p.draining_since_seconds >= 60.0)
+    assert not set(a.start_drain) & set(a.finish_drain)
