@@ -115,3 +115,22 @@ def test_instances_needed_rounds_up_and_honours_caps(model: PerformanceModel) ->
     p1, d1 = model.instances_needed(load, Slo())
     p2, d2 = model.instances_needed(load, Slo(), prefill_utilization=0.5, decode_utilization=0.5)
     assert p2 >= 2 * p1 - 1 and d2 >= 2 * d1 - 1
+
+
+def test_slo_feedback_raises_headroom_on_misses_only_when_settled(model: PerformanceModel) -> None:
+    from pdscale.planner.model import calibrate_slo
+
+    slo = Slo(ttft_seconds=2.0, tpot_seconds=0.05)
+    load = Load(40, 8000, 300, 0.4)
+    base = model.instances_needed(load, slo)
+    # a miss while instances warm up teaches nothing
+    assert calibrate_slo(model, ttft_p99_seconds=6.0, tpot_p99_seconds=0.2, slo=slo, settled=False) is model
+    m = model
+    for _ in range(5):
+        m = calibrate_slo(m, ttft_p99_seconds=3.0, tpot_p99_seconds=0.04, slo=slo, settled=True)
+    assert m.calibration.prefill_headroom > 1.2
+    assert m.calibration.decode_headroom == 1.0  # TPOT was met: decode untouched
+    assert m.instances_needed(load, slo)[0] > base[0]
+    for _ in range(500):
+        m = calibrate_slo(m, ttft_p99_seconds=0.1, tpot_p99_seconds=None, slo=slo, settled=True)
+    assert m.calibration.prefill_headroom == 1.0  # decays back, never below the model
