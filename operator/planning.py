@@ -1,0 +1,147 @@
+"""The planner inside the operator, pure parts: a PDCluster spec becomes a planner
+configuration; a decision becomes status, an Event and the replicas to apply; the planner's
+memory (recent loads and decisions) becomes JSON that survives an operator restart.
+
+The loop that calls these (read pods and metrics, plan, act) is in ``planner_loop.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from typing import Any
+
+from pdscale.planner.decision import Decision
+from pdscale.planner.model import Load, PerformanceModel, Slo
+from pdscale.planner.profile import Profile, load_profile
+from pdscale.planner.prometheus import MetricsSnapshot
+from pdscale.planner.solve import History, PlannerConfig
+
+from .pdcluster import PDClusterSpec, PlannerMode
+
+#: decisions and loads kept across restarts: enough for the stabilization window and the
+#: forecast window at the shortest interval, and small enough for one ConfigMap
+HISTORY_KEEP = 64
+
+
+def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> PlannerConfig:
+    """The solver's knobs from the PDCluster spec.
+
+    Warm-up: the spec's per-role ``warmupSeconds`` is what this deployment's instances take,
+    so it replaces the profile's figure (the slower role's, to price every start safely). A
+    role switch is a drain plus a fresh pod of the other role here, so it costs the same.
+    The node budget defaults to the two roles' maxima together."""
+    base = profile or load_profile()
+    warmup_seconds = float(max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds))
+    profile_here = base.model_copy(update={
+        "warmup": base.warmup.model_copy(update={
+            "new_node_seconds": warmup_seconds, "role_switch_seconds": warmup_seconds,
+        })
+    })
+    p = spec.planner
+    budget = p.node_budget or (spec.prefill.max_replicas + spec.decode.max_replicas)
+    return PlannerConfig(
+        model=PerformanceModel(profile_here),
+        slo=Slo(
+            ttft_seconds=spec.slo.ttft_milliseconds / 1000.0,
+            tpot_seconds=spec.slo.tpot_milliseconds / 1000.0,
+            percentile=spec.slo.percentile / 100.0,
+        ),
+        interval_seconds=float(p.interval_seconds),
+        # The horizon must see a new instance come online to price its warm-up.
+        horizon_intervals=max(10, math.ceil(warmup_seconds / p.interval_seconds) + 5),
+        nodes=budget,
+        min_prefill=spec.prefill.min_replicas,
+        max_prefill=spec.prefill.max_replicas,
+        min_decode=spec.decode.min_replicas,
+        max_decode=spec.decode.max_replicas,
+        stabilization_window_seconds=float(p.stabilization_window_seconds),
+        decode_drain_seconds=float(spec.decode.pre_stop_drain_seconds),
+    )
+
+
+def short(decision: Decision) -> str:
+    """``4P17D``: the name users know for a split."""
+    return f"{decision.prefill}P{decision.decode}D"
+
+
+def _finite_ms(seconds: float) -> int | None:
+    return None if math.isinf(seconds) or math.isnan(seconds) else round(seconds * 1000)
+
+
+def decision_status(
+    decision: Decision, mode: PlannerMode, snapshot: MetricsSnapshot | None, now_rfc3339: str
+) -> dict[str, Any]:
+    """``status.planner``: the last decision, why, and what it predicts. Latencies in integer
+    milliseconds (no floats in the API); ``null`` when the role is overloaded."""
+    return {
+        "mode": mode.value,
+        "lastDecision": short(decision),
+        "lastDecisionTime": now_rfc3339,
+        "recommended": {"prefill": decision.prefill, "decode": decision.decode},
+        "predictedTTFTMilliseconds": _finite_ms(decision.predicted_ttft_seconds),
+        "predictedTPOTMilliseconds": _finite_ms(decision.predicted_tpot_seconds),
+        "held": decision.held,
+        "shortfall": decision.shortfall,
+        "explanation": decision.explanation,
+        "metrics": snapshot.summary() if snapshot is not None else "not read",
+    }
+
+
+def decision_event(decision: Decision, previous: Decision | None) -> tuple[str, str, str] | None:
+    """(type, reason, message) of the Event for this decision, or None when nothing a user
+    would want to hear changed (same counts, same held/shortfall state)."""
+    if previous is not None and (previous.prefill, previous.decode, previous.held,
+                                 previous.shortfall) == (decision.prefill, decision.decode,
+                                                         decision.held, decision.shortfall):
+        return None
+    before = short(previous) if previous is not None else "none"
+    if decision.held:
+        return "Warning", "PlannerHolding", f"holding {short(decision)}: {decision.explanation}"
+    reason = "PlannerShortfall" if decision.shortfall else "PlannerDecision"
+    kind = "Warning" if decision.shortfall else "Normal"
+    return kind, reason, f"{before} -> {short(decision)}: {decision.explanation}"
+
+
+# -- the planner's memory, as JSON -------------------------------------------------------------
+def history_to_json(history: History, last_plan_at_seconds: float | None) -> str:
+    loads = [None if x is None else [x.rate_rps, x.mean_input_tokens, x.mean_output_tokens,
+                                     x.prefix_hit_rate] for x in history.loads[-HISTORY_KEEP:]]
+    decisions = [_decision_dict(d) for d in history.decisions[-HISTORY_KEEP:]]
+    return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
+                       "loads": loads, "decisions": decisions}, separators=(",", ":"))
+
+
+def history_from_json(text: str | None) -> tuple[History, float | None]:
+    """The stored memory, or an empty one when there is none or it cannot be read (a lost
+    memory costs one stabilization window of caution, never a wrong action)."""
+    if not text:
+        return History(), None
+    try:
+        data = json.loads(text)
+        loads = tuple(None if x is None else Load(*map(float, x)) for x in data["loads"])
+        decisions = tuple(_decision_from(d) for d in data["decisions"])
+        last = data.get("lastPlanAtSeconds")
+        return History(loads=loads, decisions=decisions), None if last is None else float(last)
+    except (ValueError, KeyError, TypeError):
+        return History(), None
+
+
+def _decision_dict(d: Decision) -> dict[str, Any]:
+    out = asdict(d)
+    for key in ("predicted_ttft_seconds", "predicted_tpot_seconds", "cost_gpu_hours"):
+        if math.isinf(out[key]) or math.isnan(out[key]):
+            out[key] = None  # JSON has no infinity
+    return out
+
+
+def _decision_from(d: dict[str, Any]) -> Decision:
+    for key in ("predicted_ttft_seconds", "predicted_tpot_seconds", "cost_gpu_hours"):
+        if d.get(key) is None:
+            d[key] = math.inf
+    d["plan"] = tuple(tuple(p) for p in d.get("plan", ()))
+    d["desired"] = tuple(d.get("desired", (0, 0)))
+    known = set(Decision.__dataclass_fields__)
+    return Decision(**{k: v for k, v in d.items() if k in known})
+
