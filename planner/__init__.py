@@ -1,4 +1,21 @@
 """The pure planning core: observation -> forecast -> performance model -> solve -> decision.
 
 Nothing here imports kopf, a Kubernetes client or an HTTP library, does I/O in the planning
-path or reads a clock: time comes in as an argument. A layering contract checks this."""
+path or reads a clock: time comes in as an argument. A layering contract checks this.
+
+Public API, by module (imported from the module, so that importing the package stays cheap
+for callers that need only one part, e.g. the metrics reader):
+
+- ``observe``: :class:`Observation`, :class:`Reading` (value + time; stale -> unknown),
+  :class:`RoleState`, :class:`Warming`.
+- ``decision``: :class:`Decision` (targets, predicted TTFT/TPOT, cost, explanation).
+- ``profile``: :func:`load_profile`, :func:`parse_profile`, :class:`ProfileError`.
+- ``model``: :class:`PerformanceModel`, :class:`Load`, :class:`Slo`, :func:`calibrate`,
+  :func:`calibrate_slo`.
+- ``forecast``: :func:`forecast`, :func:`backtest`.
+- ``solve``: :func:`plan`, :class:`PlannerConfig`, :class:`History`.
+- ``traces``: :func:`load_trace`, readers, :func:`scale_trace`, :class:`TraceError`.
+- ``simulate``: :func:`simulate`, :class:`SimConfig` (discrete-event PD fleet).
+- ``policies`` / ``replay``: the policies compared in replay and :func:`run_policy`.
+- ``workloads``: the global-scheduling article's multi-turn chat workload.
+"""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 METHODS = ("last", "moving-average", "ewma", "holt", "seasonal-naive", "recent-max")
 
 
@@ -61,6 +63,35 @@ def forecast(
         fallback = _holt(xs, horizon, alpha, beta, damping)
         return [b if b is not None else f for b, f in zip(base, fallback, strict=True)]
     return _holt(xs, horizon, alpha, beta, damping)
+
+
+def rise_margin(
+    history: Sequence[float | None],
+    *,
+    lead: int,
+    window: int = 5,
+    quantile: float = 0.9,
+    max_margin: float = 3.0,
+    min_samples: int = 20,
+) -> float:
+    """How much the rate has risen above a ``recent-max`` forecast ``lead`` intervals later.
+
+    The ``quantile`` of actual(t + lead) / max(history[t - window + 1 .. t]) over the past:
+    multiplying the forecast by it covers that share of the ramps seen so far (an empirical,
+    self-calibrating prediction interval). 1.0 until ``min_samples`` origins exist; never above
+    ``max_margin`` (an idle-to-busy jump after an empty minute is not a ramp to plan for)."""
+    xs = np.asarray([np.nan if x is None else x for x in history], dtype=float)
+    n = len(xs) - lead - window + 1
+    if lead <= 0 or n < min_samples:
+        return 1.0
+    windows = np.lib.stride_tricks.sliding_window_view(xs[: len(xs) - lead], window)
+    base = np.nanmax(np.where(np.isnan(windows), -np.inf, windows), axis=1)
+    actual = xs[window - 1 + lead :]
+    ok = np.isfinite(base) & np.isfinite(actual) & (base > 0)
+    if ok.sum() < min_samples:
+        return 1.0
+    q = float(np.quantile(actual[ok] / base[ok], quantile))
+    return min(max(q, 1.0), max_margin)
 
 
 def _holt(xs: list[float], horizon: int, alpha: float, beta: float, damping: float) -> list[float]:

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .decision import Decision
-from .forecast import forecast
+from .forecast import forecast, rise_margin
 from .model import Load, PerformanceModel, Slo
 from .observe import Observation, Reading
 
@@ -62,6 +62,10 @@ class PlannerConfig:
     #: forecast method for the request rate (see forecast.METHODS) and its window
     forecast_method: str = "recent-max"
     forecast_window: int = 5
+    #: size capacity for this quantile of the rate rises seen at the warm-up lead (0 = off)
+    rise_quantile: float = 0.9
+    max_rise_margin: float = 2.0
+    rise_history_intervals: int = 1440
     #: readings older than this are unknown
     max_age_seconds: float = 180.0
     #: expected drain of a decode instance being removed; None = from the load (2x mean output
@@ -158,6 +162,16 @@ def plan(
     )
     assert rates is not None
     rates[0] = max(rates[0], load.rate_rps)  # never plan the current interval below what we see
+    # Capacity ordered now serves after the warm-up: size it for the rises the history has
+    # shown at that lead (empirical quantile), ramping the margin in over the warm-up.
+    w_lead = _intervals(cfg.model.profile.warmup.new_node_seconds, cfg.interval_seconds)
+    margin = rise_margin(
+        [x.rate_rps if x else None for x in loads[-cfg.rise_history_intervals :]],
+        lead=max(w_lead, 1), window=cfg.forecast_window, quantile=cfg.rise_quantile,
+        max_margin=cfg.max_rise_margin,
+    ) if cfg.rise_quantile > 0 else 1.0
+    for k in range(1, H):
+        rates[k] *= 1.0 + (margin - 1.0) * min(k, max(w_lead, 1)) / max(w_lead, 1)
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
     recent = [x for x in loads[-cfg.forecast_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
