@@ -228,6 +228,9 @@ class DrainResult:
     drained: bool
     #: in-flight requests when it was stopped (0 if drained)
     inflight_at_stop: int
+    #: in-flight requests at the first successful poll after the router removal: the work
+    #: the drain waited for (-1 if the engine never answered)
+    inflight_at_removal: int
     #: wall seconds from the start of the removal to the stop call
     seconds: float
     #: the steps in the order they happened, for logs and tests
@@ -257,12 +260,14 @@ async def drain_and_stop(
     steps.append("removed_from_router")
     await sleep(settle_seconds)
     deadline = clock() + drain_timeout_seconds
-    count = -1
+    count = first = -1
     while True:
         try:
             count = await inflight()
         except Exception:  # engine unreachable: unknown is not zero
             count = -1
+        if first < 0:
+            first = count
         if count == 0:
             steps.append("drained")
             break
@@ -272,7 +277,7 @@ async def drain_and_stop(
         await sleep(poll_seconds)
     await stop()
     steps.append("stopped")
-    return DrainResult(url, count == 0, max(count, 0), clock() - start, tuple(steps))
+    return DrainResult(url, count == 0, max(count, 0), first, clock() - start, tuple(steps))
 
 
 async def remove_worker_in_order(

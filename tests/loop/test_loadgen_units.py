@@ -1,0 +1,71 @@
+"""The load generator's pure parts: request plans, stream parsing, summaries, loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdscale.loadgen import (
+    SEED_PHASES,
+    Phase,
+    RequestRecord,
+    plan_requests,
+    require_loopback,
+    scale_phases,
+    summarize,
+    tokens_in_chunk,
+)
+
+
+def test_plan_is_deterministic_and_follows_rate_and_phases():
+    phases = (Phase("a", 10.0, 20.0, 100, 10, 0.5), Phase("b", 10.0, 5.0, 400, 40, 0.0))
+    plan = plan_requests(phases, seed=3)
+    assert plan == plan_requests(phases, seed=3)
+    a = [s for s in plan if s.phase == "a"]
+    b = [s for s in plan if s.phase == "b"]
+    assert 150 < len(a) < 250 and 25 < len(b) < 80  # Poisson around 200 and 50
+    assert all(0 <= s.at_seconds < 10 for s in a) and all(10 <= s.at_seconds < 20 for s in b)
+    assert all(len(s.prompt.split()) == s.input_tokens for s in plan)
+
+
+def test_prompts_share_the_requested_prefix_share():
+    plan = plan_requests((Phase("chat", 30.0, 10.0, 200, 10, 0.6),), seed=1)
+    shared = [sum(w.startswith("c") for w in s.prompt.split()) / s.input_tokens for s in plan]
+    assert all(abs(x - 0.6) < 0.01 for x in shared)
+
+
+def test_plan_is_bounded():
+    assert len(plan_requests((Phase("a", 100.0, 100.0, 10, 10),), max_requests=50)) == 50
+
+
+def test_seed_phases_scale_down():
+    chat, docs, agents = scale_phases(SEED_PHASES, token_scale=0.01, rate_scale=0.1,
+                                      duration_seconds=5)  # fmt: skip
+    assert (chat.mean_input_tokens, chat.mean_output_tokens, chat.rate_rps) == (20, 5, 10.0)
+    assert docs.mean_input_tokens == 160 and agents.prefix_share == 0.8
+
+
+def test_tokens_in_chunks():
+    assert tokens_in_chunk("chat", {"choices": [{"delta": {"content": "t3 "}}]}, 3) == 1
+    assert tokens_in_chunk("chat", {"choices": [{"delta": {"role": "assistant"}}]}, 0) == 0
+    assert tokens_in_chunk("chat", {"choices": [], "usage": {}}, 5) == 0
+    assert tokens_in_chunk("completions", {"choices": [{"text": "t0 "}]}, 0) == 1
+    assert tokens_in_chunk("generate", {"text": "t0 t1 ", "meta_info": {"completion_tokens": 2}}, 1) == 1
+
+
+def record(i, *, error=None, ttft=0.1, tpot=0.01):
+    return RequestRecord(i, "p", 0.0, 10, 5, 5 if error is None else 2, 200, ttft, tpot, 1.0, error)
+
+
+def test_summary_counts_failures_by_kind():
+    records = [record(i, ttft=0.1 * (i + 1)) for i in range(10)]
+    records += [record(10, error="stream ended without [DONE]"), record(11, error="http 503: x")]
+    s = summarize(records)
+    assert s["requests"] == 12 and s["failed"] == 2
+    assert s["errors"] == {"stream ended without [DONE]": 1, "http 503": 1}
+    assert s["ttft_p50_seconds"] == pytest.approx(0.5) and s["ttft_p90_seconds"] == pytest.approx(0.9)
+
+
+def test_only_loopback_targets():
+    assert require_loopback("http://127.9.8.7:30000/") == "http://127.9.8.7:30000"
+    with pytest.raises(ValueError, match="loopback"):
+        require_loopback("http://10.0.0.1:30000")

@@ -1,0 +1,126 @@
+"""The simulated engine's pure parts: prefix cache, timing, request parsing, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdscale.simengine import (
+    LinearTiming,
+    Metrics,
+    PrefixCache,
+    TimingModel,
+    full_response,
+    max_new_tokens,
+    planner_timing,
+    prompt_tokens,
+    render_metrics,
+    stream_chunk,
+)
+
+
+def words(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def test_prefix_cache_hits_whole_shared_blocks_only():
+    cache = PrefixCache(capacity_tokens=1000, block_tokens=4)
+    first = words("s", 10) + words("a", 6)
+    assert cache.match(first) == 0
+    cache.insert(first)
+    # shares 10 tokens = 2 whole blocks of 4; the third block differs in its last 2 tokens
+    second = words("s", 10) + words("b", 6)
+    assert cache.match(second) == 8
+    assert cache.match(first) == 16
+
+
+def test_prefix_cache_needs_the_whole_prefix_before_a_block():
+    cache = PrefixCache(capacity_tokens=1000, block_tokens=4)
+    cache.insert(words("s", 8))
+    # same second block, different first block: a radix cache gives nothing
+    assert cache.match(words("x", 4) + words("s", 8)[4:]) == 0
+
+
+def test_prefix_cache_evicts_least_recently_used():
+    cache = PrefixCache(capacity_tokens=8, block_tokens=4)  # two blocks
+    a, b = words("a", 4), words("b", 4)
+    cache.insert(a)
+    cache.insert(b)
+    cache.match(a)  # a is now the most recent
+    cache.insert(words("c", 4))
+    assert cache.match(a) == 4
+    assert cache.match(b) == 0
+    assert len(cache) == 8
+
+
+def test_linear_timing_formulas():
+    t = LinearTiming(prefill_tokens_per_second=1000, prefill_overhead_seconds=0.01,
+                     decode_step_seconds=0.02, decode_per_sequence_seconds=0.001,
+                     decode_per_context_token_seconds=1e-6, kv_setup_seconds=0.003,
+                     kv_tokens_per_second=1e5)  # fmt: skip
+    assert t.prefill_seconds(500, 100) == pytest.approx(0.01 + 0.4)
+    assert t.prefill_seconds(500, 900) == pytest.approx(0.01)  # cache never exceeds the prompt
+    assert t.tpot_seconds(10, 1000) == pytest.approx(0.02 + 10 * (0.001 + 0.001))
+    assert t.kv_transfer_seconds(1000) == pytest.approx(0.003 + 0.01)
+
+
+def test_planner_performance_model_is_a_timing_model():
+    from pdscale.planner.model import PerformanceModel
+    from pdscale.planner.profile import load_profile
+
+    timing = planner_timing("article-xpyd")
+    assert isinstance(timing, TimingModel)
+    reference = PerformanceModel(load_profile("article-xpyd"))
+    # the article profile: 20,000 prompt tokens/s -> 2,000 uncached tokens take 0.1 s
+    assert timing.prefill_seconds(2000, 0) == pytest.approx(0.1)
+    assert timing.tpot_seconds(150, 3000) == reference.tpot_seconds(150, 3000)
+
+
+def test_prompt_tokens_from_each_api():
+    assert prompt_tokens({"text": "a b  c"}) == ["a", "b", "c"]
+    assert prompt_tokens({"input_ids": [5, 6]}) == ["5", "6"]
+    chat = {"messages": [{"role": "system", "content": "x y"},
+                         {"role": "user", "content": [{"type": "text", "text": "z"}]}]}  # fmt: skip
+    assert prompt_tokens(chat) == ["x", "y", "z"]
+    assert prompt_tokens({"prompt": "p q"}) == ["p", "q"]
+
+
+def test_max_new_tokens_per_api():
+    assert max_new_tokens("generate", {"sampling_params": {"max_new_tokens": 7}}) == 7
+    # the router rewrites chat's max_tokens into max_completion_tokens
+    assert max_new_tokens("chat", {"max_completion_tokens": 9, "max_tokens": 3}) == 9
+    assert max_new_tokens("chat", {"max_tokens": 3}) == 3
+    assert max_new_tokens("completions", {}) == 16
+
+
+def test_stream_chunks_carry_one_token_each_and_finish_last():
+    meta = {"prompt_tokens": 3, "cached_tokens": 0}
+    chunks = [stream_chunk("chat", "r", "m", i, 3, meta) for i in range(3)]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["t0 ", "t1 ", "t2 "]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
+    gen = stream_chunk("generate", "r", "m", 1, 3, meta)
+    assert gen["text"] == "t0 t1 " and gen["meta_info"]["completion_tokens"] == 2
+    full = full_response("completions", "r", "m", 2, meta)
+    assert full["choices"][0]["text"] == "t0 t1 " and full["usage"]["completion_tokens"] == 2
+
+
+def test_metrics_use_sglang_names_and_labels():
+    m = Metrics(prompt_tokens=100, cached_tokens=40, requests=2, generation_tokens=7)
+    m.recent.append((100, 40))
+    m.ttft.observe(0.03)
+    m.ttft.observe(2.5)
+    text = render_metrics(m, model_name="sim", role="prefill", running=1, queued=3, inflight=4)
+    labels = '{model_name="sim",engine_type="prefill"}'
+    for line in (
+        f"sglang:num_running_reqs{labels} 1",
+        f"sglang:num_queue_reqs{labels} 3",
+        f"sglang:prompt_tokens_total{labels} 100",
+        f"sglang:cached_tokens_total{labels} 40",
+        f"sglang:generation_tokens_total{labels} 7",
+        f"sglang:num_requests_total{labels} 2",
+        f"sglang:cache_hit_rate{labels} 0.4",
+        f"sglang:time_to_first_token_seconds_count{labels} 2",
+        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="0.035"} 1',
+        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="3.0"} 2',
+        "# TYPE sglang:inter_token_latency_seconds histogram",
+    ):
+        assert line in text.splitlines(), line
