@@ -73,23 +73,26 @@ def rise_margin(
     quantile: float = 0.9,
     max_margin: float = 3.0,
     min_samples: int = 20,
+    prior: float = 1.0,
 ) -> float:
     """How much the rate has risen above a ``recent-max`` forecast ``lead`` intervals later.
 
     The ``quantile`` of actual(t + lead) / max(history[t - window + 1 .. t]) over the past:
     multiplying the forecast by it covers that share of the ramps seen so far (an empirical,
-    self-calibrating prediction interval). 1.0 until ``min_samples`` origins exist; never above
+    self-calibrating prediction interval). ``prior`` until ``min_samples`` origins exist; never above
     ``max_margin`` (an idle-to-busy jump after an empty minute is not a ramp to plan for)."""
     xs = np.asarray([np.nan if x is None else x for x in history], dtype=float)
     n = len(xs) - lead - window + 1
-    if lead <= 0 or n < min_samples:
+    if lead <= 0:
         return 1.0
+    if n < min_samples:
+        return prior
     windows = np.lib.stride_tricks.sliding_window_view(xs[: len(xs) - lead], window)
     base = np.nanmax(np.where(np.isnan(windows), -np.inf, windows), axis=1)
     actual = xs[window - 1 + lead :]
     ok = np.isfinite(base) & np.isfinite(actual) & (base > 0)
     if ok.sum() < min_samples:
-        return 1.0
+        return prior
     q = float(np.quantile(actual[ok] / base[ok], quantile))
     return min(max(q, 1.0), max_margin)
 

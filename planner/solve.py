@@ -65,6 +65,9 @@ class PlannerConfig:
     #: size capacity for this quantile of the rate rises seen at the warm-up lead (0 = off)
     rise_quantile: float = 0.9
     max_rise_margin: float = 2.0
+    #: the margin assumed until ``rise_min_samples`` forecast origins exist
+    rise_prior: float = 1.0
+    rise_min_samples: int = 10
     rise_history_intervals: int = 1440
     #: readings older than this are unknown
     max_age_seconds: float = 180.0
@@ -168,7 +171,7 @@ def plan(
     margin = rise_margin(
         [x.rate_rps if x else None for x in loads[-cfg.rise_history_intervals :]],
         lead=max(w_lead, 1), window=cfg.forecast_window, quantile=cfg.rise_quantile,
-        max_margin=cfg.max_rise_margin,
+        max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
     ) if cfg.rise_quantile > 0 else 1.0
     for k in range(1, H):
         rates[k] *= 1.0 + (margin - 1.0) * min(k, max(w_lead, 1)) / max(w_lead, 1)
