@@ -81,12 +81,11 @@ def run(args: argparse.Namespace) -> int:
     report["rate_scale"] = args.rate_scale
     report["time_scale"] = args.time_scale
     table = Table(title=f"replay {report['policy']} on {report['trace']}")
-    for col in ("requests", "slo_attainment", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-                "rejected", "gpu_hours", "role_changes"):
-        table.add_column(col, justify="right")
-    table.add_row(*[_fmt(report[c]) for c in (
-        "requests", "slo_attainment", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99",
-        "rejected", "gpu_hours", "role_changes")])
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for key in ("requests", "slo_attainment", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
+                "tpot_p90", "tpot_p99", "rejected", "gpu_hours", "role_changes"):
+        table.add_row(key, _fmt(report[key]))
     Console().print(table)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
