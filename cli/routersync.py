@@ -258,8 +258,8 @@ async def drain_and_stop(
     steps: list[str] = []
     await remove_from_router()
     steps.append("removed_from_router")
-    await sleep(settle_seconds)
-    deadline = clock() + drain_timeout_seconds
+    removed = clock()
+    deadline = removed + drain_timeout_seconds
     count = first = -1
     while True:
         try:
@@ -268,7 +268,8 @@ async def drain_and_stop(
             count = -1
         if first < 0:
             first = count
-        if count == 0:
+        # zero counts only once the settle time has passed since the removal
+        if count == 0 and clock() - removed >= settle_seconds:
             steps.append("drained")
             break
         if clock() >= deadline:
