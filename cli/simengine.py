@@ -695,10 +695,13 @@ class SimEngine:
             if self.config.role == "prefill":
                 return await self._serve_prefill(request, api, body, tokens, rid, arrived)
             return await self._serve_decode(request, api, body, tokens, n_out, rid, arrived)
-        except (asyncio.CancelledError, ConnectionResetError):
-            # the router (or its client) went away mid-request
+        except asyncio.CancelledError:
             self.metrics.aborted_requests += 1
             raise
+        except ConnectionResetError:
+            # the router (or its client) went away mid-request; nobody reads the answer
+            self.metrics.aborted_requests += 1
+            return web.Response(status=499)
         finally:
             self._end()
 

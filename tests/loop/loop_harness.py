@@ -201,5 +201,7 @@ class Fleet:
         return "logs: " + ", ".join(str(p.log) for p in self.procs)
 
     def close(self) -> None:
+        # short: after a kill, survivors may hold KV nobody will collect (as SGLang would,
+        # until its bootstrap timeout); their drain would wait for it
         for p in reversed(self.procs):
-            p.stop(signal.SIGTERM, timeout=5)
+            p.stop(signal.SIGTERM, timeout=2)

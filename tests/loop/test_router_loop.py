@@ -107,8 +107,11 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet):
     assert predicted_ttft_seconds(n_in, n_in) <= warm_ttft <= predicted_ttft_seconds(n_in, n_in) + 0.03
     assert p.metric("sglang:cached_tokens_total") == 4 * n_in
 
+    print(f"\nTTFT median cold {cold_ttft:.4f}s (model {predicted_ttft_seconds(n_in):.4f}s), "
+          f"warm {warm_ttft:.4f}s (model {predicted_ttft_seconds(n_in, n_in):.4f}s)")  # fmt: skip
     tpot = statistics.median(r.tpot_seconds for r in cold + warm)
     batch1 = TIMING["decode-step-seconds"] + TIMING["decode-per-sequence-seconds"]
+    print(f"TPOT median {tpot:.4f}s (model {batch1:.4f}s at batch 1)")
     assert batch1 * 0.95 <= tpot <= batch1 * 1.2, tpot
 
     # a burst queues FIFO on the one prefill instance: the k-th waits for k-1 prefills
@@ -120,6 +123,7 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet):
             ))  # fmt: skip
 
     ttfts = sorted(r.ttft_seconds for r in asyncio.run(burst()))
+    print(f"burst of 4 on one prefill: TTFTs {[round(t, 4) for t in ttfts]}")
     compute = predicted_ttft_seconds(n_in) - TIMING["kv-setup-seconds"] - n_in / 1e6
     assert ttfts[-1] >= 3.5 * compute, ttfts
 
@@ -197,6 +201,7 @@ def removal_under_load(fleet: Fleet, how: str):
 def test_removing_workers_in_drain_order_under_load_fails_no_request(fleet):
     records, removals, leaving, workers = removal_under_load(fleet, "drain_order")
     summary = summarize(records)
+    print(f"\ndrain order: {summary}; removals {removals}")
     failures = [r.error for r in records if not r.ok][:5]
     assert summary["failed"] == 0, f"{summary}; first errors {failures}; {fleet.describe()}"
     assert summary["requests"] >= 120, summary
@@ -216,6 +221,7 @@ def test_removing_workers_in_drain_order_under_load_fails_no_request(fleet):
 def test_control_stopping_workers_without_the_drain_order_fails_requests(fleet, how):
     records, inflight_at_kill, _, _ = removal_under_load(fleet, how)
     summary = summarize(records)
+    print(f"\n{how}: {summary}; in flight at kill {inflight_at_kill}")
     # the zero-failure test above can fail: the same load and removals, without waiting for
     # in-flight work, lose requests
     assert sum(inflight_at_kill) > 0, inflight_at_kill
