@@ -10,7 +10,7 @@ What sglang-router 0.3.2 offers in PD mode (observed against the real binary):
   ``/server_info``, ``/model_info``); until then ``GET /workers/{id}`` shows the job as
   ``processing``. Posting a URL that is already registered answers 202 with the existing id
   (the job then fails with "already exists"): adding is idempotent.
-- ``DELETE /workers/{id}`` -> **202**; the worker leaves ``GET /workers`` within milliseconds;
+- ``DELETE /workers/{id}`` -> **202**; the worker is gone from the next ``GET /workers``;
   an unknown id -> 404 ``WORKER_NOT_FOUND``. Ids are random per registration, so we look
   them up by URL.
 - The legacy ``/add_worker``, ``/remove_worker`` and ``/list_workers`` answer **404**.

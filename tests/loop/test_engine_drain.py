@@ -1,0 +1,67 @@
+"""One simulated engine on its own: graceful drain on SIGTERM, and the admin drain."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import aiohttp
+
+from pdscale.loadgen import RequestSpec, send_one
+
+
+def long_request(tokens_out: int) -> RequestSpec:
+    return RequestSpec(0, "drain", 0.0, 8, tokens_out, " ".join(f"w{i}" for i in range(8)))
+
+
+def test_sigterm_finishes_in_flight_work_refuses_new_and_exits_cleanly(fleet):
+    engine = fleet.start_engine("decode")
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            # no bootstrap fields: the decode engine prefills locally, then decodes 40 steps
+            running = asyncio.create_task(
+                send_one(session, engine.url, "chat", long_request(40), "sim-model", 0.0, 30)
+            )
+            while engine.state()["inflight"] == 0:
+                await asyncio.sleep(0.01)
+            engine.popen.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            state = engine.state()
+            async with session.get(engine.url + "/health") as health:
+                health_status = health.status
+            refused = await send_one(session, engine.url, "chat", long_request(3), "sim-model",
+                                     0.0, 30)  # fmt: skip
+            return await running, state, health_status, refused
+
+    record, state, health_status, refused = asyncio.run(scenario())
+    assert record.ok, f"{record.error}; {fleet.describe()}"
+    assert state["draining"] and state["inflight"] == 1
+    assert health_status == 503
+    assert refused.status == 503 and not refused.ok
+    assert engine.popen.wait(10) == 0, engine.tail()
+
+
+def test_admin_drain_without_exit_keeps_the_process_and_reports_in_flight(fleet):
+    engine = fleet.start_engine("decode")
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            running = asyncio.create_task(
+                send_one(session, engine.url, "generate", long_request(20), "sim-model", 0.0, 30)
+            )
+            while engine.state()["inflight"] == 0:
+                await asyncio.sleep(0.01)
+            async with session.post(engine.url + "/sim/drain") as resp:
+                drained = await resp.json()
+            async with session.get(engine.url + "/get_load") as resp:
+                load = await resp.json()
+            return await running, drained, load
+
+    record, drained, load = asyncio.run(scenario())
+    assert record.ok, record.error
+    assert drained["draining"] and drained["inflight"] == 1 and load[0]["num_reqs"] == 1
+    time.sleep(0.3)
+    assert engine.popen.poll() is None  # drain without exit: the pod decides when to stop
+    assert engine.state()["inflight"] == 0
