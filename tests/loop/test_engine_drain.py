@@ -65,3 +65,29 @@ def test_admin_drain_without_exit_keeps_the_process_and_reports_in_flight(fleet)
     time.sleep(0.3)
     assert engine.popen.poll() is None  # drain without exit: the pod decides when to stop
     assert engine.state()["inflight"] == 0
+
+
+def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
+    # the planner's default profile, four times faster than modelled
+    from pdscale.simengine import planner_timing
+
+    compression = 4.0
+    engine = fleet.start_engine("decode", "--profile", "deepseek-fp8-8xh200-sglang",
+                                "--time-compression", str(compression))  # fmt: skip
+    model = planner_timing("deepseek-fp8-8xh200-sglang")
+    n_in, n_out = 4000, 30
+    spec = RequestSpec(0, "pace", 0.0, n_in, n_out, " ".join(f"p{i}" for i in range(n_in)))
+
+    async def one():
+        async with aiohttp.ClientSession() as session:
+            return await send_one(session, engine.url, "chat", spec, "sim-model", 0.0, 30)
+
+    record = asyncio.run(one())
+    assert record.ok, record.error
+    # no bootstrap fields: the engine prefills locally (no queue, no KV transfer)
+    ttft = model.prefill_seconds(n_in, 0) / compression
+    tpot = model.tpot_seconds(1, n_in + n_out / 2) / compression
+    print(f"\ncompressed x{compression}: TTFT {record.ttft_seconds:.4f}s (model {ttft:.4f}s), "
+          f"TPOT {record.tpot_seconds:.5f}s (model {tpot:.5f}s)")  # fmt: skip
+    assert ttft <= record.ttft_seconds <= ttft + 0.02, (record.ttft_seconds, ttft)
+    assert tpot * 0.95 <= record.tpot_seconds <= tpot * 1.3, (record.tpot_seconds, tpot)

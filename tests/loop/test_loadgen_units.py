@@ -69,3 +69,10 @@ def test_only_loopback_targets():
     assert require_loopback("http://127.9.8.7:30000/") == "http://127.9.8.7:30000"
     with pytest.raises(ValueError, match="loopback"):
         require_loopback("http://10.0.0.1:30000")
+
+
+def test_cli_refuses_a_non_loopback_target_before_sending(capsys):
+    from pdscale.loadgen import main
+
+    assert main(["--url", "http://10.1.2.3:30000", "--phase-seconds", "1"]) == 2
+    assert "loopback" in capsys.readouterr().err
