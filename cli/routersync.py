@@ -141,7 +141,7 @@ class RouterError(RuntimeError):
 class RouterClient:
     """Thin async client for the router's ``/workers`` API (loopback or cluster address)."""
 
-    def __init__(self, base_url: str, session: ClientSession, *, poll_seconds: float = 0.05):
+    def __init__(self, base_url: str, session: ClientSession, *, poll_seconds: float = 0.02):
         self.base_url = base_url.rstrip("/")
         self.session = session
         self.poll_seconds = poll_seconds

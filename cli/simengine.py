@@ -404,6 +404,7 @@ class Room:
         self.input_tokens = 0
         self.cached_tokens = 0
         self.owned = False  # a prefill request for this room arrived (else only a decode poll)
+        self.serving = False  # its HTTP handler still runs (and is counted as such)
         self.failed = False  # the prefill was refused: the decode half must fail, not wait
         self.collected = False
         self.created = time.monotonic()
@@ -480,7 +481,9 @@ class SimEngine:
 
     def inflight(self) -> int:
         """Requests not finished: being served, plus prefilled KV not yet collected by decode."""
-        uncollected = sum(1 for r in self._rooms.values() if r.owned and not r.collected)
+        uncollected = sum(
+            1 for r in self._rooms.values() if r.owned and not r.serving and not r.collected
+        )
         return self._handlers + uncollected
 
     def running(self) -> int:
@@ -563,7 +566,7 @@ class SimEngine:
     async def prefill(self, tokens: list[str], room_id: int | None) -> Room:
         """Queue and compute one prompt; the room then waits for its decode to collect it."""
         room = self._room(room_id) if room_id is not None else Room()
-        room.owned = True
+        room.owned = room.serving = True
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self._prefill_queue.put((tokens, room, finished))
         try:
@@ -720,6 +723,12 @@ class SimEngine:
     async def _serve_prefill(self, request, api, body, tokens, rid, arrived):
         room_id = body.get("bootstrap_room")
         room = await self.prefill(tokens, int(room_id) if room_id is not None else None)
+        try:
+            return await self._answer_prefill(request, api, body, rid, arrived, room)
+        finally:
+            room.serving = False  # from here on only the uncollected KV keeps it in flight
+
+    async def _answer_prefill(self, request, api, body, rid, arrived, room):
         self.metrics.prompt_tokens += room.input_tokens
         self.metrics.cached_tokens += room.cached_tokens
         self.metrics.ttft.observe(time.monotonic() - arrived)
@@ -850,7 +859,7 @@ class SimEngine:
             ("/v1/chat/completions", "chat"),
             ("/v1/completions", "completions"),
         ):
-            r.add_post(path, lambda req, api=api: self.handle_generate(req, api))
+            r.add_post(path, functools.partial(self.handle_generate, api=api))
         for path in ("/health", "/health_generate"):
             r.add_get(path, self.handle_health)
         for path in ("/server_info", "/get_server_info"):
@@ -864,10 +873,13 @@ class SimEngine:
         r.add_post("/sim/drain", self.handle_drain)
         return app
 
+    async def handle_bootstrap_health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
     def bootstrap_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/sim/kv/{room}", self.handle_kv)
-        app.router.add_get("/health", lambda req: web.Response(text=""))
+        app.router.add_get("/health", self.handle_bootstrap_health)
         return app
 
 

@@ -160,18 +160,30 @@ REMOVE_DECODE_AT_SECONDS = 2.0
 REMOVE_PREFILL_AT_SECONDS = 3.5
 
 
-def removal_under_load(fleet: Fleet, how: str):
-    """Steady load through 2P2D; one decode and one prefill leave mid-run, ``how`` decides
-    the order. Returns (load summary, per-removal results, the router's final workers)."""
-    prefill, decode = fleet_up(fleet, 2, 2)
-    leaving = [decode[1], prefill[1]]
+def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode", "prefill")):
+    """Steady load through 2P2D; one decode and one prefill (or only ``roles``) leave mid-run,
+    ``how`` decides the order. Returns (records, per-removal results, leaving engines, the
+    router's final workers).
+
+    The router runs with retries disabled: a retry can hide a failed pair by sending it again
+    elsewhere, and this test is about our release order, not the router's second chances."""
+    prefill = [fleet.start_engine("prefill", wait=False),
+               # the leaving prefill is 4x slower, so it always has prompts queued
+               fleet.start_engine("prefill", "--prefill-tokens-per-second", "5000", wait=False)]
+    decode = [fleet.start_engine("decode", wait=False) for _ in range(2)]
+    for e in prefill + decode:
+        fleet.wait_healthy(e)
+    fleet.start_router(prefill, decode, *ROUTER_ARGS, "--disable-retries")
+    leaving = [e for e, role in ((decode[1], "decode"), (prefill[1], "prefill")) if role in roles]
     specs = plan_requests([LOAD], seed=7)
 
     async def leave(engine, at_seconds: float, session):
         await asyncio.sleep(at_seconds)
-        # leave while busy, so the removal always has in-flight work at stake
-        for _ in range(100):
-            if engine.state()["inflight"] > 0:
+        # leave while busy, so the removal always has work at stake that cannot finish in the
+        # few ms before the stop: a prefill with a prompt still queued, a decode with a batch
+        for _ in range(200):
+            state = engine.state()
+            if (state["queued"] if engine.role == "prefill" else state["running"]) >= 2:
                 break
             await asyncio.sleep(0.01)
         router = RouterClient(fleet.router_url, session)
@@ -187,10 +199,10 @@ def removal_under_load(fleet: Fleet, how: str):
 
     async def scenario():
         async with aiohttp.ClientSession() as session:
+            at = {"decode": REMOVE_DECODE_AT_SECONDS, "prefill": REMOVE_PREFILL_AT_SECONDS}
             return await asyncio.gather(
                 run_load(fleet.router_url, specs, api="chat", timeout_seconds=30),
-                leave(leaving[0], REMOVE_DECODE_AT_SECONDS, session),
-                leave(leaving[1], REMOVE_PREFILL_AT_SECONDS, session),
+                *(leave(e, at[e.role], session) for e in leaving),
             )
 
     records, *removals = asyncio.run(scenario())
@@ -217,11 +229,19 @@ def test_removing_workers_in_drain_order_under_load_fails_no_request(fleet):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["kill_in_router", "remove_then_kill"])
-def test_control_stopping_workers_without_the_drain_order_fails_requests(fleet, how):
-    records, inflight_at_kill, _, _ = removal_under_load(fleet, how)
+@pytest.mark.parametrize(
+    ("how", "roles"),
+    [
+        ("kill_in_router", ("decode", "prefill")),
+        # router first but no wait, for each role on its own: both waits matter
+        ("remove_then_kill", ("decode",)),
+        ("remove_then_kill", ("prefill",)),
+    ],
+)
+def test_control_stopping_workers_without_the_drain_order_fails_requests(fleet, how, roles):
+    records, inflight_at_kill, _, _ = removal_under_load(fleet, how, roles)
     summary = summarize(records)
-    print(f"\n{how}: {summary}; in flight at kill {inflight_at_kill}")
+    print(f"\n{how} {roles}: {summary}; in flight at kill {inflight_at_kill}")
     # the zero-failure test above can fail: the same load and removals, without waiting for
     # in-flight work, lose requests
     assert sum(inflight_at_kill) > 0, inflight_at_kill

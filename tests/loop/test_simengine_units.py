@@ -124,3 +124,42 @@ def test_metrics_use_sglang_names_and_labels():
         "# TYPE sglang:inter_token_latency_seconds histogram",
     ):
         assert line in text.splitlines(), line
+
+
+def test_a_prefill_stays_in_flight_until_its_decode_collects_the_kv():
+    # in-process, through the HTTP surfaces: the generate port and the bootstrap port
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pdscale.simengine import EngineConfig, SimEngine
+
+    async def scenario():
+        engine = SimEngine(EngineConfig("prefill", "127.0.0.1", 0, bootstrap_port=1),
+                           LinearTiming(prefill_tokens_per_second=1e5))  # fmt: skip
+        await engine.start()
+        api = TestClient(TestServer(engine.app(), host="127.0.0.1"))
+        bootstrap = TestClient(TestServer(engine.bootstrap_app(), host="127.0.0.1"))
+        await api.start_server()
+        await bootstrap.start_server()
+        try:
+            body = {"text": "a " * 1000, "sampling_params": {"max_new_tokens": 4},
+                    "bootstrap_room": 42}  # fmt: skip
+            answers = await asyncio.gather(*(api.post("/generate", json=body | {"bootstrap_room": r})
+                                             for r in (42, 43)))  # fmt: skip
+            assert [a.status for a in answers] == [200, 200]
+            # both prefills answered the router; their KV still waits for the decode side
+            before = (await (await api.get("/sim/state")).json())["inflight"]
+            kv = await (await bootstrap.get("/sim/kv/42")).json()
+            middle = (await (await api.get("/sim/state")).json())["inflight"]
+            await bootstrap.get("/sim/kv/43")
+            after = (await (await api.get("/get_load")).json())[0]["num_reqs"]
+            return before, kv, middle, after
+        finally:
+            await api.close()
+            await bootstrap.close()
+            await engine.close()
+
+    before, kv, middle, after = asyncio.run(scenario())
+    assert (before, middle, after) == (2, 1, 0)
+    assert kv == {"input_tokens": 1000, "cached_tokens": 0}
