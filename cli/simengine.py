@@ -10,7 +10,10 @@ uses in PD mode (observed, not guessed - see the report in tests/loop/README.md)
 - traffic: ``POST /generate``, ``/v1/chat/completions``, ``/v1/completions``, streaming or not,
   sent to the prefill and the decode instance *at the same time* with ``bootstrap_host``,
   ``bootstrap_port`` and a router-minted ``bootstrap_room`` injected into the body;
-- load and metrics: ``GET /get_load`` (router ``/get_loads``) and ``GET /metrics``.
+- load and metrics: ``GET /get_load`` (router ``/get_loads``) and ``GET /metrics``;
+- a tokenizer: the router loads one for the ``model_path`` a worker reports, from the Hugging
+  Face hub unless it is a local directory with a tokenizer.json; ``--model-path DIR`` writes
+  one there, so nothing leaves the machine.
 
 Pairing works as in SGLang: a prefill instance runs a bootstrap server on its own host at
 ``--bootstrap-port``; the decode instance asks it (``GET /sim/kv/{room}``, a long poll) for the
@@ -51,6 +54,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
@@ -208,6 +212,28 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._blocks) * self.block_tokens
+
+
+# The router loads a tokenizer for every model_path a worker reports, from the Hugging Face
+# hub unless model_path is a local directory with a tokenizer.json (observed with 0.3.2; its
+# own --tokenizer-path does not stop the per-worker load). Words are our tokens, so a
+# whitespace word-level tokenizer with one entry serves.
+WORD_TOKENIZER = {
+    "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+    "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+    "decoder": None, "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"},
+}  # fmt: skip
+
+
+def write_word_tokenizer(directory: str | Path) -> Path:
+    """Create ``directory/tokenizer.json`` (atomically; engines may race) and return its path."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".tokenizer.{uuid.uuid4().hex}.json")
+        tmp.write_text(json.dumps(WORD_TOKENIZER))
+        tmp.replace(path)
+    return path
 
 
 # -- metrics (Prometheus text format, SGLang names) ------------------------------------------
@@ -394,6 +420,9 @@ class EngineConfig:
     startup_seconds: float = 0.0
     #: a drain that wants to exit gives up waiting for in-flight work after this long
     drain_timeout_seconds: float = 600.0
+    #: reported as ``model_path``; the router loads a tokenizer from it, from the Hugging Face
+    #: hub unless it is a local directory with a tokenizer.json (see write_word_tokenizer)
+    model_path: str | None = None
 
 
 class Room:
@@ -792,9 +821,9 @@ class SimEngine:
     def server_info(self) -> dict[str, Any]:
         c = self.config
         return {
-            "model_path": c.model_name,
+            "model_path": c.model_path or c.model_name,
             "served_model_name": c.model_name,
-            "tokenizer_path": c.model_name,
+            "tokenizer_path": c.model_path or c.model_name,
             "disaggregation_mode": c.role,
             "disaggregation_bootstrap_port": c.bootstrap_port,
             "tp_size": 8,
@@ -810,7 +839,8 @@ class SimEngine:
     async def handle_model_info(self, request: web.Request) -> web.Response:
         name = self.config.model_name
         return web.json_response(
-            {"model_path": name, "tokenizer_path": name, "is_generation": True}
+            {"model_path": self.config.model_path or name, "served_model_name": name,
+             "is_generation": True}
         )
 
     async def handle_models(self, request: web.Request) -> web.Response:
@@ -950,6 +980,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-timeout-seconds", type=float, default=300.0)
     p.add_argument("--startup-seconds", type=float, default=0.0)
     p.add_argument("--drain-timeout-seconds", type=float, default=600.0)
+    p.add_argument("--model-path", help="directory reported to the router as model_path; a "
+                   "word-level tokenizer.json is written there so the router loads it locally "
+                   "instead of asking the Hugging Face hub (default: --model-name, and the "
+                   "router tries the hub)")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
     add_timing_arguments(p)
     return p
@@ -965,6 +999,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         waiting_timeout_seconds=args.waiting_timeout_seconds,
         bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
         startup_seconds=args.startup_seconds, drain_timeout_seconds=args.drain_timeout_seconds,
+        model_path=args.model_path,
     )  # fmt: skip
 
 
@@ -976,6 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(_DropHttp2Probe())
     config, timing = config_from_args(args), timing_from_args(args)
+    if config.model_path:
+        write_word_tokenizer(config.model_path)
 
     def ready() -> None:
         print(f"simengine ready role={args.role} url=http://{args.host}:{args.port}", flush=True)

@@ -51,8 +51,8 @@ def http_json(url: str, *, method: str = "GET", body: dict | None = None, timeou
 
 def child_env() -> dict[str, str]:
     # PYTHONSAFEPATH: the repo's operator/ folder must never shadow the stdlib module.
-    # HF_ENDPOINT: the router fetches a tokenizer for every model name a worker reports; point
-    # it at a closed loopback port so that attempt never leaves the machine.
+    # HF_ENDPOINT: the engines report a local --model-path with a tokenizer, so the router has
+    # no reason to ask the hub; should that ever change, the ask goes to a closed local port.
     return {**os.environ, "PYTHONSAFEPATH": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
             "HF_HUB_OFFLINE": "1"}  # fmt: skip
 
@@ -133,7 +133,8 @@ class Fleet:
         port = free_port(host)
         bootstrap = free_port(host) if role == "prefill" else None
         argv = [sys.executable, "-m", "pdscale.simengine", "--role", role, "--host", host,
-                "--port", str(port), "--block-tokens", str(BLOCK_TOKENS)]  # fmt: skip
+                "--port", str(port), "--block-tokens", str(BLOCK_TOKENS),
+                "--model-path", str(self.tmp / "sim-model")]  # fmt: skip
         if bootstrap:
             argv += ["--bootstrap-port", str(bootstrap)]
         for key, value in TIMING.items():

@@ -82,6 +82,11 @@ def test_every_api_streaming_and_not_is_answered_through_the_router(fleet):
         )
         assert text.split() == ["t0", "t1", "t2", "t3", "t4"], answer
 
+    # the router took its tokenizer from the engines' local model path, not from the hub
+    router_log = fleet.router.log.read_text()
+    assert "Successfully registered tokenizer" in router_log, fleet.router.log
+    assert "Failed to download tokenizer" not in router_log, fleet.router.log
+
     # round robin: every instance took part, and prefill saw every prompt
     assert all(requests_served(e) >= 2 for e in prefill + decode), fleet.describe()
     assert sum(int(e.metric("sglang:prompt_tokens_total")) for e in prefill) == 3 * 50 + 3 * 4
