@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdscale.planner.observe import RoleState, Warming
+from pdscale.routersync import WorkerSpec
 
 DRAINING_ANNOTATION = "pdscale.io/draining-since"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
@@ -47,6 +48,8 @@ class PodView:
     draining_since_seconds: float | None = None
     #: requests running or queued on the engine; None = unknown (engine did not answer)
     in_flight: int | None = None
+    #: some router still lists this pod as a worker (or could not be asked)
+    in_router: bool = False
 
     @property
     def draining(self) -> bool:
@@ -150,6 +153,10 @@ def plan_role_actions(
     for p in draining:
         if p.name in undrained:
             continue
+        if p.in_router:
+            # Rule 6: the router lets go first. Not even the drain timeout overrides it.
+            waiting.append(f"{p.name} drains; still listed by the router")
+            continue
         since = p.draining_since_seconds or now_seconds
         idle = p.in_flight == 0
         timed_out = now_seconds - since >= drain_timeout_seconds
@@ -173,21 +180,12 @@ def plan_role_actions(
     )
 
 
-@dataclass(frozen=True)
-class Worker:
-    """One entry of the router's worker list."""
-
-    url: str
-    role: str
-    bootstrap_port: int | None = None
-
-
 def router_workers(
     pods: Sequence[PodView], *, port: int, bootstrap_port: int | None
-) -> frozenset[Worker]:
+) -> frozenset[WorkerSpec]:
     """The router's worker list: exactly the Ready, non-draining, non-deleting pods."""
     return frozenset(
-        Worker(
+        WorkerSpec(
             url=f"http://{p.ip}:{port}",
             role=p.role,
             bootstrap_port=bootstrap_port if p.role == "prefill" else None,

@@ -5,13 +5,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdscale.operator.fleet import PodView, Worker, plan_role_actions, role_state, router_workers
+from pdscale.operator.fleet import PodView, plan_role_actions, role_state, router_workers
+from pdscale.routersync import WorkerSpec
 
 
-def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None):
+def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None,
+        in_router=False):
     return PodView(name=name, role="decode", ip=ip or f"127.1.0.{len(name)}", ready=ready,
                    created_at_seconds=created, ready_since_seconds=0.0 if ready else None,
-                   deleting=deleting, draining_since_seconds=draining_since, in_flight=in_flight)
+                   deleting=deleting, draining_since_seconds=draining_since, in_flight=in_flight,
+                   in_router=in_router)
 
 
 def step(target, pods, replicas=None, now=100.0, timeout=60.0):
@@ -54,6 +57,14 @@ def test_drain_timeout_finishes_a_busy_or_silent_pod():
     assert a.finish_drain == ("b",)
 
 
+def test_a_drain_never_finishes_while_the_router_lists_the_pod():
+    listed = PodView(name="b", role="decode", ip="127.1.0.9", ready=True, created_at_seconds=0.0,
+                     draining_since_seconds=0.0, in_flight=0, in_router=True)
+    a = step(1, [pod("a"), listed], now=1000.0, timeout=60)  # idle and long past the timeout
+    assert a.finish_drain == () and a.replicas is None
+    assert any("still listed by the router" in w for w in a.waiting)
+
+
 def test_a_drained_pod_waits_while_another_pod_warms():
     # The ReplicaSet would remove the warming pod instead of the drained one.
     a = step(2, [pod("a"), pod("w", ready=False), pod("b", draining_since=50.0, in_flight=0)])
@@ -78,15 +89,16 @@ def test_router_workers_are_exactly_the_serving_pods():
     pods = [pod("a", ip="127.1.0.5"), pod("w", ready=False), pod("d", draining_since=1.0),
             pod("x", deleting=True)]
     assert router_workers(pods, port=30000, bootstrap_port=8998) == {
-        Worker("http://127.1.0.5:30000", "decode", None)}
+        WorkerSpec("http://127.1.0.5:30000", "decode", None)}
 
 
 pods_strategy = st.lists(
     st.builds(
-        lambda i, ready, drain, flight, deleting: pod(
-            f"p{i}", ready=ready, draining_since=drain, in_flight=flight, deleting=deleting),
+        lambda i, ready, drain, flight, deleting, listed: pod(
+            f"p{i}", ready=ready, draining_since=drain, in_flight=flight, deleting=deleting,
+            in_router=listed),
         st.integers(0, 10**6), st.booleans(), st.one_of(st.none(), st.floats(0, 100)),
-        st.one_of(st.none(), st.integers(0, 5)), st.booleans()),
+        st.one_of(st.none(), st.integers(0, 5)), st.booleans(), st.booleans()),
     max_size=8, unique_by=lambda p: p.name)
 
 
@@ -108,5 +120,6 @@ def test_no_serving_pod_is_ever_removed_without_a_drain(pods, target, extra):
             assert all(p.ready for p in live if not p.draining)
     for name in a.finish_drain:
         p = next(p for p in pods if p.name == name)
+        assert not p.in_router
         assert p.draining and (p.in_flight == 0 or 100.0 - p.draining_since_seconds >= 60.0)
     assert not set(a.start_drain) & set(a.finish_drain)
