@@ -163,3 +163,46 @@ def test_a_prefill_stays_in_flight_until_its_decode_collects_the_kv():
     before, kv, middle, after = asyncio.run(scenario())
     assert (before, middle, after) == (2, 1, 0)
     assert kv == {"input_tokens": 1000, "cached_tokens": 0}
+
+
+def test_decode_batch_cap_queues_the_rest_and_tpot_grows_with_the_batch():
+    import asyncio
+    import time
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pdscale.simengine import EngineConfig, SimEngine
+
+    step, per_seq = 0.01, 0.005
+    timing = LinearTiming(prefill_tokens_per_second=1e6, decode_step_seconds=step,
+                          decode_per_sequence_seconds=per_seq)  # fmt: skip
+
+    async def scenario():
+        engine = SimEngine(EngineConfig("decode", "127.0.0.1", 0, max_running_requests=2), timing)
+        await engine.start()
+        api = TestClient(TestServer(engine.app(), host="127.0.0.1"))
+        await api.start_server()
+        try:
+            body = {"text": "a b c", "sampling_params": {"max_new_tokens": 11}}
+
+            async def one():
+                t0 = time.monotonic()
+                answer = await (await api.post("/generate", json=body)).json()
+                return time.monotonic() - t0, answer
+
+            tasks = [asyncio.create_task(one()) for _ in range(4)]
+            await asyncio.sleep(0.03)
+            state = await (await api.get("/sim/state")).json()
+            return state, await asyncio.gather(*tasks)
+        finally:
+            await api.close()
+            await engine.close()
+
+    state, results = asyncio.run(scenario())
+    assert (state["running"], state["queued"]) == (2, 2)
+    assert all(a["meta_info"]["completion_tokens"] == 11 for _, a in results)
+    durations = sorted(d for d, _ in results)
+    # two at a time: 10 steps at batch 2 each, and the second pair starts after the first
+    batch2 = 10 * (step + 2 * per_seq)
+    assert batch2 <= durations[1] < batch2 * 1.3, durations
+    assert 2 * batch2 <= durations[3] < 2 * batch2 * 1.3, durations
