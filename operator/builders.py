@@ -13,7 +13,7 @@ from typing import Any
 from . import engines, names, router
 from .checklist import Derived
 from .names import Owner, metadata
-from .pdcluster import GPU_PRODUCT_LABEL, GPU_RESOURCE, PDClusterSpec
+from .pdcluster import GPU_PRODUCT_LABEL, GPU_RESOURCE, PDClusterSpec, PlannerMode
 
 ROLES = ("prefill", "decode")
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -103,8 +103,10 @@ def _volumes(spec: PDClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     return volumes, mounts
 
 
-def worker_deployment(owner: Owner, spec: PDClusterSpec, derived: Derived, role: str) -> dict[str, Any]:
-    """The prefill or decode Deployment: one pod per whole GPU node."""
+def worker_deployment(owner: Owner, spec: PDClusterSpec, derived: Derived, role: str,
+                      replicas: int | None = None) -> dict[str, Any]:
+    """The prefill or decode Deployment: one pod per whole GPU node. `replicas` overrides
+    spec.<role>.replicas (the planner's target in Auto mode)."""
     role_spec = getattr(spec, role)
     rendered = engines.render(spec, derived, role)
     volumes, mounts = _volumes(spec)
@@ -154,7 +156,7 @@ def worker_deployment(owner: Owner, spec: PDClusterSpec, derived: Derived, role:
         "kind": "Deployment",
         "metadata": metadata(owner, name, role),
         "spec": {
-            "replicas": role_spec.replicas,
+            "replicas": role_spec.replicas if replicas is None else replicas,
             "selector": {"matchLabels": names.selector_labels(owner.name, role)},
             # A fleet at its node budget has no spare 8-GPU node to surge onto: replace one
             # instance at a time instead of stalling the rollout on a Pending pod.
@@ -186,7 +188,6 @@ def worker_service(owner: Owner, spec: PDClusterSpec, role: str) -> dict[str, An
             "clusterIP": "None",
             "selector": names.selector_labels(owner.name, role),
             "ports": ports,
-            "publishNotReadyAddresses": False,
         },
     }
 
@@ -205,13 +206,31 @@ def stamp(manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived) -> list[dict[str, Any]]:
+def planned_replicas(spec: PDClusterSpec, status: dict[str, Any] | None) -> dict[str, int]:
+    """Replicas per role to run. In planner mode Auto, the planner's target
+    (status.planner.replicas, written by the planner loop) wins over spec.<role>.replicas,
+    clamped to [minReplicas, maxReplicas]; otherwise the spec's replicas."""
+    out = {role: getattr(spec, role).replicas for role in ROLES}
+    if spec.planner.mode is not PlannerMode.AUTO:
+        return out
+    planned = ((status or {}).get("planner") or {}).get("replicas") or {}
+    for role in ROLES:
+        value = planned.get(role)
+        if isinstance(value, int) and not isinstance(value, bool):
+            r = getattr(spec, role)
+            out[role] = min(r.max_replicas, max(r.min_replicas, value))
+    return out
+
+
+def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived,
+                   replicas: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Every child of the PDCluster, in apply order: identity and RBAC for the router, the
     worker Services and Deployments, then the router (which needs workers to be useful)."""
+    replicas = replicas or {}
     children: list[dict[str, Any]] = [*router.rbac(owner, spec)]
     for role in ROLES:
         children.append(worker_service(owner, spec, role))
-        children.append(worker_deployment(owner, spec, derived, role))
+        children.append(worker_deployment(owner, spec, derived, role, replicas.get(role)))
     children.append(router.service(owner, spec))
     children.append(router.deployment(owner, spec))
     return [stamp(c) for c in children]

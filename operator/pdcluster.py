@@ -168,6 +168,7 @@ class WeightsSource(_Model):
                 {
                     "rule": "has(self.pvc) != has(self.hostPath)",
                     "message": "exactly one of pvc or hostPath must be set",
+                    "fieldPath": ".pvc",
                 }
             ]
         }
@@ -377,10 +378,12 @@ class RoleSpec(_Model):
                 {
                     "rule": "self.minReplicas <= self.maxReplicas",
                     "message": "minReplicas must not exceed maxReplicas",
+                    "fieldPath": ".minReplicas",
                 },
                 {
                     "rule": "self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas",
                     "message": "replicas must lie within [minReplicas, maxReplicas]",
+                    "fieldPath": ".replicas",
                 },
             ]
         }

@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from . import conditions as c
 from . import status as st
-from .builders import build_children
+from .builders import build_children, planned_replicas
 from .checklist import SpecError, validate
 from .kube import Kube
 from .names import ANNOTATION_APPLIED_HASH, MANAGER, Owner, child_name
@@ -52,15 +52,22 @@ def is_ours(live: dict[str, Any], uid: str) -> bool:
 def contains(live: Any, desired: Any) -> bool:
     """Every field set in `desired` has the same value in `live`. The API server adds defaults
     (probe timeouts, protocol, fieldRef.apiVersion...) and may turn integers into strings in
-    int-or-string fields, so extra keys are fine and scalars compare by text."""
+    int-or-string fields, so extra keys are fine and scalars compare by text; it also drops
+    zero values, so a missing key matches a desired false/0/""."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
+        # The API server omits zero values (false, 0, "", empty lists) of omitempty fields.
+        return isinstance(live, dict) and all(
+            contains(live[k], v) if k in live else _is_zero(v) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
                 and all(contains(a, b) for a, b in zip(live, desired, strict=True)))
     if isinstance(desired, bool) or isinstance(live, bool):
         return live == desired
     return live == desired or str(live) == str(desired)
+
+
+def _is_zero(value: Any) -> bool:
+    return value is None or value is False or value in (0, "", [], {})
 
 
 def in_sync(live: dict[str, Any], desired: dict[str, Any]) -> bool:
@@ -122,7 +129,8 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
 
     if spec is not None and derived is not None:
         obs.derived = derived.as_status()
-        for desired in build_children(owner, spec, derived):
+        replicas = planned_replicas(spec, previous)
+        for desired in build_children(owner, spec, derived, replicas):
             kind, name = desired["kind"], desired["metadata"]["name"]
             live = kube.get(kind, owner.namespace, name)
             if live is not None and not is_ours(live, owner.uid or ""):

@@ -76,8 +76,10 @@ class Cluster:
         return [(e.type, e.reason, e.message) for e in items]
 
     def pods(self, instance, role):
+        """Live pods of one role (Terminating ones excluded: they wait out their drain)."""
         sel = f"app.kubernetes.io/instance={instance},pdscale.io/role={role}"
-        return self.core.list_namespaced_pod(self.ns, label_selector=sel).items
+        return [p for p in self.core.list_namespaced_pod(self.ns, label_selector=sel).items
+                if p.metadata.deletion_timestamp is None]
 
 
 def _all_children(instance):
@@ -170,7 +172,7 @@ def test_replica_and_image_changes_roll_the_deployments(k, run_operator):
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"decode.minReplicas": 9, "decode.maxReplicas": 4, "decode.replicas": 4},
-     "minReplicas must not exceed maxReplicas"),
+     '"message":"Invalid value: \\"object\\": minReplicas must not exceed maxReplicas","field":"spec.decode.minReplicas"'),
     ({"parallelism.decode": {"tensorParallelSize": 4, "dataParallelSize": 2}},
      "parallelism.prefill.tensorParallelSize must not exceed parallelism.decode.tensorParallelSize"),
     ({"kvTransfer.backend": "Mooncake"}, "kvTransfer.backend must be NIXL when engine.kind is VLLM"),
@@ -237,7 +239,7 @@ def test_deleting_the_pdcluster_removes_every_child(k, run_operator):
 
 def test_restart_mid_way_converges_and_a_noop_reconcile_writes_nothing(k, run_operator):
     doc = sample("sglang-glm-4p8d.yaml", "resume", **{"prefill.replicas": 2, "decode.replicas": 3,
-                                                      "prefill.minReplicas": 1})
+                                                      "prefill.minReplicas": 1, "decode.minReplicas": 1})
     with run_operator():
         k.create(doc)
         wait_for(lambda: k.children("resume")["deployments"], interval_seconds=0.05,

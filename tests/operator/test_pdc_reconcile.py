@@ -192,6 +192,8 @@ def test_contains_tolerates_server_defaults_and_int_or_string():
     assert not contains({"a": [1, 2]}, {"a": [1]})
     assert not contains({"a": {"c": "x"}}, {"a": {"c": "y"}})
     assert not contains({"a": "true"}, {"a": True})
+    assert contains({"b": 1}, {"a": False, "c": 0, "d": []})  # omitted zero values
+    assert not contains({"b": 1}, {"a": True})
 
 
 def test_compute_degraded_on_a_stalled_rollout():
@@ -220,3 +222,24 @@ def test_rbac_is_least_privilege():
     binding = rbac.cluster_role_binding()
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pdscale-operator",
                                     "namespace": "pdscale-system"}]
+
+
+def test_in_auto_mode_the_planners_replicas_drive_the_deployments_within_bounds():
+    kube = FakeKube()
+    pdc = _pdc(kube)
+    pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
+    pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 99}}}
+    out = reconcile(kube, _body(kube), NOW)
+    deployments = {n: o["spec"]["replicas"] for (k, _, n), o in kube.objects.items() if k == "Deployment"}
+    assert deployments == {"glm53-prefill": 6, "glm53-decode": 20, "glm53-router": 2}  # decode max 20
+    assert out.problems == []
+    assert _body(kube)["status"]["planner"] == {"replicas": {"prefill": 6, "decode": 99}}  # untouched
+
+
+def test_outside_auto_mode_the_spec_replicas_win():
+    kube = FakeKube()
+    pdc = _pdc(kube)
+    pdc["spec"]["planner"] = {"mode": "Recommend", "prometheusURL": "http://prom:9090"}
+    pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 10}}}
+    reconcile(kube, _body(kube), NOW)
+    assert kube.objects[("Deployment", "serving", "glm53-prefill")]["spec"]["replicas"] == 4
