@@ -46,7 +46,7 @@ class PdscaleController:
     future: Sequence[Load] | None = None
     decisions: list[str] = field(default_factory=list)
 
-    def __call__(self, obs: Observation) -> tuple[int, int]:
+    def __call__(self, obs: Observation) -> tuple[int, int, int, int]:
         now = obs.now_seconds
         cfg = self.config
         model = calibrate(
@@ -92,7 +92,7 @@ class PdscaleController:
         d = plan(obs, config=cfg, history=self.history, now=now, future_loads=future)
         self.history = self.history.record(current_load(obs, cfg.max_age_seconds), d)
         self.decisions.append(d.explanation)
-        return d.prefill, d.decode
+        return d.prefill, d.decode, d.switch_to_prefill, d.switch_to_decode
 
 
 def _get(r: object, now: float, max_age: float = 180.0) -> float | None:

@@ -42,8 +42,10 @@ ROUTERS = ("random", "least-queue", "cache-aware", "predicted-ttft")
 
 WARMING, READY, DRAINING, STOPPED = 0, 1, 2, 3
 
-#: controller(observation) -> (prefill target, decode target), counts of ready + warming
-Controller = Callable[[Observation], tuple[int, int]]
+#: controller(observation) -> (prefill target, decode target), counts of ready + warming;
+#: a controller may add (switch_to_prefill, switch_to_decode): how many of the changes must be
+#: made by switching existing nodes (the planner's decision), else the simulator decides
+Controller = Callable[[Observation], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,7 @@ def simulate(
     def provisioned() -> int:
         return sum(1 for s in fleet.state if s != STOPPED)
 
-    def reconcile(target_p: int, target_d: int, now: float) -> None:
+    def reconcile(target_p: int, target_d: int, now: float, switches: tuple[int, int] | None) -> None:
         nonlocal role_changes
         cp, cd = committed("prefill"), committed("decode")
         # in-flight role switches will land as committed instances of their new role
@@ -278,8 +280,21 @@ def simulate(
                 return (1, load)
             return sorted(ids, key=key)[:k]
 
-        # a role switch reuses a node (weights resident) and saves the budget a new node needs
-        if dp > 0 and dd < 0:
+        # a role switch reuses a node (weights resident) and saves the budget a new node needs;
+        # when the controller says how many switches it wants, exactly those are made
+        if switches is not None:
+            for k, src, dst in ((switches[0], cd, "prefill"), (switches[1], cp, "decode")):
+                k = min(k, len(src))
+                for i in victims(src, k):
+                    start_drain(i, now, dst)
+                    role_changes += 1
+                if dst == "prefill":
+                    dp -= k
+                    dd += k
+                else:
+                    dd -= k
+                    dp += k
+        elif dp > 0 and dd < 0:
             k = min(dp, -dd)
             for i in victims(cd, k):
                 start_drain(i, now, "prefill")
@@ -422,8 +437,9 @@ def simulate(
             drain_events(next_tick)
             assert controller is not None
             obs = observe(next_tick)
-            tp, td = controller(obs)
-            reconcile(tp, td, next_tick)
+            out = controller(obs)
+            tp, td = out[0], out[1]
+            reconcile(tp, td, next_tick, (out[2], out[3]) if len(out) >= 4 else None)
             ticks.append((
                 next_tick, tp, td,
                 sum(1 for i, s in enumerate(fleet.state) if s != STOPPED and fleet.role[i] == "prefill"),

@@ -49,9 +49,11 @@ class PlannerConfig:
     max_prefill: int = 10**6
     min_decode: int = 1
     max_decode: int = 10**6
-    #: target busy share per role (headroom for bursts inside an interval and queueing)
-    prefill_utilization: float = 0.7
+    #: highest busy share per role; prefill is also sized by the queueing model for its TTFT
+    prefill_utilization: float = 0.85
     decode_utilization: float = 0.8
+    #: coefficient of variation of prefill compute time (heavy-tailed prompts wait longer)
+    prefill_service_cv: float = 1.5
     #: scale-down uses the highest need seen in this window (HPA scaleDown stabilization)
     stabilization_window_seconds: float = 300.0
     #: scale down only if the survivors stay below (1 - tolerance) x the utilisation cap
@@ -62,6 +64,9 @@ class PlannerConfig:
     #: forecast method for the request rate (see forecast.METHODS) and its window
     forecast_method: str = "recent-max"
     forecast_window: int = 5
+    #: intervals averaged (rate-weighted) for lengths and prefix hit rate, which move slowly
+    #: and are noisy per minute
+    length_window: int = 15
     #: size capacity for this quantile of the rate rises seen at the warm-up lead (0 = off)
     rise_quantile: float = 0.9
     max_rise_margin: float = 2.0
@@ -69,6 +74,8 @@ class PlannerConfig:
     rise_prior: float = 1.0
     rise_min_samples: int = 10
     rise_history_intervals: int = 1440
+    #: extra cost of a role switch, in multiples of its idle (drain + warm-up) node time
+    role_switch_penalty: float = 1.0
     #: readings older than this are unknown
     max_age_seconds: float = 180.0
     #: expected drain of a decode instance being removed; None = from the load (2x mean output
@@ -176,7 +183,7 @@ def plan(
     for k in range(1, H):
         rates[k] *= 1.0 + (margin - 1.0) * min(k, max(w_lead, 1)) / max(w_lead, 1)
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
-    recent = [x for x in loads[-cfg.forecast_window :] if x is not None and x.rate_rps > 0]
+    recent = [x for x in loads[-cfg.length_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
     if wsum > 0:
         isl = sum(x.rate_rps * x.mean_input_tokens for x in recent) / wsum
@@ -203,13 +210,21 @@ def _plan_for(
     isl = future[0].mean_input_tokens
     osl = future[0].mean_output_tokens
     hit = future[0].prefix_hit_rate
-    need = np.array(
-        [
-            model.instances_needed(
+    cache: dict[Load, tuple[int, int]] = {}
+
+    def needed(ld: Load) -> tuple[int, int]:
+        if ld not in cache:
+            cache[ld] = model.instances_needed(
                 ld, cfg.slo,
                 prefill_utilization=cfg.prefill_utilization,
                 decode_utilization=cfg.decode_utilization,
+                ttft_queueing=True, service_cv=cfg.prefill_service_cv,
             )
+        return cache[ld]
+
+    need = np.array(
+        [
+            needed(ld)
             for ld in future
         ],
         dtype=float,
@@ -272,6 +287,7 @@ def _plan_for(
             ld, cfg.slo,
             prefill_utilization=cfg.prefill_utilization * tol,
             decode_utilization=cfg.decode_utilization * tol,
+            ttft_queueing=True, service_cv=cfg.prefill_service_cv, queueing_margin=1.0 / tol,
         )
         floor = np.maximum(floor, np.array(hold, dtype=float))
     if window_n > 0:
@@ -358,6 +374,16 @@ def _plan_for(
         # stabilisation floor for the first interval
         a = committed(r)[:1]
         add_rows(a, floor[r] - committed0[r], inf)
+    # Switch only to fix a lasting imbalance: once new nodes could land, role r still lacks
+    # nodes that the other role has spare. A transient shortfall already covered by warming
+    # capacity is no reason to take a node out of service for drain + warm-up.
+    late = min(w_new, H - 1)
+    for r in (0, 1):
+        deficit = float(need[r, late:].max() - committed0[r])
+        surplus = float(committed0[1 - r] - need[1 - r, late:].max())
+        a = np.zeros((1, nv))
+        a[0, vi(r, SW)] = 1.0
+        add_rows(a, -inf, max(0.0, min(deficit, surplus)))
     # node budget; existing draining nodes hold theirs for the longest drain
     old_drain = np.where(np.arange(H) < max(drain_iv), existing_draining, 0)
     base_prov = committed0.sum() + old_drain
@@ -372,10 +398,12 @@ def _plan_for(
     penalty = 1000.0 * gpu_h  # an instance short for one interval is worth 1000 idle ones
     for r in (0, 1):
         c[vi(r, SHORT)] = penalty
-        # epsilon on actions: on a tie, do nothing; switching beats a new node when it lands
-        # no later (it keeps the budget)
+        # epsilon on actions: on a tie, do nothing
         c[vi(r, ADD)] += 0.01 * gpu_h
-        c[vi(r, SW)] += 0.005 * gpu_h
+        # A switched node serves neither role for drain + warm-up: price that idle time again
+        # so that a switch is chosen for a lasting shift of the ratio (it saves a new node and
+        # keeps the budget), not to chase per-minute noise
+        c[vi(r, SW)] += cfg.role_switch_penalty * w_sw[r] * gpu_h
         c[vi(r, REM)] += 0.01 * gpu_h
         # a removed node still costs its drain: price the fraction of an interval
         frac = (drain_p_s if r == 0 else drain_d_s) / dt

@@ -83,7 +83,9 @@ def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> N
 
 @pytest.mark.slow
 def test_steady_hour_has_no_role_changes_and_meets_slo(model: PerformanceModel, donor: Trace) -> None:
-    setup = ReplaySetup(trace=steady(donor, 12.0, 3600), model=model, slo=Slo(ttft_seconds=15), nodes=64)
+    # the router runs predicted-TTFT with early rejection, as in the benchmark
+    setup = ReplaySetup(trace=steady(donor, 12.0, 3600), model=model, slo=Slo(ttft_seconds=15),
+                        nodes=64, early_rejection=True)
     rep = run_policy(setup, "pdscale")
     assert rep["role_changes"] == 0
     counts = {(d["prefill"], d["decode"]) for d in rep["decisions"]}
