@@ -133,6 +133,7 @@ def worker_deployment(owner: Owner, spec: PDClusterSpec, derived: Derived, role:
         # engine serving its in-flight requests until they finish, then SIGTERM follows.
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": role_spec.pre_stop_drain_seconds}}}
     annotations = {
+        **spec.placement.pod_annotations,
         **rendered.annotations,
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(spec.engine.port),

@@ -28,6 +28,10 @@ from .pdcluster import (
     TransferBackend,
 )
 
+# Pod annotations the operator owns (the router reads the first; scrapers the others).
+OPERATOR_POD_ANNOTATIONS = ("sglang.ai/bootstrap-port", "prometheus.io/scrape",
+                            "prometheus.io/port", "prometheus.io/path")
+
 # SGLang's own default for both transfer timeouts; we never derive anything shorter.
 SGLANG_DEFAULT_TIMEOUT_SECONDS = 300
 # vLLM NIXL's default decoder_kv_blocks_ttl; likewise a floor.
@@ -257,6 +261,10 @@ def check(spec: PDClusterSpec) -> list[Problem]:
         out.append(Problem(f"spec.placement.nodeSelector.{GPU_PRODUCT_LABEL}",
                            f"{pinned!r} contradicts placement.gpuProduct "
                            f"{spec.placement.gpu_product!r}"))
+    taken = sorted(set(spec.placement.pod_annotations) & set(OPERATOR_POD_ANNOTATIONS))
+    if taken:
+        out.append(Problem("spec.placement.podAnnotations",
+                           f"{', '.join(taken)} is set by the operator"))
     # Model.
     weights = spec.model.weights
     if weights is not None:

@@ -358,6 +358,11 @@ class PlacementSpec(_Model):
     shared_memory_size: Quantity = Field(
         default="64Gi", description="Size limit of the /dev/shm memory volume."
     )
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra annotations on engine pods (e.g. for a mesh, a scraper or the test "
+        "bed's simulated warm-up). Keys the operator sets itself are refused.",
+    )
 
     @field_validator("shared_memory_size")
     @classmethod
@@ -472,6 +477,12 @@ class PlannerSpec(_Model):
     )
     stabilization_window_seconds: int = Field(
         default=300, ge=0, le=86400, description="Scale-down damping window (HPA's name)."
+    )
+    profile: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Performance profile the planner sizes with (a name under "
+        "planner/profiles); unset: the planner's default.",
     )
 
 

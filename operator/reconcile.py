@@ -38,6 +38,8 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    # (kind, name) -> resourceVersion of every child as this reconcile left it.
+    seen: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def is_ours(live: dict[str, Any], uid: str) -> bool:
@@ -144,6 +146,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
                 reason, message = _describe_change(live, desired)
                 live = kube.apply(desired)
                 out.events.append(Event("Normal", reason, message))
+            out.seen[(kind, name)] = live["metadata"].get("resourceVersion", "")
             if kind == "Deployment":
                 obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
     else:

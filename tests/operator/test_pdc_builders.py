@@ -259,3 +259,15 @@ def test_router_service_and_worker_discovery():
     svc = router.service(OWNER, spec)
     assert svc["spec"]["selector"] == {"app.kubernetes.io/instance": "glm53", "pdscale.io/role": "router"}
     assert svc["spec"]["ports"][0] == {"name": "http", "port": 30000, "targetPort": "http", "protocol": "TCP"}
+
+
+def test_pod_annotations_reach_engine_pods_only():
+    raw = yaml.safe_load((ROOT / "examples" / "vllm-nixl-2p4d.yaml").read_text())["spec"]
+    raw["placement"]["podAnnotations"] = {"pdscale.io/simulated-ready-delay-seconds": "20"}
+    spec, derived = validate(raw)
+    children = {(c["kind"], c["metadata"]["name"]): c for c in builders.build_children(OWNER, spec, derived)}
+    for role in ("prefill", "decode"):
+        ann = children[("Deployment", f"glm53-{role}")]["spec"]["template"]["metadata"]["annotations"]
+        assert ann["pdscale.io/simulated-ready-delay-seconds"] == "20"
+    router_ann = children[("Deployment", "glm53-router")]["spec"]["template"]["metadata"]["annotations"]
+    assert "pdscale.io/simulated-ready-delay-seconds" not in router_ann

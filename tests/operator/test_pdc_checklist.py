@@ -304,3 +304,10 @@ def test_missing_required_fields_name_their_path():
         "spec.engine.image: Field required",
         "spec.router: Field required",
     ]
+
+
+def test_pod_annotations_cannot_take_the_operators_keys():
+    raw = _with(SGLANG, **{"placement.podAnnotations": {"sglang.ai/bootstrap-port": "1"}})
+    assert _problems(raw) == [
+        "spec.placement.podAnnotations: sglang.ai/bootstrap-port is set by the operator"
+    ]
