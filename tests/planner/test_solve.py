@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdscale.planner.decision import Decision
-from pdscale.planner.model import Load, PerformanceModel
+from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
 from pdscale.planner.profile import load_profile
 from pdscale.planner.solve import History, PlannerConfig, plan
@@ -154,3 +154,35 @@ def test_existing_warm_up_counts_toward_capacity() -> None:
     with_warm = plan(obs(30.0, 4, 4, warming_p=3), config=c, now=600.0)
     assert with_warm.prefill == without.prefill  # the 3 warming are part of the target
     assert not math.isnan(with_warm.predicted_ttft_seconds)
+
+
+def test_lasting_ratio_shift_switches_roles_transient_does_not() -> None:
+    c = cfg(nodes=40, forecast_method="last")
+    # long documents arrive: prefill needs far more, decode has many spare nodes, budget full
+    dec = plan(obs(30.0, 6, 30, isl=16000, osl=300, hit=0.2), config=c, now=600.0)
+    assert dec.switch_to_prefill > 0
+    assert "switch" in dec.explanation
+    # a shortfall already covered by a warming prefill node is no reason to switch
+    p_need, _ = MODEL.instances_needed(
+        Load(20.0, 8000, 300, 0.4), c.slo, prefill_utilization=c.prefill_utilization,
+        decode_utilization=c.decode_utilization, ttft_queueing=True, service_cv=c.prefill_service_cv,
+    )
+    dec = plan(obs(20.0, p_need - 1, 20, warming_p=1), config=cfg(nodes=200, forecast_method="last"), now=600.0)
+    assert dec.switch_to_prefill == 0
+
+
+def test_stricter_ttft_needs_more_prefill() -> None:
+    load = Load(40.0, 8000, 300, 0.3)
+    loose = MODEL.prefill_instances_for_ttft(load, Slo(ttft_seconds=15.0))
+    strict = MODEL.prefill_instances_for_ttft(load, Slo(ttft_seconds=1.0))
+    assert strict > loose >= math.ceil(40.0 * MODEL.prefill_seconds(8000, 2400))
+
+
+def test_rise_margin_learns_ramps() -> None:
+    from pdscale.planner.forecast import rise_margin
+
+    flat = [10.0] * 100
+    assert rise_margin(flat, lead=10) == 1.0
+    saw = [10.0 + (k % 30) for k in range(300)]  # repeated 30-interval ramps
+    assert rise_margin(saw, lead=10, quantile=0.9) > 1.2
+    assert rise_margin(saw[:12], lead=10, prior=1.3) == 1.3  # too little history: the prior
