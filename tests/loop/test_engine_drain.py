@@ -89,5 +89,5 @@ def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
     tpot = model.tpot_seconds(1, n_in + n_out / 2) / compression
     print(f"\ncompressed x{compression}: TTFT {record.ttft_seconds:.4f}s (model {ttft:.4f}s), "
           f"TPOT {record.tpot_seconds:.5f}s (model {tpot:.5f}s)")  # fmt: skip
-    assert ttft <= record.ttft_seconds <= ttft + 0.02, (record.ttft_seconds, ttft)
+    assert ttft <= record.ttft_seconds <= ttft + 0.03, (record.ttft_seconds, ttft)
     assert tpot * 0.95 <= record.tpot_seconds <= tpot * 1.3, (record.tpot_seconds, tpot)

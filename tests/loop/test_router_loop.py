@@ -105,11 +105,12 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet):
 
     cold_ttft = statistics.median(r.ttft_seconds for r in cold)
     warm_ttft = statistics.median(r.ttft_seconds for r in warm)
-    # measured through the router: model time plus a few ms of HTTP and scheduling
-    assert predicted_ttft_seconds(n_in) <= cold_ttft <= predicted_ttft_seconds(n_in) + 0.03, (
+    # measured through the router: model time plus a few ms of HTTP and scheduling (7 ms
+    # typical; the margin allows for a busy 2-core machine)
+    assert predicted_ttft_seconds(n_in) <= cold_ttft <= predicted_ttft_seconds(n_in) + 0.04, (
         cold_ttft, predicted_ttft_seconds(n_in))  # fmt: skip
     # the same prompts again: the prefix cache holds all 2000 tokens
-    assert predicted_ttft_seconds(n_in, n_in) <= warm_ttft <= predicted_ttft_seconds(n_in, n_in) + 0.03
+    assert predicted_ttft_seconds(n_in, n_in) <= warm_ttft <= predicted_ttft_seconds(n_in, n_in) + 0.04
     assert p.metric("sglang:cached_tokens_total") == 4 * n_in
 
     print(f"\nTTFT median cold {cold_ttft:.4f}s (model {predicted_ttft_seconds(n_in):.4f}s), "
@@ -117,7 +118,7 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet):
     tpot = statistics.median(r.tpot_seconds for r in cold + warm)
     batch1 = TIMING["decode-step-seconds"] + TIMING["decode-per-sequence-seconds"]
     print(f"TPOT median {tpot:.4f}s (model {batch1:.4f}s at batch 1)")
-    assert batch1 * 0.95 <= tpot <= batch1 * 1.2, tpot
+    assert batch1 * 0.95 <= tpot <= batch1 * 1.3, tpot
 
     # a burst queues FIFO on the one prefill instance: the k-th waits for k-1 prefills
     async def burst():
