@@ -4,9 +4,10 @@ No GPU here, so each "pod" of the e2e tests and the demo is one of these process
 its own 127.0.0.x address. It speaks the part of SGLang's HTTP API that sglang-router 0.3.2
 uses in PD mode (observed, not guessed - see the report in tests/loop/README.md):
 
-- registration: ``GET /health``, ``GET /server_info`` (``/get_server_info``), ``GET /model_info``
-  (``/get_model_info``); the router also opens an HTTP/2 prior-knowledge probe for gRPC, which
-  this HTTP/1.1 server refuses, and then falls back to HTTP;
+- registration: ``GET /health``, ``GET /server_info``, ``GET /model_info`` (the sim also
+  answers SGLang's ``/get_server_info`` and ``/get_model_info``); the router first opens an
+  HTTP/2 prior-knowledge probe for gRPC, which this HTTP/1.1 server refuses, and then falls
+  back to HTTP;
 - traffic: ``POST /generate``, ``/v1/chat/completions``, ``/v1/completions``, streaming or not,
   sent to the prefill and the decode instance *at the same time* with ``bootstrap_host``,
   ``bootstrap_port`` and a router-minted ``bootstrap_room`` injected into the body;
@@ -20,7 +21,8 @@ Pairing works as in SGLang: a prefill instance runs a bootstrap server on its ow
 KV of its room, which is answered when the prefill of that room has been computed. The decode
 side then waits the KV-transfer time and starts emitting tokens. A prefill request stays
 in flight until its room's KV has been collected, because removing a prefill instance whose KV
-is still awaited is exactly the failure the release order must avoid.
+is still awaited is exactly the failure the release order must avoid. A prefill that refuses
+a request (draining) fails its room at once, so the decode half does not wait for nothing.
 
 Time follows a pluggable :class:`TimingModel` (model seconds), divided by
 ``--time-compression``: a compressed engine behaves like one that is that many times faster in
@@ -28,7 +30,8 @@ every respect, so latencies observed by clients and in ``/metrics`` are wall-clo
 
 Drain: ``SIGTERM`` or ``POST /sim/drain`` makes ``/health`` answer 503 and new requests get 503,
 in-flight requests finish; after SIGTERM (or ``/sim/drain?exit=1``) the process exits once
-nothing is in flight or ``--drain-timeout-seconds`` passed. ``GET /sim/state`` and
+nothing is in flight (exit status 0) or ``--drain-timeout-seconds`` passed (status 3).
+``GET /sim/state`` and
 ``GET /get_load`` expose the in-flight count.
 
 aiohttp rather than the standard library: it is already installed (kopf depends on it), and the
@@ -44,7 +47,6 @@ import contextlib
 import dataclasses
 import functools
 import ipaddress
-import itertools
 import json
 import logging
 import signal
@@ -479,7 +481,6 @@ class SimEngine:
         self._idle.set()
         self._session: ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._rid = itertools.count()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
