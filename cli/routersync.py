@@ -197,8 +197,9 @@ class RouterClient:
         """Make the router list exactly ``desired``; returns the plan it applied.
 
         New workers are added before stale ones are removed, so capacity arrives before it
-        leaves. This removes without draining: scale-downs go through :func:`drain_and_stop`,
-        so that by the time a pod is no longer desired it has already left the router."""
+        leaves. Removal here does not wait for in-flight work: it *is* the first step of the
+        release order. A caller scaling down drops the pod from ``desired`` (or calls
+        :func:`drain_and_stop`), waits until the engine is idle, and only then stops it."""
         plan = diff_workers(desired, await self.list_workers())
         for old, _ in plan.replace:
             await self.remove_worker(old)
