@@ -30,6 +30,13 @@ class Load:
     mean_input_tokens: float
     mean_output_tokens: float
     prefix_hit_rate: float = 0.0
+    #: highest arrival rate over a ``PEAK_WINDOW_SECONDS`` sub-window of the interval (bursts
+    #: the per-interval mean hides); None = unknown, size for the mean
+    peak_rate_rps: float | None = None
+
+
+#: the sub-window over which the peak arrival rate is measured (seconds)
+PEAK_WINDOW_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -150,13 +157,46 @@ class PerformanceModel:
         prefill run up to the cap.
         """
         p, d = self.fluid_demand(load, slo)
+        if ttft_queueing and load.peak_rate_rps and load.rate_rps > 0:
+            d *= self._decode_burst_factor(load, slo)
         # round before ceil: 4.0000000001 from float error must stay 4
         np_ = math.ceil(round(p * self.calibration.prefill_headroom / prefill_utilization, 9))
         nd = math.ceil(round(d * self.calibration.decode_headroom / decode_utilization, 9))
         if ttft_queueing and load.rate_rps > 0:
-            q = self.prefill_instances_for_ttft(load, slo, service_cv=service_cv)
+            q = max(
+                self.prefill_instances_for_ttft(load, slo, service_cv=service_cv),
+                self.prefill_instances_for_burst(load, slo),
+            )
             np_ = max(np_, math.ceil(q * queueing_margin * self.calibration.prefill_headroom - 1e-9))
         return np_, nd
+
+    def _decode_burst_factor(self, load: Load, slo: Slo) -> float:
+        """How much of a sub-window burst reaches the decode batch.
+
+        A request stays in decode for output_tokens x TPOT seconds; when that is shorter than
+        the burst window the batch follows the peak rate, when longer it averages the burst
+        out: effective rate = mean + (peak - mean) * min(1, window / residence)."""
+        assert load.peak_rate_rps is not None
+        residence = max(load.mean_output_tokens * slo.tpot_seconds, 1e-9)
+        share = min(1.0, PEAK_WINDOW_SECONDS / residence)
+        effective = load.rate_rps + max(0.0, load.peak_rate_rps - load.rate_rps) * share
+        return effective / load.rate_rps
+
+    def prefill_instances_for_burst(self, load: Load, slo: Slo) -> float:
+        """Prefill instances that clear the interval's peak burst within the TTFT target.
+
+        A burst at ``peak_rate_rps`` for ``PEAK_WINDOW_SECONDS`` (tau) brings work
+        peak * tau * S; the last request of it must finish within its arrival + TTFT, so
+        c * (tau + TTFT - S) >= peak * tau * S. Fractional; 0 when the peak is unknown."""
+        if load.peak_rate_rps is None or load.peak_rate_rps <= 0:
+            return 0.0
+        n = load.mean_input_tokens
+        service = self.prefill_seconds(n, n * load.prefix_hit_rate)
+        tau = PEAK_WINDOW_SECONDS
+        span = tau + slo.ttft_seconds - service - self.kv_transfer_seconds(n)
+        if span <= 0:
+            return math.inf
+        return load.peak_rate_rps * tau * service / span
 
     def prefill_instances_for_ttft(self, load: Load, slo: Slo, *, service_cv: float = 1.0) -> int:
         """Smallest prefill pool meeting the TTFT target at the SLO percentile (M/G/c).

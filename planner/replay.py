@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import Load, PerformanceModel, Slo
+from .model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -53,10 +53,20 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
     cnt = np.bincount(idx, minlength=n).astype(float)
     isl = np.bincount(idx, weights=np.asarray(trace.input_tokens, float), minlength=n)
     osl = np.bincount(idx, weights=np.asarray(trace.output_tokens, float), minlength=n)
+    # the highest PEAK_WINDOW_SECONDS arrival rate inside each interval, as the planner sees it
+    a = np.asarray(trace.arrival_seconds)
+    sub = np.bincount((a // PEAK_WINDOW_SECONDS).astype(int))
+    sub_start = np.arange(len(sub)) * PEAK_WINDOW_SECONDS
+    sub_iv = ((sub_start - t0) // interval_seconds).astype(int).clip(0, n - 1)
+    peak = np.zeros(n)
+    np.maximum.at(peak, sub_iv, sub / PEAK_WINDOW_SECONDS)
     out = []
     for k in range(n):
         c = cnt[k]
-        out.append(Load(c / interval_seconds, isl[k] / c if c else 0.0, osl[k] / c if c else 0.0, hit_rate))
+        out.append(Load(
+            c / interval_seconds, isl[k] / c if c else 0.0, osl[k] / c if c else 0.0, hit_rate,
+            peak_rate_rps=float(max(peak[k], c / interval_seconds)),
+        ))
     return out
 
 
@@ -69,16 +79,30 @@ def planner_config(setup: ReplaySetup) -> PlannerConfig:
 
 
 def initial_fleet(setup: ReplaySetup) -> tuple[int, int]:
-    """Where dynamic policies start: the first interval's need (no cache credit), ready."""
+    """Where dynamic policies start: sized for the first warm-up window, ready.
+
+    A planner that had been running before the replay starts would have the fleet for the
+    load it could see coming; starting from the first minute's need instead would charge
+    every dynamic policy a cold start that a static fleet (sized in hindsight) never pays.
+    The sizing counts no cache hits (the caches are cold) and is the same for all dynamic
+    policies."""
     loads = interval_loads(setup.trace, setup.interval_seconds)
     cfg = planner_config(setup)
     if not loads:
         return cfg.min_prefill, cfg.min_decode
-    p, d = setup.model.instances_needed(
-        loads[0], setup.slo,
-        prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
-    )
-    return max(p, cfg.min_prefill), max(d, cfg.min_decode)
+    w = max(1, math.ceil(setup.model.profile.warmup.new_node_seconds / setup.interval_seconds))
+    p, d = cfg.min_prefill, cfg.min_decode
+    for ld in loads[:w]:
+        np_, nd = setup.model.instances_needed(
+            ld, setup.slo,
+            prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
+            ttft_queueing=True, service_cv=cfg.prefill_service_cv,
+        )
+        p, d = max(p, np_), max(d, nd)
+    if p + d > setup.nodes:
+        p = max(cfg.min_prefill, setup.nodes * p // (p + d))
+        d = max(cfg.min_decode, setup.nodes - p)
+    return p, d
 
 
 def _run(

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import PerformanceModel, Slo
+from .model import PEAK_WINDOW_SECONDS, PerformanceModel, Slo
 from .observe import Observation, Reading, RoleState, Warming
 from .traces import Trace
 
@@ -174,6 +174,7 @@ def simulate(
 
     # interval statistics for observations
     st = {"n": 0, "in": 0, "out": 0, "hit": 0}
+    st_sub: dict[int, int] = {}  # arrivals per PEAK_WINDOW_SECONDS bucket of this interval
     st_ttft: list[float] = []
     st_tpot: list[float] = []
     ticks: list[tuple[float, int, int, int, int]] = []
@@ -389,6 +390,7 @@ def simulate(
         obs = Observation(
             now_seconds=now,
             rate_rps=rl(n / span),
+            peak_rate_rps=rl(max(st_sub.values(), default=0) / PEAK_WINDOW_SECONDS),
             mean_input_tokens=rl(st["in"] / n) if n else None,
             mean_output_tokens=rl(st["out"] / n) if n else None,
             prefix_hit_rate=rl(st["hit"] / st["in"]) if st["in"] else None,
@@ -402,6 +404,7 @@ def simulate(
         st.update(n=0, **{"in": 0, "out": 0, "hit": 0})
         st_ttft.clear()
         st_tpot.clear()
+        st_sub.clear()
         return obs
 
     t0 = arr[0] if n_req else 0.0
@@ -453,6 +456,8 @@ def simulate(
         n_in = ins[r]
         ids = hids[r]
         st["n"] += 1
+        sb = int(t // PEAK_WINDOW_SECONDS)
+        st_sub[sb] = st_sub.get(sb, 0) + 1
         st["in"] += n_in
         st["out"] += outs[r]
         if not ready_p:

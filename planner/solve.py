@@ -118,7 +118,11 @@ def current_load(obs: Observation, max_age_seconds: float) -> Load | None:
     if rate > 0 and (isl is None or osl is None):
         return None
     hit = get(obs.prefix_hit_rate)
-    return Load(rate, isl or 0.0, osl or 0.0, 0.0 if hit is None else min(max(hit, 0.0), 1.0))
+    peak = get(obs.peak_rate_rps)
+    return Load(
+        rate, isl or 0.0, osl or 0.0, 0.0 if hit is None else min(max(hit, 0.0), 1.0),
+        peak_rate_rps=None if peak is None else max(peak, rate),
+    )
 
 
 def _intervals(seconds: float, interval: float) -> int:
@@ -191,7 +195,16 @@ def plan(
         hit = sum(x.rate_rps * x.prefix_hit_rate for x in recent) / wsum
     else:
         isl, osl, hit = load.mean_input_tokens, load.mean_output_tokens, load.prefix_hit_rate
-    future = [Load(r, isl, osl, hit) for r in rates]
+    # bursts come back: size for the highest sub-window peak of recent intervals
+    peaks = [
+        x.peak_rate_rps for x in loads[-cfg.length_window :]
+        if x is not None and x.peak_rate_rps is not None
+    ]
+    peak = max(peaks) if peaks else None
+    future = [
+        Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r))
+        for r in rates
+    ]
     return _plan_for(observation, cfg, history, now, load, future)
 
 

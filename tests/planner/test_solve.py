@@ -186,3 +186,18 @@ def test_rise_margin_learns_ramps() -> None:
     saw = [10.0 + (k % 30) for k in range(300)]  # repeated 30-interval ramps
     assert rise_margin(saw, lead=10, quantile=0.9) > 1.2
     assert rise_margin(saw[:12], lead=10, prior=1.3) == 1.3  # too little history: the prior
+
+
+def test_bursts_inside_the_interval_raise_prefill_and_decode() -> None:
+    c = cfg(nodes=500)
+    calm = Load(50.0, 2000, 30, 0.0)
+    bursty = Load(50.0, 2000, 30, 0.0, peak_rate_rps=300.0)
+    kw = dict(prefill_utilization=c.prefill_utilization, decode_utilization=c.decode_utilization,
+              ttft_queueing=True, service_cv=c.prefill_service_cv)
+    p0, d0 = MODEL.instances_needed(calm, Slo(ttft_seconds=2.0), **kw)
+    p1, d1 = MODEL.instances_needed(bursty, Slo(ttft_seconds=2.0), **kw)
+    assert p1 > 2 * p0
+    assert d1 >= d0
+    # a lenient TTFT lets the queue absorb the same burst with fewer instances
+    p2, _ = MODEL.instances_needed(bursty, Slo(ttft_seconds=30.0), **kw)
+    assert p2 < p1
