@@ -12,7 +12,8 @@ Traces (scale factors printed with every row; each is scaled to need >= 16 insta
 
 TPOT SLO 50 ms everywhere; node budget 200; interval 60 s; router predicted-TTFT with early
 rejection (the article's overload control; a rejected request counts as a miss) for every
-policy.
+policy. Dynamic policies start with the fleet sized for the first warm-up window (as if the
+planner had been running before the trace); static:best is searched in hindsight.
 Writes out/policy_bench.json and prints the table with ratios against oracle and static:best.
 
     .venv/bin/python bench/policy_bench.py [--only mooncake,azure,servegen,steady]
