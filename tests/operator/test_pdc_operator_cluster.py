@@ -87,8 +87,8 @@ def _all_children(instance):
         "deployments": [f"{instance}-decode", f"{instance}-prefill", f"{instance}-router"],
         "services": [f"{instance}-decode", f"{instance}-prefill", f"{instance}-router"],
         "serviceaccounts": [f"{instance}-router"],
-        "roles": [f"{instance}-router"],
-        "rolebindings": [f"{instance}-router"],
+        "roles": [],
+        "rolebindings": [],
     }
 
 
@@ -131,7 +131,7 @@ def test_sample_becomes_a_ready_fleet_pinned_to_h200(k, run_operator):
         managers = {m.manager for m in deployment.metadata.managed_fields if m.operation == "Apply"}
         assert managers == {"pdscale-operator"}
         reasons = [r for _, r, _ in k.events("glm53")]
-        assert reasons.count("Created") == 9 and "Ready" in reasons
+        assert reasons.count("Created") == 7 and "Ready" in reasons
 
 
 def test_replica_and_image_changes_roll_the_deployments(k, run_operator):
@@ -256,10 +256,14 @@ def test_restart_mid_way_converges_and_a_noop_reconcile_writes_nothing(k, run_op
         settled = k.versions("resume")
         events = k.events("resume")
     # A fresh start re-lists every PDCluster and child and reconciles all of them.
-    with run_operator() as runner:
-        wait_for(lambda: "reconcile" in runner.output or True, what="startup")
+    from pdscale.operator.handlers import STATS
+
+    before = dict(STATS)
+    with run_operator():
+        wait_for(lambda: STATS["reconciles"] > before["reconciles"], what="the restart's reconcile")
         import time
 
-        time.sleep(5)  # let the initial listing's reconciles run (nothing to poll: no change)
+        time.sleep(3)  # child events of the relist arrive too; none may cause a write
+        assert STATS["writes"] == before["writes"]
         assert k.versions("resume") == settled
         assert k.events("resume") == events
