@@ -1,6 +1,7 @@
 """kopf wiring: thin handlers that read, build, apply and report through reconcile().
 
-Run with ``kopf run -m pdscale.operator.handlers --all-namespaces``.
+Run with ``kopf run -m pdscale.operator.handlers --all-namespaces``. The planner loop (router
+worker lists, planning, drains) is registered by importing ``planner_loop``.
 
 Only event-watching handlers are used, never change-detecting ones or timers: those make kopf
 keep state on the PDCluster (annotations, a finalizer), i.e. write to it on every change and
@@ -23,10 +24,11 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from . import planner_loop  # noqa: F401  (registers the planner loop's startup and cleanup)
 from .kube import Kube
 from .names import LABEL_MANAGED_BY, MANAGER
 from .pdcluster import GROUP, KIND, PLURAL, VERSION
-from .reconcile import now_rfc3339, reconcile
+from .reconcile import Outcome, now_rfc3339, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Retries:
         return [k for k, (when, _) in self.due.items() if when <= now]
 
 
-def _run(memo: kopf.Memo, body: dict[str, Any]) -> None:
+def _run(memo: kopf.Memo, body: dict[str, Any]) -> Outcome:
     """Reconcile one PDCluster; on API errors schedule a retry instead of giving up."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
@@ -85,6 +87,7 @@ def _run(memo: kopf.Memo, body: dict[str, Any]) -> None:
     if outcome.writes:
         log.info("reconciled %s/%s: %d writes, events: %s", *key, outcome.writes,
                  [e.reason for e in outcome.events])
+    return outcome
 
 
 def _fresh(memo: kopf.Memo, namespace: str, name: str, uid: str | None = None) -> dict[str, Any] | None:
@@ -158,7 +161,11 @@ async def _resync_loop(memo: kopf.Memo) -> None:
 def pdcluster_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         return  # children go with it: garbage collection follows the owner references
-    _run(memo, _plain(body))
+    outcome = _run(memo, _plain(body))
+    if outcome.problems:
+        # Already reported (SpecValid=False, a Warning Event); retrying cannot help until
+        # the spec changes, and the change will wake us.
+        raise kopf.PermanentError("; ".join(outcome.problems))
 
 
 def _owner_ref(body: kopf.Body) -> dict[str, Any] | None:

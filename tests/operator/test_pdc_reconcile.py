@@ -88,8 +88,8 @@ def test_first_reconcile_creates_every_child_then_a_noop_writes_nothing():
     _pdc(kube)
     first = reconcile(kube, _body(kube), NOW)
     kinds = sorted(k for (k, _, _) in kube.objects)
-    assert kinds == ["Deployment"] * 3 + ["PDCluster", "Role", "RoleBinding"] + ["Service"] * 3 + ["ServiceAccount"]
-    assert [e.reason for e in first.events].count("Created") == 9
+    assert kinds == ["Deployment"] * 3 + ["PDCluster"] + ["Service"] * 3 + ["ServiceAccount"]
+    assert [e.reason for e in first.events].count("Created") == 7
     kube.make_ready()
     reconcile(kube, _body(kube), NOW)  # status catches up with readiness
     before = kube.versions()
@@ -243,3 +243,17 @@ def test_outside_auto_mode_the_spec_replicas_win():
     pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 10}}}
     reconcile(kube, _body(kube), NOW)
     assert kube.objects[("Deployment", "serving", "glm53-prefill")]["spec"]["replicas"] == 4
+
+
+def test_failed_reconciles_back_off_exponentially_up_to_a_cap():
+    from pdscale.operator.handlers import RETRY_MAX_SECONDS, Retries
+
+    r = Retries()
+    key = ("ns", "pdc")
+    delays = [r.failed(key, now=100.0) for _ in range(10)]
+    assert delays[:4] == [1.0, 2.0, 4.0, 8.0]
+    assert delays[-1] == RETRY_MAX_SECONDS
+    assert r.ready(100.0 + RETRY_MAX_SECONDS - 1) == []
+    assert r.ready(100.0 + RETRY_MAX_SECONDS) == [key]
+    r.succeeded(key)
+    assert r.ready(1e9) == []
