@@ -343,6 +343,8 @@ HEADROOM_BOUNDS = (1.0, 2.0)
 #: growth per interval at a miss (scaled by how badly it missed) and decay when comfortably met
 HEADROOM_STEP = 0.1
 HEADROOM_DECAY = 0.01
+#: decay only while the observed p99 is below this share of the target
+HEADROOM_RELAX_BELOW = 0.5
 
 
 def calibrate_slo(
@@ -370,7 +372,7 @@ def calibrate_slo(
         ratio = observed / target
         if ratio > 1.0:
             return min(hi, h * (1.0 + HEADROOM_STEP * min(ratio - 1.0 + 0.5, 2.0)))
-        if ratio < 0.5:
+        if ratio < HEADROOM_RELAX_BELOW:
             return max(lo, h * (1.0 - HEADROOM_DECAY))
         return h
 
