@@ -1,12 +1,12 @@
 """Operator benchmark on the local control plane (or $KUBECONFIG): writes out/operator_bench.json.
 
 1. apply-to-children: create a PDCluster (1 prefill, 1 decode, 1 router) and time until all
-   nine children exist, and until status reports Ready; repeated --latency-runs times, one
+   children exist, and until status reports Ready; repeated --latency-runs times, one
    after another.
 2. scale: create --count PDClusters at once (replicas 0 for every role, so the fake nodes do
-   not bound the test: the operator's work per PDCluster is the same nine children and one
-   status), time until every one is reconciled (status.observedGeneration == generation and
-   nine children), then restart the operator: it re-lists everything and reconciles every
+   not bound the test: the operator's work per PDCluster is the same children and one
+   status), time until every one is reconciled (status.observedGeneration == generation,
+   Ready, every child there), then restart the operator: it re-lists everything and reconciles every
    PDCluster again. Count the reconciles, and the writes: by the operator's own counter and
    by comparing every resourceVersion and the Events before and after. The target is zero.
 
@@ -67,6 +67,16 @@ def _doc(name: str, replicas: int) -> dict[str, Any]:
     return doc
 
 
+def _children_per_pdcluster(doc: dict[str, Any]) -> int:
+    """How many children the builders make for one PDCluster (the count to wait for)."""
+    from pdscale.operator.builders import build_children
+    from pdscale.operator.checklist import validate
+    from pdscale.operator.names import Owner
+
+    spec, derived = validate(doc["spec"])
+    return len(build_children(Owner(doc["metadata"]["name"], "bench"), spec, derived))
+
+
 def _install(kubeconfig: pathlib.Path) -> None:
     from pdscale.operator import crd, rbac
     from pdscale.testbed import api_client, h200_node
@@ -109,7 +119,7 @@ class View:
         return sum(len(f(self.ns, label_selector=sel).items) for f in (
             self.apps.list_namespaced_deployment, self.core.list_namespaced_service,
             self.core.list_namespaced_service_account, self.rbac.list_namespaced_role,
-            self.rbac.list_namespaced_role_binding))
+            self.rbac.list_namespaced_role_binding, self.core.list_namespaced_config_map))
 
     def pdclusters(self) -> list[dict[str, Any]]:
         return self.co.list_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL)["items"]
@@ -121,7 +131,8 @@ class View:
                         ("Service", self.core.list_namespaced_service),
                         ("ServiceAccount", self.core.list_namespaced_service_account),
                         ("Role", self.rbac.list_namespaced_role),
-                        ("RoleBinding", self.rbac.list_namespaced_role_binding)):
+                        ("RoleBinding", self.rbac.list_namespaced_role_binding),
+                        ("ConfigMap", self.core.list_namespaced_config_map)):
             for item in f(self.ns, label_selector=sel).items:
                 out[f"{kind}/{item.metadata.name}"] = item.metadata.resource_version
         return out
@@ -151,6 +162,9 @@ def main() -> int:
     parser.add_argument("--latency-runs", type=int, default=10)
     parser.add_argument("--out", default=str(ROOT / "out" / "operator_bench.json"))
     args = parser.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     from pdscale.localcluster import LocalCluster
     from pdscale.testbed import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
@@ -181,12 +195,14 @@ def main() -> int:
         core.create_namespace({"metadata": {"name": ns}})
         view = View(api, ns)
         children_s, ready_s = [], []
+        per_pdc = _children_per_pdcluster(_doc("x", 1))
+        result["children_per_pdcluster"] = per_pdc
         with _runner():
             for i in range(args.latency_runs):
                 name = f"lat-{i}"
                 t0 = time.monotonic()
                 view.co.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _doc(name, 1))
-                _wait(lambda n=name: view.child_count(n) == 9, 60)
+                _wait(lambda n=name: view.child_count(n) == per_pdc, 60)
                 children_s.append(time.monotonic() - t0)
                 _wait(lambda n=name: _ready(view.co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, n)), 120)
                 ready_s.append(time.monotonic() - t0)
@@ -220,7 +236,7 @@ def main() -> int:
                     and _ready(p) for p in items)
             _wait(converged, 900, 0.5)
             all_reconciled = time.monotonic() - t0
-            _wait(lambda: view.child_count() == 9 * args.count, 300, 0.5)
+            _wait(lambda: view.child_count() == per_pdc * args.count, 300, 0.5)
             _log(f"{args.count} PDClusters created in {created:.1f} s, all Ready after {all_reconciled:.1f} s")
         time.sleep(2)
         before_versions, before_events = view.versions(), view.event_count()
@@ -235,7 +251,7 @@ def main() -> int:
         changed = sorted(k for k in before_versions if after_versions.get(k) != before_versions[k])
         result["steady_state"] = {
             "pdclusters": args.count,
-            "children": 9 * args.count,
+            "children": per_pdc * args.count,
             "create_all_seconds": round(created, 2),
             "first_reconcile_all_ready_seconds": round(all_reconciled, 2),
             "restart_reconcile_all_seconds": round(resync, 2),

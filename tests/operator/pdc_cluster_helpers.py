@@ -41,3 +41,21 @@ def sample(name: str, cluster_name: str | None = None, **overrides: Any) -> dict
             node = node.setdefault(p, {})
         node[leaf] = copy.deepcopy(value)
     return doc
+
+
+PLURALS = {"Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
+           "Role": "roles", "RoleBinding": "rolebindings", "ConfigMap": "configmaps"}
+
+
+def expected_children(doc: dict[str, Any], namespace: str) -> dict[str, list[str]]:
+    """What the builders say this PDCluster owns, by plural: the integration tests check the
+    cluster against the pure builders instead of a second, hand-kept list."""
+    from pdscale.operator.builders import build_children
+    from pdscale.operator.checklist import validate
+    from pdscale.operator.names import Owner
+
+    spec, derived = validate(doc["spec"])
+    out: dict[str, list[str]] = {plural: [] for plural in PLURALS.values()}
+    for child in build_children(Owner(doc["metadata"]["name"], namespace), spec, derived):
+        out[PLURALS[child["kind"]]].append(child["metadata"]["name"])
+    return {k: sorted(v) for k, v in out.items()}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from pdc_cluster_helpers import CPU_NODE, DECOY_NODE, sample, wait_for
+from pdc_cluster_helpers import CPU_NODE, DECOY_NODE, PLURALS, expected_children, sample, wait_for
 
 from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.cluster
 
-CHILD_KINDS = ("deployments", "services", "serviceaccounts", "roles", "rolebindings")
+NONE = {plural: [] for plural in PLURALS.values()}
 
 
 class Cluster:
@@ -46,14 +46,19 @@ class Cluster:
         return cond is not None and cond["status"] == "True" and cond
 
     def children(self, instance):
+        """Names of the objects labelled with this instance, by plural (every kind a
+        PDCluster may own)."""
         sel = f"app.kubernetes.io/instance={instance}"
-        return {
-            "deployments": sorted(d.metadata.name for d in self.apps.list_namespaced_deployment(self.ns, label_selector=sel).items),
-            "services": sorted(s.metadata.name for s in self.core.list_namespaced_service(self.ns, label_selector=sel).items),
-            "serviceaccounts": sorted(s.metadata.name for s in self.core.list_namespaced_service_account(self.ns, label_selector=sel).items),
-            "roles": sorted(r.metadata.name for r in self.rbac.list_namespaced_role(self.ns, label_selector=sel).items),
-            "rolebindings": sorted(r.metadata.name for r in self.rbac.list_namespaced_role_binding(self.ns, label_selector=sel).items),
+        lists = {
+            "deployments": self.apps.list_namespaced_deployment,
+            "services": self.core.list_namespaced_service,
+            "serviceaccounts": self.core.list_namespaced_service_account,
+            "roles": self.rbac.list_namespaced_role,
+            "rolebindings": self.rbac.list_namespaced_role_binding,
+            "configmaps": self.core.list_namespaced_config_map,
         }
+        return {plural: sorted(x.metadata.name for x in f(self.ns, label_selector=sel).items)
+                for plural, f in lists.items()}
 
     def versions(self, instance):
         """resourceVersion of the PDCluster and of every child."""
@@ -65,6 +70,7 @@ class Cluster:
             ("ServiceAccount", self.core.list_namespaced_service_account(self.ns, label_selector=sel).items),
             ("Role", self.rbac.list_namespaced_role(self.ns, label_selector=sel).items),
             ("RoleBinding", self.rbac.list_namespaced_role_binding(self.ns, label_selector=sel).items),
+            ("ConfigMap", self.core.list_namespaced_config_map(self.ns, label_selector=sel).items),
         ):
             for item in items:
                 out[(kind, item.metadata.name)] = item.metadata.resource_version
@@ -82,16 +88,6 @@ class Cluster:
                 if p.metadata.deletion_timestamp is None]
 
 
-def _all_children(instance):
-    return {
-        "deployments": [f"{instance}-decode", f"{instance}-prefill", f"{instance}-router"],
-        "services": [f"{instance}-decode", f"{instance}-prefill", f"{instance}-router"],
-        "serviceaccounts": [f"{instance}-router"],
-        "roles": [],
-        "rolebindings": [],
-    }
-
-
 @pytest.fixture
 def k(admin_api, namespace):
     return Cluster(admin_api, namespace)
@@ -107,7 +103,7 @@ def test_sample_becomes_a_ready_fleet_pinned_to_h200(k, run_operator):
     doc["metadata"]["namespace"] = k.ns
     with run_operator():
         k.create(doc)
-        wait_for(lambda: k.children("glm53") == _all_children("glm53"), what="all children")
+        wait_for(lambda: k.children("glm53") == expected_children(doc, k.ns), what="all children")
         ready = wait_for(lambda: k.ready("glm53"), timeout_seconds=120, what="Ready")
         status = k.get("glm53")["status"]
         assert status["prefill"] == {"desiredReplicas": 4, "readyReplicas": 4, "updatedReplicas": 4}
@@ -195,7 +191,7 @@ def test_invalid_spec_past_cel_is_marked_spec_valid_false(k, run_operator):
         assert cond["message"] == (
             "spec.kvTransfer.waitingTimeoutSeconds: 300 s is too short: the slowest prefill "
             "(1048576 tokens at 2000 tokens/s plus 50% margin) needs at least 787 s")
-        assert k.children("short") == {kind: [] for kind in CHILD_KINDS}
+        assert k.children("short") == NONE
         wait_for(lambda: ("Warning", "SpecInvalid", cond["message"]) in k.events("short"),
                  what="SpecInvalid event")
         # Fixing the spec brings the fleet up.
@@ -229,9 +225,9 @@ def test_deleting_the_pdcluster_removes_every_child(k, run_operator):
                                                    "decode.minReplicas": 1})
     with run_operator():
         k.create(doc)
-        wait_for(lambda: k.children("gone") == _all_children("gone"), what="children")
+        wait_for(lambda: k.children("gone") == expected_children(doc, k.ns), what="children")
         k.delete("gone")
-        wait_for(lambda: k.children("gone") == {kind: [] for kind in CHILD_KINDS},
+        wait_for(lambda: k.children("gone") == NONE,
                  timeout_seconds=60, what="garbage collection")
         wait_for(lambda: not k.pods("gone", "prefill") and not k.pods("gone", "decode"),
                  timeout_seconds=90, what="pods gone")
@@ -249,7 +245,7 @@ def test_restart_mid_way_converges_and_a_noop_reconcile_writes_nothing(k, run_op
     with run_operator():
         wait_for(lambda: k.ready("resume") and k.get("resume")["status"]["decode"]["readyReplicas"] == 4,
                  timeout_seconds=120, what="Ready after restart")
-        assert k.children("resume") == _all_children("resume")
+        assert k.children("resume") == expected_children(doc, k.ns)
         assert len(k.pods("resume", "prefill")) == 2 and len(k.pods("resume", "decode")) == 4
         rs = k.apps.list_namespaced_replica_set(k.ns, label_selector="app.kubernetes.io/instance=resume").items
         assert len(rs) == 3  # one per Deployment: no duplicate rollouts
