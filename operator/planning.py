@@ -32,7 +32,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     so it replaces the profile's figure (the slower role's, to price every start safely). A
     role switch is a drain plus a fresh pod of the other role here, so it costs the same.
     The node budget defaults to the two roles' maxima together."""
-    base = profile or load_profile()
+    base = profile or load_profile(spec.planner.profile)
     warmup_seconds = float(max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds))
     profile_here = base.model_copy(update={
         "warmup": base.warmup.model_copy(update={

@@ -5,8 +5,12 @@ What each rule is for:
 - Deployments, Services: create and server-side apply the children (SSA create needs create
   and patch), watch them for ready counts and drift. No delete: garbage collection removes
   children through their owner references.
-- ServiceAccounts, Roles, RoleBindings: the router's identity. The API server lets us grant
-  the router "read pods" only because we hold it ourselves (no escalate, no bind).
+- ServiceAccounts: the router's identity (it has no permissions: the operator, not the
+  router, keeps its worker list).
+- Pods: read engine and router pods for the planner and the router sync; patch engine pods
+  to mark a drain (annotation and pod-deletion-cost). No delete: the ReplicaSet removes the
+  drained pod when the planner lowers replicas.
+- ConfigMaps: the planner's memory (<name>-planner), owned by the PDCluster.
 - Events: report.
 - CustomResourceDefinitions (read): kopf checks that the PDCluster resource exists.
 """
@@ -34,10 +38,8 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*_READ, "create", "patch"]},
         {"apiGroups": [""], "resources": ["services"], "verbs": [*_READ, "create", "patch"]},
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": _APPLY},
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
-         "verbs": _APPLY},
-        # Held so that the router Role we create may grant it (RBAC escalation check).
-        {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": [*_READ, "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": _APPLY},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": _READ},

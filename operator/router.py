@@ -1,10 +1,10 @@
-"""The P/D router: its Deployment, Service, identity, and the worker list it consumes.
+"""The P/D router: its Deployment, Service and identity.
 
-The worker list is not a static file: prefill and decode pods come and go as the planner
-rescales them. The router therefore discovers workers itself from the Kubernetes API, by the
-per-role selector labels every engine pod carries (names.selector_labels) and, for prefill,
-the ``sglang.ai/bootstrap-port`` pod annotation. Deleting a pod removes it from the router
-before the pod's preStop drain ends: the order "router first, then the pod" holds by design.
+The router starts with no workers; the operator keeps its worker list equal to the Ready,
+non-draining engine pods through the router's ``/workers`` API (planner_loop.py). Not the
+router's own Kubernetes discovery: it drops a worker only when its pod goes away, so a pod
+could not leave the router before its drain, and the release order (router first, then the
+pod) could not hold. A router with no API access also needs no RBAC of its own.
 """
 
 from __future__ import annotations
@@ -27,35 +27,12 @@ def kind(spec: PDClusterSpec) -> RouterKind:
     return spec.router.kind or RouterKind(spec.engine.kind.value)
 
 
-def _selector_arg(labels: dict[str, str]) -> list[str]:
-    return [f"{k}={v}" for k, v in sorted(labels.items())]
-
-
-def worker_discovery(owner: Owner, spec: PDClusterSpec) -> dict[str, Any]:
-    """The router's worker-list configuration: where it finds prefill workers (with their
-    bootstrap port) and decode workers."""
-    return {
-        "namespace": owner.namespace,
-        "port": spec.engine.port,
-        "prefillSelector": names.selector_labels(owner.name, "prefill"),
-        "decodeSelector": names.selector_labels(owner.name, "decode"),
-        "bootstrapPortAnnotation": "sglang.ai/bootstrap-port",
-    }
-
-
 def args(owner: Owner, spec: PDClusterSpec) -> tuple[list[str], list[str]]:
     """(command, args) of the router container."""
     r = spec.router
-    discovery = worker_discovery(owner, spec)
     common = [
         "--host", "0.0.0.0",
         "--port", str(r.port),
-        "--service-discovery",
-        "--prefill-selector", *_selector_arg(discovery["prefillSelector"]),
-        "--decode-selector", *_selector_arg(discovery["decodeSelector"]),
-        "--service-discovery-namespace", discovery["namespace"],
-        # Docs disagree on the default (80 vs 8000): always explicit.
-        "--service-discovery-port", str(discovery["port"]),
         "--prefill-policy", _POLICY[r.prefill_policy],
         "--decode-policy", _POLICY[r.decode_policy],
         "--prometheus-host", "0.0.0.0",
@@ -65,26 +42,16 @@ def args(owner: Owner, spec: PDClusterSpec) -> tuple[list[str], list[str]]:
         command = ["python3", "-m", "sglang_router.launch_router"]
         mode = ["--pd-disaggregation"]
     else:
-        # vllm-project/router is a fork of the SGLang router and keeps its discovery flags.
+        # vllm-project/router is a fork of the SGLang router with the same worker API.
         command = ["vllm-router"]
         mode = ["--vllm-pd-disaggregation"]
     return command, [*mode, *common, *r.extra_args]
 
 
 def rbac(owner: Owner, spec: PDClusterSpec) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding: the router may read pods in its namespace."""
+    """The router's own identity: a ServiceAccount with no permissions (it reads no API)."""
     name = names.child_name(owner.name, "router")
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": metadata(owner, name, "router")},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": metadata(owner, name, "router"),
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": metadata(owner, name, "router"),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}]},
-    ]
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(owner, name, "router")}]
 
 
 def deployment(owner: Owner, spec: PDClusterSpec) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def _env(container) -> dict:
 def test_every_child_is_built_and_owned(sglang_children):
     assert sorted(sglang_children) == [
         ("Deployment", "glm53-decode"), ("Deployment", "glm53-prefill"),
-        ("Deployment", "glm53-router"), ("Role", "glm53-router"), ("RoleBinding", "glm53-router"),
+        ("Deployment", "glm53-router"),
         ("Service", "glm53-decode"), ("Service", "glm53-prefill"), ("Service", "glm53-router"),
         ("ServiceAccount", "glm53-router"),
     ]
@@ -175,31 +175,26 @@ def test_vllm_nixl_settings(vllm_children):
                                                         "readOnly": True}} in pod["volumes"]
 
 
-def test_sglang_router_consumes_our_worker_discovery(sglang_children):
+def test_sglang_router_starts_in_pd_mode_with_no_workers_of_its_own(sglang_children):
+    """The operator owns the worker list (through /workers): the router must neither list
+    static workers nor discover pods itself, or a draining pod would stay routable."""
     from sglang_router.launch_router import parse_router_args
 
     c = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
     parsed = parse_router_args(c["args"])
-    assert parsed.pd_disaggregation and parsed.service_discovery
-    assert parsed.service_discovery_namespace == "serving"
-    assert parsed.service_discovery_port == 8000
+    assert parsed.pd_disaggregation
+    assert not parsed.service_discovery
+    assert not parsed.prefill_urls and not parsed.decode_urls and not parsed.worker_urls
     assert parsed.prefill_policy == "cache_aware" and parsed.decode_policy == "power_of_two"
-    # The selectors the router uses are exactly the labels our pods carry.
-    for role, selector in (("prefill", parsed.prefill_selector), ("decode", parsed.decode_selector)):
-        labels = sglang_children[("Deployment", f"glm53-{role}")]["spec"]["template"]["metadata"]["labels"]
-        assert selector == names.selector_labels("glm53", role)
-        assert selector.items() <= labels.items()
-    # ... and the bootstrap port annotation key is the one the router reads.
-    prefill_ann = sglang_children[("Deployment", "glm53-prefill")]["spec"]["template"]["metadata"]["annotations"]
-    assert parsed.bootstrap_port_annotation in prefill_ann
+    assert parsed.port == 30000
 
 
-def test_router_identity_can_only_read_pods(sglang_children):
-    role = sglang_children[("Role", "glm53-router")]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+def test_router_identity_has_no_permissions(sglang_children):
+    assert not [k for k in sglang_children if k[0] in ("Role", "RoleBinding")]
     dep = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]
     assert dep["serviceAccountName"] == "glm53-router"
+    assert ("ServiceAccount", "glm53-router") in sglang_children
 
 
 def test_vllm_router_command(vllm_children):
@@ -254,7 +249,7 @@ def test_offline_render_has_no_owner_references():
         assert "ownerReferences" not in child["metadata"]
 
 
-def test_router_service_and_worker_discovery():
+def test_router_service():
     spec, _ = _sample("sglang-glm-4p8d.yaml")
     svc = router.service(OWNER, spec)
     assert svc["spec"]["selector"] == {"app.kubernetes.io/instance": "glm53", "pdscale.io/role": "router"}

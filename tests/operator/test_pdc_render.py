@@ -16,8 +16,7 @@ def test_render_prints_every_child(capsys):
     assert main(["render", "-f", str(SAMPLE), "-n", "serving"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
-        ("ServiceAccount", "glm53-router"), ("Role", "glm53-router"),
-        ("RoleBinding", "glm53-router"), ("Service", "glm53-prefill"),
+        ("ServiceAccount", "glm53-router"), ("Service", "glm53-prefill"),
         ("Deployment", "glm53-prefill"), ("Service", "glm53-decode"),
         ("Deployment", "glm53-decode"), ("Service", "glm53-router"),
         ("Deployment", "glm53-router"),

@@ -1,0 +1,413 @@
+"""The planner loop: read pods and metrics, plan, act. The only code here is I/O and order;
+every choice is made by pure functions (``planning``, ``fleet``, ``pdscale.planner``).
+
+A fast tick (``PDSCALE_PLANNER_TICK_SECONDS``, default 5 s) moves drains along and keeps
+actuation level-based; the planner itself runs once per ``spec.planner.intervalSeconds``.
+Modes: Off does nothing; Recommend writes status, an Event and the gauges, and changes
+nothing; Auto also moves the fleet to the decision, in the drain-safe order of ``fleet``.
+
+Its memory (recent loads and decisions, the last planning time) lives in a ConfigMap owned by
+the PDCluster, ``<name>-planner``, so an operator restart neither forgets the stabilization
+window nor re-plans early; drain state lives on the pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import urllib.request
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import kopf
+from aiohttp import ClientError, ClientSession, ClientTimeout
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from pdscale.planner.prometheus import (
+    MetricsSnapshot,
+    observation_from,
+    prometheus_client,
+    read_metrics,
+    render_queries,
+)
+from pdscale.planner.solve import current_load, plan
+from pdscale.routersync import RouterClient, RouterError, SyncPlan, WorkerSpec, normalize_url
+
+from . import names
+from .fleet import (
+    DELETION_COST_ANNOTATION,
+    DRAINING_ANNOTATION,
+    DRAINING_DELETION_COST,
+    PodView,
+    plan_role_actions,
+    role_state,
+    router_workers,
+)
+from .kube import Kube
+from .pdcluster import PDClusterSpec, PlannerMode
+from .planning import (
+    decision_event,
+    decision_status,
+    history_from_json,
+    history_to_json,
+    planner_config,
+)
+from .reconcile import Event, now_rfc3339, post_event
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
+ROLES = ("prefill", "decode")
+HISTORY_KEY = "history.json"
+
+_labels = ("namespace", "pdcluster", "role")
+RECOMMENDED = Gauge("pdscale_planner_recommended_replicas", "Instances the planner decided on", _labels)
+TARGET = Gauge("pdscale_planner_target_replicas", "Instances the operator is moving to (Auto)", _labels)
+READY = Gauge("pdscale_ready_replicas", "Ready, non-draining instances", _labels)
+PREDICTED_TTFT = Gauge("pdscale_planner_predicted_ttft_seconds", "Predicted TTFT at the SLO percentile", _labels[:2])
+PREDICTED_TPOT = Gauge("pdscale_planner_predicted_tpot_seconds", "Predicted TPOT", _labels[:2])
+OBSERVED_TTFT = Gauge("pdscale_planner_observed_ttft_seconds", "Observed p99 TTFT", _labels[:2])
+OBSERVED_TPOT = Gauge("pdscale_planner_observed_tpot_seconds", "Observed p99 TPOT", _labels[:2])
+SLO_TTFT = Gauge("pdscale_slo_ttft_seconds", "TTFT target", _labels[:2])
+SLO_TPOT = Gauge("pdscale_slo_tpot_seconds", "TPOT target", _labels[:2])
+PLAN_SECONDS = Histogram("pdscale_planner_plan_duration_seconds", "Time to read metrics and plan",
+                         _labels[:2], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+DECISIONS = Counter("pdscale_planner_decisions_total", "Planner decisions by what bound them",
+                    (*_labels[:2], "bound"))
+
+
+def _seconds(ts: Any) -> float | None:
+    if ts is None:
+        return None
+    if isinstance(ts, datetime):
+        return ts.timestamp()
+    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+
+
+def pod_view(pod: client.V1Pod, role: str) -> PodView:
+    meta, status = pod.metadata, pod.status
+    ready_cond = next((c for c in (status.conditions or []) if c.type == "Ready"), None)
+    ready = ready_cond is not None and ready_cond.status == "True"
+    annotations = meta.annotations or {}
+    draining = annotations.get(DRAINING_ANNOTATION)
+    return PodView(
+        name=meta.name,
+        role=role,
+        ip=status.pod_ip,
+        ready=ready,
+        created_at_seconds=_seconds(meta.creation_timestamp) or 0.0,
+        ready_since_seconds=_seconds(ready_cond.last_transition_time) if ready else None,
+        deleting=meta.deletion_timestamp is not None,
+        draining_since_seconds=float(draining) if draining else None,
+    )
+
+
+def engine_in_flight(ip: str | None, port: int, timeout_seconds: float = 2.0) -> int | None:
+    """Requests an engine still holds, or None when it does not answer (unknown is not zero).
+
+    SGLang's ``/get_load`` counts, on a prefill instance, the requests whose KV its decode
+    peer has not collected yet: a prefill is idle only once its last hand-off is done. vLLM
+    has no such endpoint; its running and waiting gauges come from ``/metrics``. Read from the
+    engine, not Prometheus: a drain must not end on a scrape that is a minute old."""
+    if not ip:
+        return None
+    base = f"http://{ip}:{port}"
+    try:
+        with urllib.request.urlopen(f"{base}/get_load", timeout=timeout_seconds) as r:
+            data = json.loads(r.read())
+        entries = data if isinstance(data, list) else [data]
+        return sum(int(e.get("num_reqs", 0)) for e in entries)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=timeout_seconds) as r:
+            text = r.read().decode(errors="replace")
+    except OSError:
+        return None
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (IndexError, ValueError):
+                return None
+    return round(total) if seen else None
+
+
+class PlannerLoop:
+    """One per operator process. ``tick_all`` is called every TICK_SECONDS."""
+
+    def __init__(self, api: client.ApiClient, prometheus_url: str | None = None):
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.kube = Kube(api)
+        self.prometheus_url = prometheus_url or os.environ.get("PDSCALE_PROMETHEUS_URL")
+
+    def tick_all(self) -> None:
+        # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
+        # PDClusters the loop must cost the API server next to nothing.
+        pods: dict[tuple[str, str, str], list[client.V1Pod]] = {}
+        managed = f"{names.LABEL_MANAGED_BY}={names.MANAGER}"
+        for pod in self.core.list_pod_for_all_namespaces(label_selector=managed).items:
+            labels = pod.metadata.labels or {}
+            key = (pod.metadata.namespace, labels.get(names.LABEL_INSTANCE, ""),
+                   labels.get(names.LABEL_ROLE, ""))
+            pods.setdefault(key, []).append(pod)
+        for body in self.kube.list_pdclusters():
+            if body["metadata"].get("deletionTimestamp"):
+                continue
+            key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+            try:
+                self.tick(body, time.time(), pods)
+            except ApiException as exc:
+                log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
+            except Exception:  # one PDCluster's failure must not stop the others'
+                log.exception("planner tick of %s failed", key)
+
+    # ------------------------------------------------------------------------------------
+    def tick(self, body: dict[str, Any], now: float,
+             listed_pods: dict[tuple[str, str, str], list[client.V1Pod]] | None = None) -> None:
+        try:
+            spec = PDClusterSpec.model_validate(body.get("spec") or {})
+        except ValueError:
+            return  # reconcile reports SpecValid=False
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        instance = names.base_name(name)
+        if listed_pods is None:
+            pods = {role: self._pods(ns, name, role) for role in ROLES}
+            router_pods = self.core.list_namespaced_pod(ns, label_selector=",".join(
+                f"{k}={v}" for k, v in names.selector_labels(name, "router").items())).items
+        else:
+            pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
+                    for role in ROLES}
+            router_pods = listed_pods.get((ns, instance, "router"), [])
+        routers = self._router_urls(router_pods, spec)
+        listed = self._listed(routers)
+        mode = spec.planner.mode
+        if mode is not PlannerMode.OFF:
+            for role in ROLES:
+                READY.labels(ns, name, role).set(sum(1 for p in pods[role] if p.serving))
+            decision = self._plan_if_due(body, spec, pods, now)
+            if mode is PlannerMode.AUTO and decision is not None:
+                targets = {"prefill": decision.prefill, "decode": decision.decode}
+                self._actuate(body, spec, pods, listed, targets, now)
+                pods = {role: self._pods(ns, name, role) for role in ROLES}
+        # In every mode: the routers list exactly the Ready, non-draining pods.
+        desired = router_workers([*pods["prefill"], *pods["decode"]], port=spec.engine.port,
+                                 bootstrap_port=spec.kv_transfer.bootstrap_port)
+        for url in routers:
+            self._sync_router(body, url, desired)
+
+    def _plan_if_due(self, body, spec, pods, now):  # type: ignore[no-untyped-def]
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        history, last_plan = history_from_json(self._load_memory(ns, name))
+        decision = history.decisions[-1] if history.decisions else None
+        if last_plan is not None and now - last_plan < spec.planner.interval_seconds:
+            return decision
+        previous = decision
+        started = time.monotonic()
+        config = planner_config(spec)
+        snapshot = self._read_metrics(spec, ns, name, now)
+        obs = observation_from(
+            snapshot, now,
+            role_state(pods["prefill"], now, spec.prefill.warmup_seconds),
+            role_state(pods["decode"], now, spec.decode.warmup_seconds),
+        )
+        decision = plan(obs, config=config, history=history, now=now)
+        history = history.record(current_load(obs, config.max_age_seconds), decision)
+        self._save_memory(body, history_to_json(history, now))
+        PLAN_SECONDS.labels(ns, name).observe(time.monotonic() - started)
+        self._report(body, spec, decision, previous, snapshot, obs)
+        return decision
+
+    # -- the routers ---------------------------------------------------------------------
+    def _router_urls(self, pods: list[client.V1Pod], spec: PDClusterSpec) -> list[str]:
+        return [f"http://{p.status.pod_ip}:{spec.router.port}" for p in pods
+                if p.status.pod_ip and p.metadata.deletion_timestamp is None
+                and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+
+    def _listed(self, routers: list[str]) -> set[str] | None:
+        """Worker URLs some router lists; None when a router could not be asked (then every
+        pod counts as listed: a drain must not finish on a guess)."""
+        if not routers:
+            return set()
+
+        async def ask() -> set[str] | None:
+            urls: set[str] = set()
+            async with ClientSession(timeout=ClientTimeout(total=5)) as session:
+                for url in routers:
+                    try:
+                        urls |= {normalize_url(w.url) for w in await RouterClient(url, session).list_workers()}
+                    except (ClientError, RouterError, TimeoutError):
+                        return None
+            return urls
+        return asyncio.run(ask())
+
+    def _sync_router(self, body: dict[str, Any], url: str, desired: frozenset[WorkerSpec]) -> None:
+        async def sync() -> SyncPlan:
+            async with ClientSession(timeout=ClientTimeout(total=10)) as session:
+                return await RouterClient(url, session).sync(desired)
+        try:
+            done = asyncio.run(sync())
+        except (ClientError, RouterError, TimeoutError) as exc:
+            log.warning("router %s: worker sync failed: %s", url, exc)
+            return
+        if not done.empty:
+            added = [w.url for w in done.add]
+            removed = [w.url for w in done.remove]
+            log.info("router %s: added %s, removed %s", url, added, removed)
+
+    def _pods(self, ns: str, name: str, role: str) -> list[PodView]:
+        selector = ",".join(f"{k}={v}" for k, v in names.selector_labels(name, role).items())
+        return [pod_view(p, role) for p in self.core.list_namespaced_pod(ns, label_selector=selector).items]
+
+    def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float) -> MetricsSnapshot:
+        url = spec.planner.prometheus_url or self.prometheus_url
+        queries = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
+                                 window_seconds=max(spec.planner.interval_seconds, 10))
+        if not url:
+            return MetricsSnapshot({q: None for q in queries},
+                                   {q: "no Prometheus URL (spec.planner.prometheusURL)" for q in queries})
+        return read_metrics(prometheus_client(url), queries, now)
+
+    def _memory_name(self, name: str) -> str:
+        return f"{names.base_name(name)}-planner"
+
+    def _load_memory(self, ns: str, name: str) -> str | None:
+        try:
+            cm = self.core.read_namespaced_config_map(self._memory_name(name), ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return (cm.data or {}).get(HISTORY_KEY)
+
+    def _save_memory(self, body: dict[str, Any], text: str) -> None:
+        meta = body["metadata"]
+        self.kube.apply({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": self._memory_name(meta["name"]), "namespace": meta["namespace"],
+                "labels": {names.LABEL_MANAGED_BY: names.MANAGER,
+                           names.LABEL_INSTANCE: names.base_name(meta["name"])},
+                "ownerReferences": [{"apiVersion": body["apiVersion"], "kind": body["kind"],
+                                     "name": meta["name"], "uid": meta["uid"], "controller": True}],
+            },
+            "data": {HISTORY_KEY: text},
+        })
+
+    def _report(self, body, spec, decision, previous, snapshot, obs) -> None:  # type: ignore[no-untyped-def]
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        status = decision_status(decision, spec.planner.mode, snapshot, now_rfc3339())
+        status["metricsAvailable"] = not snapshot.failures
+        self.kube.patch_status(ns, name, {"planner": status})
+        for role, count in (("prefill", decision.prefill), ("decode", decision.decode)):
+            RECOMMENDED.labels(ns, name, role).set(count)
+        for gauge, value in ((PREDICTED_TTFT, decision.predicted_ttft_seconds),
+                             (PREDICTED_TPOT, decision.predicted_tpot_seconds),
+                             (SLO_TTFT, spec.slo.ttft_milliseconds / 1000),
+                             (SLO_TPOT, spec.slo.tpot_milliseconds / 1000)):
+            gauge.labels(ns, name).set(value)
+        for gauge, reading in ((OBSERVED_TTFT, obs.ttft_p99_seconds), (OBSERVED_TPOT, obs.tpot_p99_seconds)):
+            if reading is not None:
+                gauge.labels(ns, name).set(reading.value)
+        bound = "held" if decision.held else ("shortfall" if decision.shortfall else "slo")
+        DECISIONS.labels(ns, name, bound).inc()
+        event = decision_event(decision, previous)
+        if event is not None:
+            post_event(self.kube, body, Event(*event), now_rfc3339())
+
+    def _actuate(self, body, spec, pods, listed, targets, now) -> None:  # type: ignore[no-untyped-def]
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        replicas: dict[str, int] = {}
+        for role in ROLES:
+            TARGET.labels(ns, name, role).set(targets[role])
+            deployment = self.apps.read_namespaced_deployment(names.child_name(name, role), ns)
+            current = deployment.spec.replicas or 0
+            views = [
+                replace(p, in_flight=engine_in_flight(p.ip, spec.engine.port),
+                        in_router=listed is None
+                        or normalize_url(f"http://{p.ip}:{spec.engine.port}") in listed)
+                if p.draining else p
+                for p in pods[role]
+            ]
+            actions = plan_role_actions(
+                role, targets[role], views, current, now_seconds=now,
+                drain_timeout_seconds=float(spec.decode.pre_stop_drain_seconds if role == "decode"
+                                            else spec.prefill.pre_stop_drain_seconds) * 5,
+            )
+            for pod in actions.undrain:
+                self._mark(ns, pod, draining_since=None)
+            for pod in actions.start_drain:
+                self._mark(ns, pod, draining_since=now)
+                post_event(self.kube, body, Event("Normal", "DrainStarted",
+                                                  f"{role} pod {pod}: out of the router, draining"), now_rfc3339())
+            for pod in actions.finish_drain:
+                post_event(self.kube, body, Event("Normal", "DrainFinished",
+                                                  f"{role} pod {pod}: drained, removing"), now_rfc3339())
+            replicas[role] = current if actions.replicas is None else actions.replicas
+        planned = (body.get("status") or {}).get("planner", {}).get("replicas")
+        if planned != replicas:
+            # The reconcile applies these to the Deployments (one writer, one field manager).
+            self.kube.patch_status(ns, name, {"planner": {"replicas": replicas}})
+            from .reconcile import reconcile
+
+            fresh = self.kube.get("PDCluster", ns, name)
+            if fresh is not None:
+                reconcile(self.kube, fresh, now_rfc3339())
+
+    def _mark(self, ns: str, pod: str, *, draining_since: float | None) -> None:
+        annotations: dict[str, str | None] = {
+            DRAINING_ANNOTATION: None if draining_since is None else f"{draining_since:.3f}",
+            DELETION_COST_ANNOTATION: None if draining_since is None else str(DRAINING_DELETION_COST),
+        }
+        self.core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": annotations}})
+
+
+async def run_forever(loop: PlannerLoop) -> None:
+    while True:
+        await asyncio.sleep(TICK_SECONDS)
+        try:
+            await asyncio.to_thread(loop.tick_all)
+        except ApiException as exc:
+            log.warning("planner loop: listing PDClusters failed: HTTP %s", exc.status)
+
+
+# -- kopf wiring (imported by handlers.py, so `kopf run -m pdscale.operator.handlers` runs it) --
+def _api_client() -> client.ApiClient:
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+@kopf.on.startup()
+async def start_planner(memo: kopf.Memo, **_: Any) -> None:
+    port = os.environ.get("PDSCALE_METRICS_PORT")
+    if port:
+        # The operator's own metrics: decisions, predicted vs observed latency, time per plan.
+        start_http_server(int(port), addr=os.environ.get("PDSCALE_METRICS_HOST", "0.0.0.0"))
+    memo.planner_task = asyncio.create_task(run_forever(PlannerLoop(_api_client())))
+
+
+@kopf.on.cleanup()
+async def stop_planner(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "planner_task", None)
+    if task is not None:
+        task.cancel()
