@@ -25,6 +25,7 @@ from .pdcluster import (
     PlannerMode,
     RoleParallelism,
     RoleSpec,
+    RoutingPolicy,
     TransferBackend,
 )
 
@@ -275,6 +276,14 @@ def check(spec: PDClusterSpec) -> list[Problem]:
             out.append(Problem("spec.model.path",
                                f"{spec.model.path!r} is not under weights.mountPath "
                                f"{weights.mount_path!r}"))
+    # Router policies. The router starts with no workers (the operator adds them through its
+    # worker API), and sglang-router refuses power-of-two with fewer than two workers at start.
+    for role in ("prefill", "decode"):
+        if getattr(spec.router, f"{role}_policy") is RoutingPolicy.POWER_OF_TWO:
+            out.append(Problem(f"spec.router.{role}Policy",
+                               "PowerOfTwo is refused by the router when it starts with fewer "
+                               "than 2 workers, and pdscale starts it with none (workers join "
+                               "as they become Ready); use RoundRobin, Random or CacheAware"))
     # Router ports.
     if spec.router.port == spec.router.metrics_port:
         out.append(Problem("spec.router.metricsPort", "collides with router.port"))

@@ -295,27 +295,34 @@ class KVTransferSpec(_Model):
     bootstrap_timeout_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT. Unset: derived; shorter than the "
-        "slowest prefill is rejected.",
+        description="Seconds prefill waits for decode's KV indices "
+        "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT). Unset: derived from the max context; "
+        "shorter than the slowest prefill is rejected.",
     )
     waiting_timeout_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="SGLANG_DISAGGREGATION_WAITING_TIMEOUT. Unset: derived; shorter than the "
-        "slowest prefill is rejected.",
+        description="Seconds decode waits for the KV after init "
+        "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT). Unset: derived from the max context; "
+        "shorter than the slowest prefill is rejected.",
     )
     heartbeat_interval_seconds: int = Field(
-        default=5, ge=1, le=300, description="SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL."
+        default=5, ge=1, le=300,
+        description="How often decode pings each prefill's bootstrap server, in seconds "
+        "(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL)."
     )
     heartbeat_max_failures: int = Field(
-        default=2, ge=1, le=100, description="SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE."
+        default=2, ge=1, le=100,
+        description="Missed heartbeats before decode marks a prefill offline "
+        "(SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE)."
     )
     decoder_kv_blocks_ttl_seconds: int | None = Field(
         default=None,
         alias="decoderKVBlocksTTLSeconds",
         ge=1,
-        description="vLLM NIXL decoder_kv_blocks_ttl: how long prefill keeps blocks for decode. "
-        "Unset: derived (at least 480); shorter than the longest decode wait is rejected.",
+        description="Seconds prefill keeps KV blocks for decode to pull (vLLM NIXL "
+        "decoder_kv_blocks_ttl). Unset: derived (at least 480); shorter than the longest decode "
+        "wait is rejected.",
     )
 
 
@@ -440,7 +447,9 @@ class RouterSpec(_Model):
         default=RoutingPolicy.CACHE_AWARE, description="How a prefill worker is chosen."
     )
     decode_policy: RoutingPolicy = Field(
-        default=RoutingPolicy.POWER_OF_TWO, description="How a decode worker is chosen."
+        default=RoutingPolicy.ROUND_ROBIN,
+        description="How a decode worker is chosen. PowerOfTwo is refused: the router starts "
+        "with no workers and rejects it below two.",
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra router arguments.")
 

@@ -186,8 +186,54 @@ def test_sglang_router_starts_in_pd_mode_with_no_workers_of_its_own(sglang_child
     assert parsed.pd_disaggregation
     assert not parsed.service_discovery
     assert not parsed.prefill_urls and not parsed.decode_urls and not parsed.worker_urls
-    assert parsed.prefill_policy == "cache_aware" and parsed.decode_policy == "power_of_two"
+    assert parsed.prefill_policy == "cache_aware" and parsed.decode_policy == "round_robin"
     assert parsed.port == 30000
+
+
+@pytest.mark.slow
+def test_the_real_router_starts_with_the_rendered_arguments(sglang_children, tmp_path):
+    """sglang-router validates its policies at start (power-of-two needs two workers): the
+    arguments we render must start the real binary, with no worker at all."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    c = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
+    args = list(c["args"])
+    for flag in ("--host", "--prometheus-host"):
+        args[args.index(flag) + 1] = "127.0.0.1"
+    port = args[args.index("--port") + 1] = str(_free_port())
+    args[args.index("--prometheus-port") + 1] = str(_free_port())
+    log = tmp_path / "router.log"
+    with open(log, "wb") as out:
+        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *args],
+                                  stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                  env={**os.environ, "PYTHONSAFEPATH": "1"})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert router.poll() is None, f"router exited: {log.read_text()[-500:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers", timeout=1) as r:
+                    assert json.loads(r.read())["total"] == 0
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"router not answering: {log.read_text()[-500:]}"
+                time.sleep(0.2)
+    finally:
+        router.terminate()
+        router.wait(timeout=10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_router_identity_has_no_permissions(sglang_children):

@@ -284,6 +284,12 @@ def test_planner_needs_prometheus_when_on():
     ]
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_power_of_two_routing_is_refused_because_the_router_starts_empty(role):
+    (problem,) = _problems(_with(SGLANG, **{f"router.{role}Policy": "PowerOfTwo"}))
+    assert problem.startswith(f"spec.router.{role}Policy: PowerOfTwo is refused by the router")
+
+
 def test_node_budget_must_hold_the_minimum_fleet():
     raw = _with(SGLANG, **{"planner.nodeBudget": 1})
     assert _problems(raw) == [
