@@ -183,7 +183,9 @@ def main() -> int:
     try:
         op_kubeconfig = operator_kubeconfig(admin, workdir / "operator.kubeconfig")
         _install(admin)
-        nodes = ensure_h200_nodes(admin, 2, POOL)
+        # Two nodes per latency run: a deleted run's pods keep their nodes through their
+        # termination grace, and the next run must not wait for them.
+        nodes = ensure_h200_nodes(admin, 2 * (args.latency_runs + 1), POOL)
         wait_nodes_ready(admin, [*nodes, "cpu-bench-000"])
         api = api_client(admin)
         core = client.CoreV1Api(api)
