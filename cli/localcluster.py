@@ -433,10 +433,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         started = time.monotonic()
         cluster.start(progress=True)
-        from .testbed import ensure_h200_nodes, wait_nodes_ready
+        from .testbed import ensure_cpu_nodes, ensure_h200_nodes, wait_nodes_ready
         names = ensure_h200_nodes(cluster.kubeconfig, args.nodes)
-        wait_nodes_ready(cluster.kubeconfig, names)
-        print(f"[cluster] {len(names)} fake 8xH200 nodes Ready; up in "
+        cpus = ensure_cpu_nodes(cluster.kubeconfig, 2)
+        wait_nodes_ready(cluster.kubeconfig, names + cpus)
+        print(f"[cluster] {len(names)} fake 8xH200 nodes and {len(cpus)} CPU nodes Ready; up in "
               f"{time.monotonic() - started:.1f}s", file=sys.stderr)
     except ClusterError as exc:
         print(f"pdscale cluster up: {exc}", file=sys.stderr)

@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "cluster": ("pdscale.localcluster", "start, stop or inspect the local control plane"),
     "render": ("pdscale.render", "print the manifests the operator would create for a PDCluster"),
     "replay": ("pdscale.replay", "replay a trace through the planner on a simulated fleet"),
+    "demo": ("pdscale.demo", "the whole loop here: cluster, operator, router, simulated fleet, phased load"),
 }
 
 

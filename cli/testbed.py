@@ -61,19 +61,40 @@ def h200_node(name: str, pool: str) -> dict:
     }
 
 
+def cpu_node(name: str, pool: str) -> dict:
+    """A fake CPU node (no GPU, no taint): where routers and other non-GPU pods land."""
+    node = h200_node(name, pool)
+    labels = node["metadata"]["labels"]
+    for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory"):
+        labels.pop(key)
+    labels["node.kubernetes.io/instance-type"] = "cpu-64"
+    node["spec"] = {}
+    capacity = {"cpu": "64", "memory": "256Gi", "ephemeral-storage": "2Ti", "pods": "110"}
+    node["status"] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
+    return node
+
+
 def ensure_h200_nodes(kubeconfig: Path, count: int, pool: str = "default") -> list[str]:
     """Create fake 8xH200 nodes ``h200-<pool>-<i>`` for i < count (existing ones are kept)."""
+    return _ensure_nodes(kubeconfig, [h200_node(f"h200-{pool}-{i:03d}", pool) for i in range(count)])
+
+
+def ensure_cpu_nodes(kubeconfig: Path, count: int, pool: str = "default") -> list[str]:
+    """Create fake CPU nodes ``cpu-<pool>-<i>`` for i < count (existing ones are kept)."""
+    return _ensure_nodes(kubeconfig, [cpu_node(f"cpu-{pool}-{i:03d}", pool) for i in range(count)])
+
+
+def _ensure_nodes(kubeconfig: Path, nodes: list[dict]) -> list[str]:
     api = client.CoreV1Api(api_client(kubeconfig))
-    names = [f"h200-{pool}-{i:03d}" for i in range(count)]
-    existing = {n.metadata.name for n in api.list_node(label_selector=f"{POOL_LABEL}={pool}").items}
-    for name in names:
-        if name not in existing:
+    existing = {n.metadata.name for n in api.list_node().items}
+    for node in nodes:
+        if node["metadata"]["name"] not in existing:
             try:
-                api.create_node(h200_node(name, pool))
+                api.create_node(node)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-    return names
+    return [n["metadata"]["name"] for n in nodes]
 
 
 def wait_nodes_ready(kubeconfig: Path, names: list[str], timeout_seconds: float = 60) -> None:

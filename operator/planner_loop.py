@@ -225,7 +225,8 @@ class PlannerLoop:
             role_state(pods["decode"], now, spec.decode.warmup_seconds),
         )
         decision = plan(obs, config=config, history=history, now=now)
-        history = history.record(current_load(obs, config.max_age_seconds), decision)
+        history = history.record(current_load(obs, config.max_age_seconds,
+                                              backlog_seconds=config.backlog_seconds), decision)
         self._save_memory(body, history_to_json(history, now))
         PLAN_SECONDS.labels(ns, name).observe(time.monotonic() - started)
         self._report(body, spec, decision, previous, snapshot, obs)

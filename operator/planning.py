@@ -58,6 +58,9 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         max_decode=spec.decode.max_replicas,
         stabilization_window_seconds=float(p.stabilization_window_seconds),
         decode_drain_seconds=float(spec.decode.pre_stop_drain_seconds),
+        # A live fleet counts completions: a prefill backlog must read as load (one interval
+        # to clear it), and a stall with no completions must not hold the plan.
+        backlog_seconds=float(p.interval_seconds),
     )
 
 

@@ -46,7 +46,13 @@ READINGS = (
 # mode receives the request at the same time as prefill, so its TTFT includes bootstrap,
 # prefill and KV transfer.
 SGLANG_QUERIES: Mapping[str, str] = {
-    "rate_rps": 'sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))',
+    # Arrivals at the router where it is scraped (role="router"); engines count a request
+    # only when it completes, which under overload is the rate served, not the rate offered.
+    "rate_rps": (
+        'sum(rate(smg_http_requests_total{{{sel},role="router",method="POST",'
+        'path=~"/generate|/v1/chat/completions|/v1/completions"}}[{window}]))'
+        ' or sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))'
+    ),
     "mean_input_tokens": (
         'sum(rate(sglang:prompt_tokens_total{{{sel},role="prefill"}}[{window}]))'
         ' / sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))'

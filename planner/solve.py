@@ -78,6 +78,10 @@ class PlannerConfig:
     role_switch_penalty: float = 1.0
     #: readings older than this are unknown
     max_age_seconds: float = 180.0
+    #: live fleets: requests queued at prefill count as arrivals to serve within this many
+    #: seconds, and unknown lengths fall back to the last known ones (see current_load);
+    #: None for replays, whose observations are exact
+    backlog_seconds: float | None = None
     #: expected drain of a decode instance being removed; None = from the load (2x mean output
     #: at the TPOT target)
     decode_drain_seconds: float | None = None
@@ -103,8 +107,21 @@ class History:
         )
 
 
-def current_load(obs: Observation, max_age_seconds: float) -> Load | None:
-    """The observed load, or ``None`` if the rate or a length is unknown or stale."""
+def current_load(
+    obs: Observation,
+    max_age_seconds: float,
+    *,
+    backlog_seconds: float | None = None,
+    last_known: Load | None = None,
+) -> Load | None:
+    """The observed load, or ``None`` if the rate is unknown or stale.
+
+    Engines count a request when it completes, so an overloaded fleet shows the rate it
+    serves, not the rate that arrives, and no lengths at all once nothing completes. Two
+    corrections keep overload visible: with ``backlog_seconds``, the requests queued at
+    prefill count as extra arrivals to serve within that time; and when the rate is known but
+    a length is not, the ``last_known`` load's lengths stand in (lengths move slowly; a rate
+    read as zero or a plan held because nothing finished would starve the fleet)."""
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
@@ -115,8 +132,14 @@ def current_load(obs: Observation, max_age_seconds: float) -> Load | None:
     osl = get(obs.mean_output_tokens)
     if rate is None:
         return None
+    backlog = get(obs.prefill.queue_depth)
+    if backlog_seconds and backlog and backlog > 0:
+        rate += backlog / backlog_seconds
     if rate > 0 and (isl is None or osl is None):
-        return None
+        if last_known is None:
+            return None
+        isl = last_known.mean_input_tokens if isl is None else isl
+        osl = last_known.mean_output_tokens if osl is None else osl
     hit = get(obs.prefix_hit_rate)
     peak = get(obs.peak_rate_rps)
     return Load(
@@ -160,7 +183,11 @@ def plan(
     True
     """
     cfg = config
-    load = current_load(observation, cfg.max_age_seconds)
+    last_known = None
+    if cfg.backlog_seconds is not None:
+        last_known = next((x for x in reversed(history.loads) if x is not None and x.rate_rps > 0), None)
+    load = current_load(observation, cfg.max_age_seconds, backlog_seconds=cfg.backlog_seconds,
+                        last_known=last_known)
     if load is None:
         return _hold(observation, history, now, "load metrics unknown or stale")
 

@@ -1,0 +1,310 @@
+"""The main job, here: the whole product on this machine, under a phase-changing load.
+
+A local Kubernetes with 24 fake 8xH200 nodes, a real Prometheus, the Helm chart, the operator
+and a sample PDCluster in planner mode Auto; simulated SGLang engines behind the real SGLang
+router; a load that moves from chat (decode-heavy) to long documents (prefill-heavy) to coding
+agents (decode-heavy again). A live table shows the load, the prefill (x) and decode (y)
+counts, TTFT/TPOT at the client and the planner's decisions. At the end: a PNG plot and a
+one-paragraph summary (and a JSON record).
+
+The demo's instances are the ``demo-sim`` profile (planner/profiles/demo-sim.yaml): small
+enough that a few requests per second through the real router need several instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from .loadgen import Phase, RequestRecord, percentile, plan_requests, send_one
+from .stack import Stack
+from .testbed import api_client
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "demo-sim.yaml"
+GROUP, VERSION, PLURAL = "pdscale.io", "v1alpha1", "pdclusters"
+
+#: The seed's three phases (domain.md), in the demo-sim profile's units: a tenth of the tokens,
+#: rates a laptop's router and engines can carry.
+DEMO_PHASES = (
+    Phase("chat", 90.0, 6.0, 200, 100, 0.6),
+    Phase("long-documents", 90.0, 3.0, 2000, 10, 0.2),
+    Phase("agents", 90.0, 4.0, 600, 200, 0.8),
+)
+
+
+@dataclass
+class Sample:
+    """What the live table and the plot show, every couple of seconds."""
+
+    t_seconds: float
+    phase: str
+    prefill_ready: int
+    decode_ready: int
+    prefill_target: int | None
+    decode_target: int | None
+    decision: str
+    explanation: str
+    router_workers: int
+
+
+@dataclass
+class DemoResult:
+    phases: list[dict[str, Any]]
+    samples: list[Sample] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+
+    def summary(self, slo_ttft: float, slo_tpot: float) -> dict[str, Any]:
+        ok = [r for r in self.records if r.ok]
+        within = [r for r in ok if (r.ttft_seconds or 0) <= slo_ttft
+                  and (r.tpot_seconds is None or r.tpot_seconds <= slo_tpot)]
+        node_seconds = 0.0
+        for a, b in zip(self.samples, self.samples[1:], strict=False):
+            node_seconds += (a.prefill_ready + a.decode_ready) * (b.t_seconds - a.t_seconds)
+        return {
+            "requests": len(self.records),
+            "failed": len(self.records) - len(ok),
+            "slo_attainment": len(within) / len(self.records) if self.records else None,
+            "ttft_p90_seconds": percentile([r.ttft_seconds for r in ok if r.ttft_seconds], 90),
+            "tpot_p90_seconds": percentile([r.tpot_seconds for r in ok if r.tpot_seconds], 90),
+            "gpu_hours_ready": node_seconds * 8 / 3600,
+            "splits": {p["name"]: self.split_at_end(p["name"]) for p in self.phases},
+        }
+
+    def split_at_end(self, phase: str) -> str | None:
+        last = [s for s in self.samples if s.phase == phase]
+        return f"{last[-1].prefill_ready}P{last[-1].decode_ready}D" if last else None
+
+
+def load_pdcluster(name: str, namespace: str, prometheus_url: str) -> dict[str, Any]:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"] = {"name": name, "namespace": namespace}
+    body["spec"]["planner"]["prometheusURL"] = prometheus_url
+    return body
+
+
+def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, timeout: float = 180) -> str:
+    """The router pod's address once its router serves: it answers and lists at least one
+    prefill and one decode worker (the first instances have warmed up and joined)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector=f"app.kubernetes.io/instance={name},pdscale.io/role=router").items
+        for p in pods:
+            if p.status.pod_ip:
+                url = f"http://{p.status.pod_ip}:{port}"
+                try:
+                    with urllib.request.urlopen(f"{url}/workers", timeout=2) as r:
+                        stats = json.loads(r.read()).get("stats") or {}
+                except (OSError, ValueError):
+                    continue
+                if stats.get("prefill_count", 0) >= 1 and stats.get("decode_count", 0) >= 1:
+                    return url
+        time.sleep(1)
+    raise TimeoutError(f"the router of {namespace}/{name} had no prefill and decode worker "
+                       f"within {timeout:.0f}s")
+
+
+def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str, name: str,
+           t: float, phase: str, router: str) -> Sample:
+    import urllib.request
+
+    body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    status = body.get("status") or {}
+    planner = status.get("planner") or {}
+    recommended = planner.get("recommended") or {}
+
+    def serving(role: str) -> int:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector=f"app.kubernetes.io/instance={name},pdscale.io/role={role}").items
+        return sum(1 for p in pods if p.metadata.deletion_timestamp is None
+                   and not (p.metadata.annotations or {}).get("pdscale.io/draining-since")
+                   and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])))
+
+    try:
+        with urllib.request.urlopen(f"{router}/workers", timeout=2) as r:
+            workers = int(json.loads(r.read()).get("total", 0))
+    except OSError:
+        workers = -1
+    return Sample(t, phase, serving("prefill"), serving("decode"), recommended.get("prefill"),
+                  recommended.get("decode"), planner.get("lastDecision", "-"),
+                  planner.get("explanation", ""), workers)
+
+
+def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
+          on_sample=None, sample_seconds: float = 2.0, seed: int = 7) -> DemoResult:  # type: ignore[no-untyped-def]
+    """Apply the PDCluster, wait for its router, run the phases, sample the fleet."""
+    assert stack.kubeconfig is not None and stack.prometheus is not None
+    api = api_client(stack.kubeconfig)
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    body = load_pdcluster(name, namespace, stack.prometheus.url)
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    url = router_url(core, namespace, name, body["spec"]["router"]["port"])
+    result = DemoResult(phases=[asdict(p) for p in phases])
+    specs = plan_requests(phases, seed=seed)
+    ends, total = [], 0.0
+    for p in phases:
+        total += p.duration_seconds
+        ends.append((total, p.name))
+
+    def phase_at(t: float) -> str:
+        return next((n for end, n in ends if t < end), phases[-1].name)
+
+    async def load() -> None:
+        from aiohttp import ClientSession, TCPConnector
+
+        async with ClientSession(connector=TCPConnector(limit=0)) as session:
+            start = time.monotonic()
+
+            async def one(spec):  # type: ignore[no-untyped-def]
+                await asyncio.sleep(max(spec.at_seconds - (time.monotonic() - start), 0.0))
+                record = await send_one(session, url, "chat", spec, "sim-model", start, 120.0)
+                result.records.append(record)
+
+            await asyncio.gather(*(one(s) for s in specs))
+
+    started = time.monotonic()
+    loader = threading.Thread(target=lambda: asyncio.run(load()), name="load", daemon=True)
+    loader.start()
+    while loader.is_alive():
+        t = time.monotonic() - started
+        s = sample(custom, core, namespace, name, t, phase_at(t), url)
+        result.samples.append(s)
+        if on_sample is not None:
+            on_sample(s, result)
+        loader.join(timeout=sample_seconds)
+    return result
+
+
+# -------------------------------------------------------------------- output
+def plot(result: DemoResult, path: Path, slo_ttft: float, slo_tpot: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_load, ax_fleet, ax_lat) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    window = 10.0
+    horizon = max((s.t_seconds for s in result.samples), default=0.0)
+    bins = [i * window for i in range(int(horizon // window) + 2)]
+    sent = [sum(1 for r in result.records if b <= r.sent_seconds < b + window) / window for b in bins]
+    ax_load.step(bins, sent, where="post", color="black")
+    ax_load.set_ylabel("requests/s sent")
+    start = 0.0
+    for i, p in enumerate(result.phases):
+        for ax in (ax_load, ax_fleet, ax_lat):
+            ax.axvspan(start, start + p["duration_seconds"], alpha=0.08 if i % 2 else 0.0, color="grey")
+        ax_load.text(start + 2, max(sent or [1]) * 0.9, p["name"], fontsize=9)
+        start += p["duration_seconds"]
+    t = [s.t_seconds for s in result.samples]
+    ax_fleet.plot(t, [s.prefill_ready for s in result.samples], label="prefill ready (x)", color="tab:blue")
+    ax_fleet.plot(t, [s.decode_ready for s in result.samples], label="decode ready (y)", color="tab:orange")
+    ax_fleet.plot(t, [s.prefill_target for s in result.samples], "--", label="prefill decided", color="tab:blue")
+    ax_fleet.plot(t, [s.decode_target for s in result.samples], "--", label="decode decided", color="tab:orange")
+    ax_fleet.set_ylabel("instances (8xH200 nodes)")
+    ax_fleet.legend(loc="upper left", fontsize=8)
+    ok = [r for r in result.records if r.ok]
+
+    def windowed(values: list[tuple[float, float]]) -> list[float | None]:
+        return [percentile([v for ts, v in values if b <= ts < b + window], 90) for b in bins]
+
+    ttft = windowed([(r.sent_seconds, r.ttft_seconds) for r in ok if r.ttft_seconds is not None])
+    tpot = windowed([(r.sent_seconds, r.tpot_seconds) for r in ok if r.tpot_seconds is not None])
+    ax_lat.plot(bins, ttft, label="TTFT p90 (s)", color="tab:green")
+    ax_lat.axhline(slo_ttft, ls=":", color="tab:green", label="TTFT SLO")
+    ax_tpot = ax_lat.twinx()
+    ax_tpot.plot(bins, [v * 1000 if v is not None else None for v in tpot], label="TPOT p90 (ms)", color="tab:red")
+    ax_tpot.axhline(slo_tpot * 1000, ls=":", color="tab:red", label="TPOT SLO")
+    ax_lat.set_ylabel("TTFT p90 (s)")
+    ax_tpot.set_ylabel("TPOT p90 (ms)")
+    ax_lat.set_xlabel("seconds")
+    ax_lat.legend(loc="upper left", fontsize=8)
+    ax_tpot.legend(loc="upper right", fontsize=8)
+    fig.suptitle("pdscale demo: the planner moves prefill/decode with the load (measured at the client)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_paragraph(s: dict[str, Any]) -> str:
+    att = f"{s['slo_attainment']:.1%}" if s["slo_attainment"] is not None else "n/a"
+    splits = ", ".join(f"{k} {v}" for k, v in s["splits"].items())
+    return (f"{s['requests']} requests went through the real SGLang router to simulated engines; "
+            f"{s['failed']} failed. {att} met both SLOs (TTFT p90 "
+            f"{s['ttft_p90_seconds'] or float('nan'):.2f} s, TPOT p90 "
+            f"{(s['tpot_p90_seconds'] or float('nan')) * 1000:.0f} ms at the client). The fleet "
+            f"ended each phase at: {splits}, using {s['gpu_hours_ready']:.2f} GPU-hours of Ready "
+            f"instances.")
+
+
+# -------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for the plot, JSON, logs")
+    parser.add_argument("--nodes", type=int, default=24, help="fake 8xH200 nodes (default 24)")
+    parser.add_argument("--phase-seconds", type=float, default=90.0, help="length of each load phase")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    console = Console()
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds the stack: every process started is stopped
+
+    signal.signal(signal.SIGTERM, interrupted)
+    phases = tuple(Phase(p.name, args.phase_seconds, p.rate_rps, p.mean_input_tokens,
+                         p.mean_output_tokens, p.prefix_share) for p in DEMO_PHASES)
+    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    slo_ttft = spec["slo"]["ttftMilliseconds"] / 1000
+    slo_tpot = spec["slo"]["tpotMilliseconds"] / 1000
+    args.out.mkdir(parents=True, exist_ok=True)
+    with Stack(workdir=args.out / "stack", nodes=args.nodes, profile="demo-sim") as stack:
+        table_rows: list[tuple[str, ...]] = []
+
+        def render() -> Table:
+            table = Table(title="pdscale planner at work (PDCluster default/demo, mode Auto)")
+            for col in ("t", "phase", "sent/s", "x ready", "y ready", "decided", "TTFT p90",
+                        "TPOT p90", "failed", "why"):
+                table.add_column(col, overflow="fold", max_width=48 if col == "why" else None)
+            for row in table_rows[-15:]:
+                table.add_row(*row)
+            return table
+
+        with Live(render(), console=console, refresh_per_second=2) as live:
+            def on_sample(s: Sample, result: DemoResult) -> None:
+                recent = [r for r in result.records if r.sent_seconds >= s.t_seconds - 10]
+                ok = [r for r in recent if r.ok]
+                ttft = percentile([r.ttft_seconds for r in ok if r.ttft_seconds], 90)
+                tpot = percentile([r.tpot_seconds for r in ok if r.tpot_seconds], 90)
+                table_rows.append((
+                    f"{s.t_seconds:5.0f}", s.phase, f"{len(recent) / 10:.1f}", str(s.prefill_ready),
+                    str(s.decode_ready), s.decision, f"{ttft:.2f}s" if ttft else "-",
+                    f"{tpot * 1000:.0f}ms" if tpot else "-",
+                    str(sum(1 for r in result.records if not r.ok)), s.explanation[:140]))
+                live.update(render())
+
+            result = drive(stack, "default", "demo", phases, on_sample=on_sample)
+    summary = result.summary(slo_ttft, slo_tpot)
+    plot_path = args.out / "demo.png"
+    plot(result, plot_path, slo_ttft, slo_tpot)
+    (args.out / "demo.json").write_text(json.dumps(
+        {"summary": summary, "phases": result.phases,
+         "samples": [asdict(s) for s in result.samples]}, indent=2))
+    console.print(summary_paragraph(summary))
+    console.print(f"plot: {plot_path}   data: {args.out / 'demo.json'}   logs: {args.out / 'stack'}")
+    return 0 if summary["failed"] == 0 else 1

@@ -1,0 +1,193 @@
+"""The simulated fleet: what a GPU node would run for each pod the operator creates.
+
+It follows the pods of PDClusters on the cluster (kwok makes them Running and Ready on fake
+8xH200 nodes, with loopback pod IPs) and, for each one, runs the program the pod stands for,
+bound to the pod's IP:
+
+- prefill and decode pods: a simulated SGLang engine (``pdscale.simengine``), timed by the
+  planner's performance model and time-compressed, with its warm-up;
+- router pods: the real SGLang router (``sglang-router``), started with the arguments the
+  operator rendered into the pod.
+
+A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
+would. Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
+role, as a PodMonitor would.
+
+Processes, not threads: each engine is its own process so that two cores share the load and
+a pod's death is a process's death.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes import client
+
+from .localcluster import _die_with_parent
+from .localprometheus import LocalPrometheus
+from .testbed import api_client
+
+MANAGED_BY = "app.kubernetes.io/managed-by=pdscale-operator"
+LABEL_ROLE = "pdscale.io/role"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+READY_DELAY_ANNOTATION = "pdscale.io/simulated-ready-delay-seconds"
+
+@dataclass
+class Running:
+    pod: str
+    role: str
+    ip: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    instance: str = ""
+    port: int = 0
+    stopping: bool = False
+
+
+@dataclass
+class SimFleet:
+    kubeconfig: Path
+    workdir: Path
+    namespaces: list[str] | None = None  # None = every namespace
+    prometheus: LocalPrometheus | None = None
+    time_compression: float = 10.0
+    profile: str | None = None
+    poll_seconds: float = 0.5
+    running: dict[str, Running] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.core = client.CoreV1Api(api_client(self.kubeconfig))
+        self._thread = threading.Thread(target=self._loop, name="simfleet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for r in list(self.running.values()):
+            self._terminate(r)
+        deadline = time.monotonic() + 15
+        for r in list(self.running.values()):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                r.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            if r.process.poll() is None:
+                r.process.kill()
+                r.process.wait()
+        self.running.clear()
+
+    # ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as exc:  # the API server restarting must not end the fleet
+                print(f"[simfleet] sync failed: {exc}", file=sys.stderr)
+            self._stop.wait(self.poll_seconds)
+
+    def _pods(self) -> list[client.V1Pod]:
+        if self.namespaces is None:
+            return list(self.core.list_pod_for_all_namespaces(label_selector=MANAGED_BY).items)
+        pods: list[client.V1Pod] = []
+        for ns in self.namespaces:
+            pods += self.core.list_namespaced_pod(ns, label_selector=MANAGED_BY).items
+        return pods
+
+    def sync(self) -> None:
+        seen = set()
+        for pod in self._pods():
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            role = (pod.metadata.labels or {}).get(LABEL_ROLE)
+            if role not in ("prefill", "decode", "router") or not pod.status.pod_ip:
+                continue
+            seen.add(key)
+            current = self.running.get(key)
+            if pod.metadata.deletion_timestamp is not None:
+                if current is not None:
+                    self._terminate(current)
+                continue
+            if current is None or (current.process.poll() is not None and not current.stopping):
+                self.running[key] = self._launch(pod, role)
+        for key, r in list(self.running.items()):
+            if key not in seen:
+                self._terminate(r)
+            if r.process.poll() is not None and (r.stopping or key not in seen):
+                del self.running[key]
+        self._publish_targets()
+
+    def _launch(self, pod: client.V1Pod, role: str) -> Running:
+        ip = pod.status.pod_ip
+        container = pod.spec.containers[0]
+        ports = {p.name: p.container_port for p in (container.ports or [])}
+        log = self.workdir / f"{pod.metadata.namespace}.{pod.metadata.name}.log"
+        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        if role == "router":
+            args = list(container.args or [])
+            for flag in ("--host", "--prometheus-host"):
+                if flag in args:
+                    args[args.index(flag) + 1] = ip
+            cmd = [sys.executable, "-m", "sglang_router.launch_router", *args]
+            # Second guard after the engines' local model path: the router's hub client
+            # honours HF_ENDPOINT, here a closed loopback port.
+            env["HF_ENDPOINT"] = "http://127.0.0.1:9"
+        else:
+            annotations = pod.metadata.annotations or {}
+            port = ports.get("http") or next(iter(ports.values()), 8000)
+            cmd = [sys.executable, "-m", "pdscale.simengine", "--role", role, "--host", ip,
+                   "--port", str(port), "--time-compression", str(self.time_compression),
+                   # The pod turns Ready after this delay (kwok); the engine answers /health
+                   # from the same moment.
+                   "--startup-seconds", annotations.get(READY_DELAY_ANNOTATION, "0"),
+                   "--drain-timeout-seconds", "600",
+                   # A local model folder with a tokenizer.json: the router loads the
+                   # tokenizer from it instead of asking the Hugging Face hub.
+                   "--model-path", str(self.workdir / "model")]
+            if role == "prefill":
+                cmd += ["--bootstrap-port", annotations.get(BOOTSTRAP_ANNOTATION, "8998")]
+            if self.profile:
+                cmd += ["--profile", self.profile]
+        with open(log, "ab") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
+                                       start_new_session=True, preexec_fn=_die_with_parent)
+        instance = (pod.metadata.labels or {}).get(LABEL_INSTANCE, "")
+        # Prometheus scrapes an engine on its HTTP port and a router on its metrics port.
+        port = ports.get("metrics", 0) if role == "router" else int(cmd[cmd.index("--port") + 1])
+        return Running(pod.metadata.name, role, ip, process, log, instance, port)
+
+    def _terminate(self, r: Running) -> None:
+        if not r.stopping and r.process.poll() is None:
+            r.process.send_signal(signal.SIGTERM)  # an engine drains, then exits
+        r.stopping = True
+
+    def _publish_targets(self) -> None:
+        if self.prometheus is None:
+            return
+        by_job: dict[tuple[str, str, str], list[str]] = {}
+        for key, r in self.running.items():
+            if r.stopping or not r.port:
+                continue
+            ns = key.split("/", 1)[0]
+            by_job.setdefault((ns, r.instance, r.role), []).append(f"{r.ip}:{r.port}")
+        for (ns, instance, role), targets in by_job.items():
+            job = f"fleet.{ns}.{instance}.{role}"
+            if self.prometheus.jobs.get(job) != sorted(targets):
+                self.prometheus.set_targets(job, sorted(targets),
+                                            {"namespace": ns, "pdcluster": instance, "role": role})
+        for job in list(self.prometheus.jobs):
+            if not job.startswith("fleet."):
+                continue  # not ours (the operator's own metrics, say)
+            _, ns, instance, role = job.split(".", 3)
+            if (ns, instance, role) not in by_job and self.prometheus.jobs[job]:
+                self.prometheus.set_targets(job, [])

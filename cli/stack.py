@@ -1,0 +1,181 @@
+"""The whole product running here, for the demo and the end-to-end tests: a cluster with fake
+8xH200 nodes, a real Prometheus, the Helm chart installed, the operator running under the
+chart's ServiceAccount, and the simulated fleet following the operator's pods.
+
+The operator runs as a local process rather than in its (fake) pod: kwok pods run nothing.
+It uses a token of the ServiceAccount the chart created, so it has exactly the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from kubernetes import client
+
+from .localcluster import DEFAULT_BIN_DIR, ClusterError, LocalCluster, _die_with_parent, free_port
+from .localprometheus import LocalPrometheus
+from .simfleet import SimFleet
+from .testbed import api_client, ensure_cpu_nodes, ensure_h200_nodes, wait_nodes_ready
+
+CHART = Path(__file__).resolve().parent.parent / "charts" / "pdscale"
+OPERATOR_SERVICE_ACCOUNT = "pdscale-operator"
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    nodes: int = 24
+    #: namespace of the Helm release (and of the operator's ServiceAccount)
+    release_namespace: str = "pdscale-system"
+    release: str = "pdscale"
+    #: seconds between the operator's planner ticks (drains, router sync)
+    planner_tick_seconds: float = 2.0
+    profile: str | None = None
+    progress: bool = True
+    kubeconfig: Path | None = None
+    local: LocalCluster | None = None
+    prometheus: LocalPrometheus | None = None
+    fleet: SimFleet | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    operator_metrics_port: int = 0
+    _cleanups: list[str] = field(default_factory=list)
+
+    def say(self, message: str) -> None:
+        if self.progress:
+            print(f"[stack] {message}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------------------------
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        existing = os.environ.get("KUBECONFIG")
+        if existing:
+            self.kubeconfig = Path(existing)
+            self.say(f"using the cluster of KUBECONFIG={existing}")
+        else:
+            self.say("starting the local control plane")
+            self.local = LocalCluster(workdir=self.workdir / "cluster")
+            self.local.start(progress=self.progress)
+            self.kubeconfig = self.local.kubeconfig
+        names = ensure_h200_nodes(self.kubeconfig, self.nodes, pool="demo")
+        # Routers and the operator need no GPU: two CPU nodes take them.
+        cpus = ensure_cpu_nodes(self.kubeconfig, 2, pool="demo")
+        wait_nodes_ready(self.kubeconfig, names + cpus)
+        self.say(f"{len(names)} fake 8xH200 nodes and {len(cpus)} CPU nodes Ready")
+
+        self.prometheus = LocalPrometheus(workdir=self.workdir / "prometheus")
+        self.prometheus.start()
+        self.say(f"Prometheus at {self.prometheus.url}")
+
+        self.helm("install", self.release, str(CHART), "-n", self.release_namespace,
+                  "--create-namespace", "--set", "replicaCount=0", "--wait=false")
+        self._cleanups.append("helm")
+        self.say(f"chart installed: release {self.release} in {self.release_namespace}")
+
+        op_kubeconfig = self._operator_kubeconfig()
+        self.operator_metrics_port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(op_kubeconfig), "PYTHONSAFEPATH": "1",
+               "PDSCALE_PROMETHEUS_URL": self.prometheus.url,
+               "PDSCALE_PLANNER_TICK_SECONDS": str(self.planner_tick_seconds),
+               "PDSCALE_METRICS_PORT": str(self.operator_metrics_port),
+               "PDSCALE_METRICS_HOST": "127.0.0.1",
+               "PDSCALE_RESYNC_SECONDS": "30"}
+        log = self.workdir / "operator.log"
+        kopf = Path(sys.executable).parent / "kopf"
+        with open(log, "ab") as out:
+            self.operator = subprocess.Popen(
+                [str(kopf), "run", "--all-namespaces", "--standalone",
+                 "-m", "pdscale.operator.handlers"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        self.prometheus.set_targets("pdscale-operator", [f"127.0.0.1:{self.operator_metrics_port}"])
+        self.say(f"operator running as {self.release_namespace}/{OPERATOR_SERVICE_ACCOUNT} (log: {log})")
+
+        self.fleet = SimFleet(kubeconfig=self.kubeconfig, workdir=self.workdir / "fleet",
+                              prometheus=self.prometheus, time_compression=1.0,
+                              profile=self.profile)
+        self.fleet.start()
+        self.say("simulated fleet following the operator's pods")
+
+    def stop(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop()
+            self.fleet = None
+        if self.operator is not None:
+            self.operator.terminate()
+            try:
+                self.operator.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait()
+            self.operator = None
+        if "helm" in self._cleanups and self.local is None and self.kubeconfig is not None:
+            # On a user's cluster, leave nothing behind; a local cluster is removed whole.
+            with contextlib.suppress(ClusterError, subprocess.SubprocessError):
+                self.helm("uninstall", self.release, "-n", self.release_namespace)
+        self._cleanups.clear()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+            self.prometheus = None
+        if self.local is not None:
+            self.local.stop()
+            self.local = None
+
+    # ------------------------------------------------------------------------------------
+    def helm(self, *args: str) -> str:
+        helm = DEFAULT_BIN_DIR / "helm"
+        if not helm.is_file():
+            raise ClusterError(f"helm not found at {helm}: run e2e/cluster/build")
+        result = subprocess.run([str(helm), *args, "--kubeconfig", str(self.kubeconfig)],
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise ClusterError(f"helm {args[0]} failed: {result.stderr.strip().splitlines()[-1]}")
+        return result.stdout
+
+    def _operator_kubeconfig(self) -> Path:
+        assert self.kubeconfig is not None
+        admin = api_client(self.kubeconfig)
+        core = client.CoreV1Api(admin)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                token = core.create_namespaced_service_account_token(
+                    OPERATOR_SERVICE_ACCOUNT, self.release_namespace,
+                    {"spec": {"expirationSeconds": 86400}}).status.token
+                break
+            except client.ApiException as exc:
+                if exc.status != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        cfg = admin.configuration
+        cluster: dict[str, object] = {"server": cfg.host}
+        if cfg.ssl_ca_cert:
+            cluster["certificate-authority"] = cfg.ssl_ca_cert
+        path = self.workdir / "operator.kubeconfig"
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "op",
+            "clusters": [{"name": "op", "cluster": cluster}],
+            "users": [{"name": "op", "user": {"token": token}}],
+            "contexts": [{"name": "op", "context": {"cluster": "op", "user": "op"}}],
+        }))
+        return path

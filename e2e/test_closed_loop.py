@@ -1,0 +1,156 @@
+"""End to end: the Helm chart, the operator in Auto, the real SGLang router and simulated
+engines on fake 8xH200 nodes, under a load that goes decode-heavy -> prefill-heavy ->
+decode-heavy. What a user would check: the split follows the load, the budget holds, the
+router only ever routes to Ready, non-draining pods, no request fails, and every decision
+is visible with its reason.
+
+Runs on its own local control plane (or the cluster of KUBECONFIG). About five minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from pdscale.demo import DemoResult, Sample, drive
+from pdscale.loadgen import Phase
+from pdscale.stack import Stack
+from pdscale.testbed import api_client
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+BUDGET = 24
+INTERVAL_SECONDS = 10
+PHASES = (
+    Phase("chat", 70.0, 6.0, 200, 100, 0.6),
+    Phase("long-documents", 70.0, 3.0, 2000, 10, 0.2),
+    Phase("chat-again", 70.0, 6.0, 200, 100, 0.6),
+)
+
+
+def _router_urls(core: client.CoreV1Api, ns: str) -> set[str]:
+    pods = core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/instance=e2e").items
+    return {f"http://{p.status.pod_ip}:8000" for p in pods
+            if (p.metadata.labels or {}).get("pdscale.io/role") in ("prefill", "decode")
+            and p.status.pod_ip and p.metadata.deletion_timestamp is None
+            and not (p.metadata.annotations or {}).get("pdscale.io/draining-since")
+            and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("e2e")
+    checks: list[dict] = []
+    with Stack(workdir=workdir / "stack", nodes=BUDGET, profile="demo-sim", progress=False,
+               release_namespace="pdscale-e2e") as stack:
+        assert stack.kubeconfig is not None
+        core = client.CoreV1Api(api_client(stack.kubeconfig))
+
+        def on_sample(sample: Sample, result: DemoResult) -> None:
+            pods = core.list_namespaced_pod(
+                "default", label_selector="app.kubernetes.io/instance=e2e").items
+            engine = [p for p in pods if (p.metadata.labels or {}).get("pdscale.io/role") in
+                      ("prefill", "decode") and p.metadata.deletion_timestamp is None]
+            router = next((p for p in pods if (p.metadata.labels or {}).get("pdscale.io/role")
+                           == "router" and p.status.pod_ip), None)
+            listed: set[str] | None = None
+            if router is not None:
+                with urllib.request.urlopen(f"http://{router.status.pod_ip}:30000/workers",
+                                            timeout=5) as r:
+                    listed = {w["url"] for w in json.loads(r.read())["workers"]}
+            checks.append({"t": sample.t_seconds, "phase": sample.phase, "nodes": len(engine),
+                           "listed": listed, "serving": _router_urls(core, "default")})
+
+        result = drive(stack, "default", "e2e", PHASES, on_sample=on_sample)
+        custom = client.CustomObjectsApi(api_client(stack.kubeconfig))
+        pdc = custom.get_namespaced_custom_object("pdscale.io", "v1alpha1", "default",
+                                                  "pdclusters", "e2e")
+        events = core.list_namespaced_event(
+            "default", field_selector="involvedObject.kind=PDCluster,involvedObject.name=e2e").items
+        yield result, checks, pdc, events, stack
+
+
+def _decided(result: DemoResult, phase: str, last_seconds: float) -> tuple[int, int]:
+    """The decision held over the last seconds of a phase (the settled split)."""
+    samples = [s for s in result.samples if s.phase == phase]
+    end = samples[-1].t_seconds
+    tail = [s for s in samples if s.t_seconds >= end - last_seconds and s.prefill_target]
+    assert tail, f"no decision during {phase}"
+    return tail[-1].prefill_target, tail[-1].decode_target
+
+
+def test_no_request_fails(run):
+    result, *_, stack = run
+    failed = [r for r in result.records if not r.ok]
+    assert result.records, "no request was sent"
+    assert not failed, f"{len(failed)} of {len(result.records)} failed, e.g. {failed[0].error} " \
+                       f"(logs under {stack.workdir})"
+
+
+def test_the_split_follows_the_load(run):
+    result, *_ = run
+    chat_p, chat_d = _decided(result, "chat", 20)
+    docs_p, docs_d = _decided(result, "long-documents", 20)
+    again_p, again_d = _decided(result, "chat-again", 20)
+    assert docs_p > chat_p, f"prefill did not grow for long documents: {chat_p} -> {docs_p}"
+    assert docs_d <= chat_d, f"decode grew for long documents: {chat_d} -> {docs_d}"
+    assert again_d >= docs_d and again_p < docs_p, (
+        f"no move back for chat: {docs_p}P{docs_d}D -> {again_p}P{again_d}D")
+
+
+def test_prefill_moves_within_two_intervals_of_the_phase_change(run):
+    result, *_ = run
+    change = PHASES[0].duration_seconds
+    before = [s.prefill_target for s in result.samples
+              if s.t_seconds < change and s.prefill_target is not None][-1]
+    moved = [s.t_seconds for s in result.samples
+             if s.t_seconds >= change and (s.prefill_target or 0) > before]
+    assert moved, "prefill never grew after the change to long documents"
+    # two planner intervals, plus one metrics window for the new load to show in rates
+    assert moved[0] - change <= 3 * INTERVAL_SECONDS + 2
+
+
+def test_never_above_the_node_budget(run):
+    _, checks, *_ = run
+    assert max(c["nodes"] for c in checks) <= BUDGET
+
+
+def test_router_routes_only_to_ready_non_draining_pods(run):
+    _, checks, *_ = run
+    listed_checks = [c for c in checks if c["listed"] is not None]
+    assert listed_checks
+    for c in listed_checks:
+        stray = c["listed"] - c["serving"]
+        assert not stray, f"at {c['t']:.0f}s the router listed {stray}, not Ready or draining"
+    # ... and it catches up: at most a couple of samples behind the pods
+    behind = [c for c in listed_checks if c["serving"] - c["listed"]]
+    assert len(behind) <= max(3, len(listed_checks) // 5)
+
+
+def test_status_and_events_explain_each_decision(run):
+    _, _, pdc, events, _ = run
+    planner = pdc["status"]["planner"]
+    assert planner["mode"] == "Auto" and planner["lastDecision"].endswith("D")
+    assert planner["explanation"]
+    decisions = [e for e in events if e.reason in ("PlannerDecision", "PlannerShortfall")]
+    assert len(decisions) >= 2
+    assert all("->" in e.message and ":" in e.message for e in decisions)
+    # decode shrank for long documents: through drains, each announced
+    assert any(e.reason == "DrainStarted" for e in events)
+
+
+def test_kubectl_get_pdc_shows_the_decision(run):
+    *_, stack = run
+    import subprocess
+
+    from pdscale.localcluster import DEFAULT_BIN_DIR
+
+    out = subprocess.run([str(DEFAULT_BIN_DIR / "kubectl"), "--kubeconfig", str(stack.kubeconfig),
+                          "get", "pdc", "e2e", "-o", "wide"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    header, row = out.splitlines()[:2]
+    assert "DECISION" in header and "PLANNER" in header
+    assert "Auto" in row and "P" in row.split()[header.split().index("DECISION")]
