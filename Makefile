@@ -6,7 +6,7 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo down chart-sync
+.PHONY: setup test lint demo cluster down chart-sync
 
 setup:
 	@e2e/setup
@@ -19,10 +19,15 @@ lint: setup
 test: lint
 	$(VENV)/bin/pytest
 
-# Bring up the local control plane with 24 fake 8xH200 nodes and show it.
+# The whole loop here: cluster, Prometheus, chart, operator, real router, simulated fleet,
+# a phased load; ends with out/demo/demo.png and a summary.
 demo: setup
+	$(VENV)/bin/pdscale demo --out out/demo
+
+# Just the local control plane with 24 fake 8xH200 nodes, left running.
+cluster: setup
 	$(VENV)/bin/pdscale cluster up --nodes 24
-	KUBECONFIG=$$HOME/.local/state/pdscale/cluster/admin.kubeconfig $(BIN)/kubectl get nodes -L nvidia.com/gpu.product -o wide | head -8
+	KUBECONFIG=$$HOME/.local/state/pdscale/cluster/admin.kubeconfig $(BIN)/kubectl get nodes -L nvidia.com/gpu.product | head -8
 	@echo "... use it:  export KUBECONFIG=$$HOME/.local/state/pdscale/cluster/admin.kubeconfig ; stop it:  make down"
 
 down:

@@ -33,12 +33,13 @@ from .testbed import api_client
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "demo-sim.yaml"
 GROUP, VERSION, PLURAL = "pdscale.io", "v1alpha1", "pdclusters"
 
-#: The seed's three phases (domain.md), in the demo-sim profile's units: a tenth of the tokens,
-#: rates a laptop's router and engines can carry.
+#: The seed's three phases (domain.md) shrunk to what two cores carry through the real router
+#: (each streamed token is an HTTP event through router, engine and client): the shapes stay
+#: (chat decode-heavy, documents prefill-heavy, agents decode-heavy with cached prefixes).
 DEMO_PHASES = (
-    Phase("chat", 90.0, 6.0, 200, 100, 0.6),
-    Phase("long-documents", 90.0, 3.0, 2000, 10, 0.2),
-    Phase("agents", 90.0, 4.0, 600, 200, 0.8),
+    Phase("chat", 90.0, 2.0, 100, 40, 0.6),
+    Phase("long-documents", 90.0, 1.0, 600, 4, 0.2),
+    Phase("agents", 90.0, 1.0, 300, 80, 0.8),
 )
 
 

@@ -25,9 +25,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 BUDGET = 24
 INTERVAL_SECONDS = 10
 PHASES = (
-    Phase("chat", 70.0, 6.0, 200, 100, 0.6),
-    Phase("long-documents", 70.0, 3.0, 2000, 10, 0.2),
-    Phase("chat-again", 70.0, 6.0, 200, 100, 0.6),
+    Phase("chat", 70.0, 2.0, 100, 40, 0.6),
+    Phase("long-documents", 70.0, 1.0, 600, 4, 0.2),
+    Phase("chat-again", 70.0, 2.0, 100, 40, 0.6),
 )
 
 
