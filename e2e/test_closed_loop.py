@@ -9,6 +9,7 @@ Runs on its own local control plane (or the cluster of KUBECONFIG). About five m
 
 from __future__ import annotations
 
+import itertools
 import json
 import urllib.request
 
@@ -124,7 +125,7 @@ def test_router_routes_only_to_ready_non_draining_pods(run):
     assert listed_checks
     # A pod is marked draining and leaves the router in the same operator tick; a sample can
     # fall between the two, but never two samples (two seconds) in a row.
-    for before, after in zip(listed_checks, listed_checks[1:], strict=False):
+    for before, after in itertools.pairwise(listed_checks):
         stray = (before["listed"] - before["serving"]) & (after["listed"] - after["serving"])
         assert not stray, f"at {after['t']:.0f}s the router still listed {stray}, not Ready or draining"
     # ... and it catches up: at most a few samples behind the pods
