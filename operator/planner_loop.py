@@ -57,6 +57,7 @@ from .planning import (
     history_from_json,
     history_to_json,
     planner_config,
+    short,
 )
 from .reconcile import Event, now_rfc3339, post_event
 
@@ -326,6 +327,7 @@ class PlannerLoop:
                 gauge.labels(ns, name).set(reading.value)
         bound = "held" if decision.held else ("shortfall" if decision.shortfall else "slo")
         DECISIONS.labels(ns, name, bound).inc()
+        log.info("plan %s/%s: %s (%s)", ns, name, short(decision), decision.explanation)
         event = decision_event(decision, previous)
         if event is not None:
             post_event(self.kube, body, Event(*event), now_rfc3339())

@@ -61,6 +61,10 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         # A live fleet counts completions: a prefill backlog must read as load (one interval
         # to clear it), and a stall with no completions must not hold the plan.
         backlog_seconds=float(p.interval_seconds),
+        # Lengths smoothed over 3 intervals, not the replay default of 15: a change of load
+        # shape (chat -> long documents) must reach the split within a few intervals. Measured
+        # on the demo's phases: 15 kept prefill at 1-2 for 4 intervals of long documents.
+        length_window=3,
     )
 
 

@@ -118,35 +118,39 @@ def test_readiness_delay_annotation_delays_ready(cluster, admin_api, namespace):
 
 
 def test_operator_identity_is_refused_what_rbac_does_not_grant(cluster, admin_api, namespace):
+    # What the operator never gets, whatever else the suite has bound to it: Secrets and Nodes.
     operator = api_client(cluster.operator_kubeconfig)
     core = client.CoreV1Api(operator)
     with pytest.raises(ApiException) as refused:
         core.list_namespaced_secret("kube-system")
     assert refused.value.status == 403
-    with pytest.raises(ApiException) as refused_pods:
-        core.list_namespaced_pod(namespace)
-    assert refused_pods.value.status == 403
+    with pytest.raises(ApiException) as refused_nodes:
+        core.list_node()
+    assert refused_nodes.value.status == 403
+    with pytest.raises(ApiException) as refused_list:
+        core.list_namespaced_config_map(namespace)
+    assert refused_list.value.status == 403
 
     # The identity is real and authenticated: granting a Role makes the same call succeed.
     rbac = client.RbacAuthorizationV1Api(admin_api)
     rbac.create_namespaced_role(namespace, {
-        "metadata": {"name": "read-pods"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        "metadata": {"name": "list-configmaps"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
     })
     rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "read-pods"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-pods"},
+        "metadata": {"name": "list-configmaps"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-configmaps"},
         "subjects": [{"kind": "ServiceAccount", "name": "pdscale-operator", "namespace": "pdscale-system"}],
     })
-    wait_for(lambda: _can_list_pods(core, namespace), 10, "the RoleBinding to take effect")
+    wait_for(lambda: _can_list_configmaps(core, namespace), 10, "the RoleBinding to take effect")
     with pytest.raises(ApiException) as still_refused:
         core.list_namespaced_secret(namespace)
     assert still_refused.value.status == 403
 
 
-def _can_list_pods(core, namespace: str) -> bool:
+def _can_list_configmaps(core, namespace: str) -> bool:
     try:
-        core.list_namespaced_pod(namespace)
+        core.list_namespaced_config_map(namespace)
     except ApiException as exc:
         if exc.status == 403:
             return False
