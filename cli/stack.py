@@ -9,21 +9,17 @@ It uses a token of the ServiceAccount the chart created, so it has exactly the c
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from kubernetes import client
-
 from .localcluster import DEFAULT_BIN_DIR, ClusterError, LocalCluster, _die_with_parent, free_port
 from .localprometheus import LocalPrometheus
 from .simfleet import SimFleet
-from .testbed import api_client, ensure_cpu_nodes, ensure_h200_nodes, wait_nodes_ready
+from .testbed import ensure_cpu_nodes, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "pdscale"
 OPERATOR_SERVICE_ACCOUNT = "pdscale-operator"
@@ -154,28 +150,6 @@ class Stack:
 
     def _operator_kubeconfig(self) -> Path:
         assert self.kubeconfig is not None
-        admin = api_client(self.kubeconfig)
-        core = client.CoreV1Api(admin)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                token = core.create_namespaced_service_account_token(
-                    OPERATOR_SERVICE_ACCOUNT, self.release_namespace,
-                    {"spec": {"expirationSeconds": 86400}}).status.token
-                break
-            except client.ApiException as exc:
-                if exc.status != 404 or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        cfg = admin.configuration
-        cluster: dict[str, object] = {"server": cfg.host}
-        if cfg.ssl_ca_cert:
-            cluster["certificate-authority"] = cfg.ssl_ca_cert
-        path = self.workdir / "operator.kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "op",
-            "clusters": [{"name": "op", "cluster": cluster}],
-            "users": [{"name": "op", "user": {"token": token}}],
-            "contexts": [{"name": "op", "context": {"cluster": "op", "user": "op"}}],
-        }))
-        return path
+        return operator_kubeconfig(self.kubeconfig, self.workdir / "operator.kubeconfig",
+                                   namespace=self.release_namespace,
+                                   service_account=OPERATOR_SERVICE_ACCOUNT, create=False)

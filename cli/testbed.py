@@ -115,32 +115,45 @@ def wait_nodes_ready(kubeconfig: Path, names: list[str], timeout_seconds: float 
         )
 
 
-def operator_kubeconfig(admin_kubeconfig: Path, out: Path, expiration_seconds: int = 86400) -> Path:
-    """Write a kubeconfig for ServiceAccount pdscale-system/pdscale-operator, token from the
-    TokenRequest API. No RBAC is bound here: what the identity may do is the caller's choice."""
+def operator_kubeconfig(admin_kubeconfig: Path, out: Path, expiration_seconds: int = 86400, *,
+                        namespace: str = OPERATOR_NAMESPACE,
+                        service_account: str = OPERATOR_SERVICE_ACCOUNT,
+                        create: bool = True, wait_seconds: float = 30.0) -> Path:
+    """Write a kubeconfig for a ServiceAccount (by default pdscale-system/pdscale-operator),
+    token from the TokenRequest API. ``create``: make the namespace and ServiceAccount;
+    otherwise wait for them (a Helm release creates them). No RBAC is bound here: what the
+    identity may do is the caller's choice."""
     api_c = api_client(admin_kubeconfig)
     core = client.CoreV1Api(api_c)
-    for create, body in (
-        (core.create_namespace, {"metadata": {"name": OPERATOR_NAMESPACE}}),
-        (lambda b: core.create_namespaced_service_account(OPERATOR_NAMESPACE, b),
-         {"metadata": {"name": OPERATOR_SERVICE_ACCOUNT}}),
-    ):
+    if create:
+        for make, body in (
+            (core.create_namespace, {"metadata": {"name": namespace}}),
+            (lambda b: core.create_namespaced_service_account(namespace, b),
+             {"metadata": {"name": service_account}}),
+        ):
+            try:
+                make(body)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+    deadline = time.monotonic() + wait_seconds
+    while True:
         try:
-            create(body)
+            token = core.create_namespaced_service_account_token(
+                service_account, namespace, {"spec": {"expirationSeconds": expiration_seconds}},
+            ).status.token
+            break
         except ApiException as exc:
-            if exc.status != 409:
+            if exc.status != 404 or time.monotonic() > deadline:
                 raise
-    token = core.create_namespaced_service_account_token(
-        OPERATOR_SERVICE_ACCOUNT, OPERATOR_NAMESPACE,
-        {"spec": {"expirationSeconds": expiration_seconds}},
-    ).status.token
+            time.sleep(0.5)
     cfg = api_c.configuration
     cluster: dict[str, object] = {"server": cfg.host}
     if cfg.ssl_ca_cert:
         cluster["certificate-authority"] = cfg.ssl_ca_cert
     if not cfg.verify_ssl:
         cluster["insecure-skip-tls-verify"] = True
-    ctx = "pdscale-operator"
+    ctx = service_account
     out.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": ctx,
         "clusters": [{"name": ctx, "cluster": cluster}],
@@ -148,4 +161,3 @@ def operator_kubeconfig(admin_kubeconfig: Path, out: Path, expiration_seconds: i
         "contexts": [{"name": ctx, "context": {"cluster": ctx, "user": ctx}}],
     }, indent=2))
     return out
-

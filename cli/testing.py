@@ -8,10 +8,12 @@ the cluster it points to (a user's kind cluster with kwok): the same suite runs 
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -19,6 +21,20 @@ from kubernetes import client
 from .localcluster import LocalCluster
 from .localprometheus import LocalPrometheus
 from .testbed import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
+
+
+def wait_for(fn: Callable[[], Any], *, timeout_seconds: float = 60, interval_seconds: float = 0.25,
+             what: str = "condition") -> Any:
+    """Poll ``fn`` until it returns something truthy (and return that); tests wait on
+    conditions, never on bare sleeps. The error names what was awaited and the last value."""
+    deadline = time.monotonic() + timeout_seconds
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval_seconds)
+    raise TimeoutError(f"timed out after {timeout_seconds:.0f}s waiting for {what}; last: {last!r}")
 
 
 @dataclass

@@ -21,11 +21,10 @@ import time
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from . import planner_loop  # noqa: F401  (registers the planner loop's startup and cleanup)
-from .kube import Kube
+from .kube import Kube, api_client_from_environment
 from .names import LABEL_MANAGED_BY, MANAGER
 from .pdcluster import GROUP, KIND, PLURAL, VERSION
 from .reconcile import Outcome, now_rfc3339, reconcile
@@ -38,14 +37,6 @@ RETRY_MAX_SECONDS = 60.0
 OURS = {LABEL_MANAGED_BY: MANAGER}
 # Process-wide counters (read by the benchmark and tests; a metrics endpoint can export them).
 STATS = {"reconciles": 0, "writes": 0, "skipped_child_events": 0}
-
-
-def _api_client() -> client.ApiClient:
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 class Retries:
@@ -112,7 +103,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.enabled = False  # we post our own Events, only on meaningful changes
     settings.watching.server_timeout = int(os.environ.get("PDSCALE_WATCH_TIMEOUT_SECONDS", "300"))
     settings.execution.max_workers = int(os.environ.get("PDSCALE_WORKERS", "8"))
-    memo.api = _api_client()
+    memo.api = api_client_from_environment()
     memo.retries = Retries()
     # Children's resourceVersions as the last reconcile left them: a child event carrying
     # the same version tells nothing new (e.g. the initial listing after a restart).

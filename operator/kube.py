@@ -9,10 +9,11 @@ as the builders made them.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .names import MANAGER
@@ -39,6 +40,16 @@ KINDS = {
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
 }
+
+
+def api_client_from_environment() -> client.ApiClient:
+    """In a pod: its ServiceAccount. Elsewhere: $KUBECONFIG (read now, not at import: the
+    client library fixes its default path when it is imported)."""
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 class Kube:

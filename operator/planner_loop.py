@@ -49,7 +49,7 @@ from .fleet import (
     role_state,
     router_workers,
 )
-from .kube import Kube
+from .kube import Kube, api_client_from_environment
 from .pdcluster import PDClusterSpec, PlannerMode
 from .planning import (
     decision_event,
@@ -390,23 +390,13 @@ async def run_forever(loop: PlannerLoop) -> None:
 
 
 # -- kopf wiring (imported by handlers.py, so `kopf run -m pdscale.operator.handlers` runs it) --
-def _api_client() -> client.ApiClient:
-    from kubernetes import config
-
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
-
-
 @kopf.on.startup()
 async def start_planner(memo: kopf.Memo, **_: Any) -> None:
     port = os.environ.get("PDSCALE_METRICS_PORT")
     if port:
         # The operator's own metrics: decisions, predicted vs observed latency, time per plan.
         start_http_server(int(port), addr=os.environ.get("PDSCALE_METRICS_HOST", "0.0.0.0"))
-    memo.planner_task = asyncio.create_task(run_forever(PlannerLoop(_api_client())))
+    memo.planner_task = asyncio.create_task(run_forever(PlannerLoop(api_client_from_environment())))
 
 
 @kopf.on.cleanup()

@@ -60,7 +60,8 @@ def operator_installed(cluster) -> None:
     decoy["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3"
     for node in (cpu, decoy):
         _create_or_replace(core.create_node, core.read_node, core.replace_node, node)
-    cluster.ensure_h200_nodes(24, POOL)
+    # Room for two 4P8D fleets: a test's pods may still be terminating when the next one starts.
+    cluster.ensure_h200_nodes(40, POOL)
     wait_nodes_ready(cluster.kubeconfig, [CPU_NODE, DECOY_NODE])
 
 

@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import copy
 import pathlib
-import time
-from collections.abc import Callable
 from typing import Any
 
 import yaml
+
+from pdscale.testing import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 POOL = "operator"
 CPU_NODE = "cpu-operator-000"
 DECOY_NODE = "h100-operator-000"
 
-
-def wait_for(fn: Callable[[], Any], *, timeout_seconds: float = 60, interval_seconds: float = 0.25,
-             what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval_seconds)
-    raise TimeoutError(f"timed out after {timeout_seconds:.0f}s waiting for {what}; last: {last!r}")
+__all__ = ["CPU_NODE", "DECOY_NODE", "POOL", "expected_children", "sample", "wait_for"]
 
 
 def sample(name: str, cluster_name: str | None = None, **overrides: Any) -> dict[str, Any]:

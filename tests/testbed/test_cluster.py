@@ -4,7 +4,6 @@ it was not granted."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import datetime
 
@@ -13,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from pdscale.testbed import GPU_PRODUCT, GPU_RESOURCE, POOL_LABEL, api_client
+from pdscale.testing import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -44,16 +44,6 @@ def gpu_deployment(name: str, pool: str, replicas: int, annotations: dict | None
     }
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def pods(admin_api, namespace: str, app: str) -> list:
     return client.CoreV1Api(admin_api).list_namespaced_pod(namespace, label_selector=f"app={app}").items
 
@@ -76,7 +66,7 @@ def test_gpu_pods_land_on_h200_nodes_and_the_scheduler_counts_gpus(cluster, admi
         ready = [p for p in pods(admin_api, namespace, "engine") if is_ready(p)]
         return ready if len(ready) == 2 else None
 
-    running = wait_for(two_ready, 60, "2 Ready GPU pods")
+    running = wait_for(two_ready, timeout_seconds=60, what="2 Ready GPU pods")
     assert {p.spec.node_name for p in running} == nodes  # one 8-GPU pod per 8-GPU node
     assert all(p.status.phase == "Running" for p in running)
 
@@ -90,7 +80,7 @@ def test_gpu_pods_land_on_h200_nodes_and_the_scheduler_counts_gpus(cluster, admi
                     return p, c
         return None
 
-    pod, cond = wait_for(unschedulable, 60, "an Unschedulable third pod")
+    pod, cond = wait_for(unschedulable, timeout_seconds=60, what="an Unschedulable third pod")
     assert pod.status.phase == "Pending"
     assert f"Insufficient {GPU_RESOURCE}" in cond.message
 
@@ -107,8 +97,8 @@ def test_readiness_delay_annotation_delays_ready(cluster, admin_api, namespace):
         ready = [p for p in pods(admin_api, namespace, app) if is_ready(p)]
         return ready[0] if ready else None
 
-    fast = wait_for(lambda: ready_pod("fast"), 60, "the undelayed pod Ready")
-    slow = wait_for(lambda: ready_pod("slow"), 60, "the delayed pod Ready")
+    fast = wait_for(lambda: ready_pod("fast"), timeout_seconds=60, what="the undelayed pod Ready")
+    slow = wait_for(lambda: ready_pod("slow"), timeout_seconds=60, what="the delayed pod Ready")
     # Measured from Initialized (kwok's pod-create stage, which has its own jitter) to Ready;
     # condition times have one-second resolution.
     fast_wait = (condition_time(fast, "Ready") - condition_time(fast, "Initialized")).total_seconds()
@@ -142,7 +132,8 @@ def test_operator_identity_is_refused_what_rbac_does_not_grant(cluster, admin_ap
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-configmaps"},
         "subjects": [{"kind": "ServiceAccount", "name": "pdscale-operator", "namespace": "pdscale-system"}],
     })
-    wait_for(lambda: _can_list_configmaps(core, namespace), 10, "the RoleBinding to take effect")
+    wait_for(lambda: _can_list_configmaps(core, namespace), timeout_seconds=10,
+             what="the RoleBinding to take effect")
     with pytest.raises(ApiException) as still_refused:
         core.list_namespaced_secret(namespace)
     assert still_refused.value.status == 403
