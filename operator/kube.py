@@ -36,8 +36,6 @@ KINDS = {
     "Service": Kind("v1", "services"),
     "ConfigMap": Kind("v1", "configmaps"),
     "Deployment": Kind("apps/v1", "deployments"),
-    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
-    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
 }
 

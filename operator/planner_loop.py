@@ -176,7 +176,7 @@ class PlannerLoop:
 
     # ------------------------------------------------------------------------------------
     def tick(self, body: dict[str, Any], now: float,
-             listed_pods: dict[tuple[str, str, str], list[client.V1Pod]] | None = None) -> None:
+             listed_pods: dict[tuple[str, str, str], list[client.V1Pod]]) -> None:
         try:
             spec = PDClusterSpec.model_validate(body.get("spec") or {})
         except ValueError:
@@ -184,14 +184,9 @@ class PlannerLoop:
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         instance = names.base_name(name)
-        if listed_pods is None:
-            pods = {role: self._pods(ns, name, role) for role in ROLES}
-            router_pods = self.core.list_namespaced_pod(ns, label_selector=",".join(
-                f"{k}={v}" for k, v in names.selector_labels(name, "router").items())).items
-        else:
-            pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
-                    for role in ROLES}
-            router_pods = listed_pods.get((ns, instance, "router"), [])
+        pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
+                for role in ROLES}
+        router_pods = listed_pods.get((ns, instance, "router"), [])
         routers = self._router_urls(router_pods, spec)
         listed = self._listed(routers)
         mode = spec.planner.mode

@@ -27,7 +27,7 @@ def kind(spec: PDClusterSpec) -> RouterKind:
     return spec.router.kind or RouterKind(spec.engine.kind.value)
 
 
-def args(owner: Owner, spec: PDClusterSpec) -> tuple[list[str], list[str]]:
+def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
     """(command, args) of the router container."""
     r = spec.router
     common = [
@@ -57,7 +57,7 @@ def rbac(owner: Owner, spec: PDClusterSpec) -> list[dict[str, Any]]:
 def deployment(owner: Owner, spec: PDClusterSpec) -> dict[str, Any]:
     r = spec.router
     name = names.child_name(owner.name, "router")
-    command, router_args = args(owner, spec)
+    command, router_args = args(spec)
     container = {
         "name": "router",
         "image": r.image,
