@@ -48,7 +48,8 @@ class LocalPrometheus:
         binary = find_prometheus()
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "targets").mkdir(exist_ok=True)
-        self.port = free_port()
+        # A restart keeps its address and its data, as a Prometheus Service would.
+        self.port = self.port or free_port()
         interval = f"{int(self.scrape_interval_seconds * 1000)}ms"
         # file_sd is watched with inotify: a rewritten target file takes effect in about a second.
         config = {

@@ -87,8 +87,20 @@ class Stack:
         self._cleanups.append("helm")
         self.say(f"chart installed: release {self.release} in {self.release_namespace}")
 
-        op_kubeconfig = self._operator_kubeconfig()
         self.operator_metrics_port = free_port()
+        self.start_operator()
+        self.prometheus.set_targets("pdscale-operator", [f"127.0.0.1:{self.operator_metrics_port}"])
+
+        self.fleet = SimFleet(kubeconfig=self.kubeconfig, workdir=self.workdir / "fleet",
+                              prometheus=self.prometheus, time_compression=1.0,
+                              profile=self.profile)
+        self.fleet.start()
+        self.say("simulated fleet following the operator's pods")
+
+    def start_operator(self) -> None:
+        """Run the operator (again: the failure tests kill it mid-drain and restart it)."""
+        assert self.prometheus is not None
+        op_kubeconfig = self._operator_kubeconfig()
         env = {**os.environ, "KUBECONFIG": str(op_kubeconfig), "PYTHONSAFEPATH": "1",
                "PDSCALE_PROMETHEUS_URL": self.prometheus.url,
                "PDSCALE_PLANNER_TICK_SECONDS": str(self.planner_tick_seconds),
@@ -104,14 +116,14 @@ class Stack:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent,
             )
-        self.prometheus.set_targets("pdscale-operator", [f"127.0.0.1:{self.operator_metrics_port}"])
         self.say(f"operator running as {self.release_namespace}/{OPERATOR_SERVICE_ACCOUNT} (log: {log})")
 
-        self.fleet = SimFleet(kubeconfig=self.kubeconfig, workdir=self.workdir / "fleet",
-                              prometheus=self.prometheus, time_compression=1.0,
-                              profile=self.profile)
-        self.fleet.start()
-        self.say("simulated fleet following the operator's pods")
+    def kill_operator(self) -> None:
+        """SIGKILL: no cleanup handler runs, as when a node dies under the operator's pod."""
+        if self.operator is not None:
+            self.operator.kill()
+            self.operator.wait()
+            self.operator = None
 
     def stop(self) -> None:
         if self.fleet is not None:

@@ -51,6 +51,12 @@ def engine_probes(spec: PDClusterSpec, role: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def unready_allowance_seconds(spec: PDClusterSpec, role: str) -> float:
+    """How long an engine pod may stay not Ready before the PDCluster reports it (Degraded):
+    the warm-up the planner counted on, times the cold-start allowance."""
+    return float(max(30, getattr(spec, role).warmup_seconds * STARTUP_ALLOWANCE_FACTOR))
+
+
 def _quantity(value: str | int) -> str:
     return str(value)
 
@@ -210,7 +216,10 @@ def stamp(manifest: dict[str, Any]) -> dict[str, Any]:
 def planned_replicas(spec: PDClusterSpec, status: dict[str, Any] | None) -> dict[str, int]:
     """Replicas per role to run. In planner mode Auto, the planner's target
     (status.planner.replicas, written by the planner loop) wins over spec.<role>.replicas,
-    clamped to [minReplicas, maxReplicas]; otherwise the spec's replicas."""
+    raised to minReplicas (more instances never drop a request); otherwise the spec's
+    replicas. A lowered maxReplicas is not applied here: the ReplicaSet would remove pods
+    of its choosing, mid-request. The planner's next decision respects it, and the loop
+    removes the excess through drains."""
     out = {role: getattr(spec, role).replicas for role in ROLES}
     if spec.planner.mode is not PlannerMode.AUTO:
         return out
@@ -219,7 +228,7 @@ def planned_replicas(spec: PDClusterSpec, status: dict[str, Any] | None) -> dict
         value = planned.get(role)
         if isinstance(value, int) and not isinstance(value, bool):
             r = getattr(spec, role)
-            out[role] = min(r.max_replicas, max(r.min_replicas, value))
+            out[role] = max(r.min_replicas, value)
     return out
 
 

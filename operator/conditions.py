@@ -16,11 +16,14 @@ TYPES = (SPEC_VALID, READY, PROGRESSING, DEGRADED)
 SPEC_ACCEPTED = "SpecAccepted"
 SPEC_INVALID = "SpecInvalid"
 ALL_READY = "AllReplicasReady"
+#: Ready stays True while the planner scales a fleet that already served this generation
+SCALING = "Scaling"
 WAITING_FOR_REPLICAS = "WaitingForReplicas"
 ROLLING_OUT = "RollingOut"
 ROLLOUT_COMPLETE = "RolloutComplete"
 NAME_CONFLICT = "NameConflict"
 DEPLOYMENT_STALLED = "DeploymentStalled"
+POD_NOT_READY = "PodNotReady"
 AS_EXPECTED = "AsExpected"
 
 # Event reasons.

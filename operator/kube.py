@@ -109,6 +109,11 @@ class Kube:
         return self._call("POST", f"/api/v1/namespaces/{ns}/events", body=event,
                           content_type="application/json")
 
+    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        return self._call("GET", f"/api/v1/namespaces/{namespace}/pods",
+                          query=[("labelSelector", selector)]).get("items", [])
+
     def list_pdclusters(self) -> list[dict[str, Any]]:
         kind = KINDS["PDCluster"]
         return self._call("GET", f"/apis/{kind.api_version}/{kind.plural}").get("items", [])

@@ -39,7 +39,8 @@ from pdscale.planner.prometheus import (
 from pdscale.planner.solve import current_load, plan
 from pdscale.routersync import RouterClient, RouterError, SyncPlan, WorkerSpec, normalize_url
 
-from . import names
+from . import conditions, names
+from .builders import unready_allowance_seconds
 from .fleet import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
@@ -59,7 +60,8 @@ from .planning import (
     planner_config,
     short,
 )
-from .reconcile import Event, now_rfc3339, post_event
+from .reconcile import Event, now_rfc3339, post_event, reconcile
+from .status import overdue_pods
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +205,23 @@ class PlannerLoop:
                                  bootstrap_port=spec.kv_transfer.bootstrap_port)
         for url in routers:
             self._sync_router(body, url, desired)
+        self._report_overdue(body, spec, [p for role in ROLES
+                                          for p in listed_pods.get((ns, instance, role), [])], now)
+
+    def _report_overdue(self, body: dict[str, Any], spec: PDClusterSpec,
+                        pods: list[client.V1Pod], now: float) -> None:
+        """The tick is the clock that notices a pod outstaying its warm-up allowance (no
+        event marks that moment); the reconcile, sole writer of conditions, reports it."""
+        allowance = {role: unready_allowance_seconds(spec, role) for role in ROLES}
+        overdue = {p.name for p in overdue_pods(
+            [self.api.sanitize_for_serialization(p) for p in pods], allowance, now)}
+        degraded = conditions.find((body.get("status") or {}).get("conditions"), conditions.DEGRADED)
+        message = (degraded or {}).get("message", "")
+        named = {p.metadata.name for p in pods if p.metadata.name in message}
+        if overdue != named:
+            fresh = self.kube.get("PDCluster", body["metadata"]["namespace"], body["metadata"]["name"])
+            if fresh is not None:
+                reconcile(self.kube, fresh, now_rfc3339())
 
     def _plan_if_due(self, body, spec, pods, now):  # type: ignore[no-untyped-def]
         meta = body["metadata"]
@@ -361,8 +380,6 @@ class PlannerLoop:
         if planned != replicas:
             # The reconcile applies these to the Deployments (one writer, one field manager).
             self.kube.patch_status(ns, name, {"planner": {"replicas": replicas}})
-            from .reconcile import reconcile
-
             fresh = self.kube.get("PDCluster", ns, name)
             if fresh is not None:
                 reconcile(self.kube, fresh, now_rfc3339())

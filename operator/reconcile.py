@@ -18,10 +18,18 @@ from kubernetes.client.rest import ApiException
 
 from . import conditions as c
 from . import status as st
-from .builders import build_children, planned_replicas
+from .builders import build_children, planned_replicas, unready_allowance_seconds
 from .checklist import SpecError, validate
 from .kube import Kube
-from .names import ANNOTATION_APPLIED_HASH, MANAGER, Owner, child_name
+from .names import (
+    ANNOTATION_APPLIED_HASH,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGER,
+    Owner,
+    base_name,
+    child_name,
+)
 from .pdcluster import GROUP, KIND, VERSION
 
 
@@ -110,6 +118,10 @@ def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _epoch_seconds(rfc3339: str) -> float:
+    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
 def reconcile(kube: Kube, body: dict[str, Any], now: str) -> Outcome:
     """Converge one PDCluster (`body` as read from the API) and write its status."""
     meta = body["metadata"]
@@ -156,6 +168,11 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
             if live is not None and is_ours(live, owner.uid or ""):
                 obs.deployments[role] = live
     out.conflicts = obs.conflicts
+    if spec is not None:
+        pods = kube.list_pods(owner.namespace, {LABEL_INSTANCE: base_name(owner.name),
+                                                LABEL_MANAGED_BY: MANAGER})
+        allowance = {role: unready_allowance_seconds(spec, role) for role in ("prefill", "decode")}
+        obs.unready = st.overdue_pods(pods, allowance, _epoch_seconds(now))
 
     desired_status = st.compute(obs, previous, now)
     out.events += _condition_events(previous, desired_status)

@@ -4,9 +4,12 @@ validation result, name conflicts). Time is passed in, never read."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from . import conditions as c
+from . import names
+from .fleet import DRAINING_ANNOTATION
 
 ROLES = ("prefill", "decode", "router")
 
@@ -21,6 +24,53 @@ class Observation:
     conflicts: list[str] = field(default_factory=list)
     deployments: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     derived: dict[str, int] | None = None
+    #: engine pods not Ready past their allowance (see ``overdue_pods``)
+    unready: list[UnreadyPod] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UnreadyPod:
+    name: str
+    role: str
+    allowance_seconds: float
+
+
+def _seconds(ts: str | None) -> float | None:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
+
+
+def overdue_pods(pods: list[dict[str, Any]], allowance_seconds: dict[str, float],
+                 now_seconds: float) -> list[UnreadyPod]:
+    """Engine pods (API dicts) that are not Ready, and have not been for longer than their
+    role's allowance: since creation for a pod that never served, since it turned unready
+    for one that did. Deleting and draining pods are leaving anyway and do not count.
+
+    Such a pod is never in the router (only Ready pods are workers); this makes it visible
+    (Degraded) instead of a silent hole in capacity."""
+    out = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
+        if role not in allowance_seconds or meta.get("deletionTimestamp"):
+            continue
+        if (meta.get("annotations") or {}).get(DRAINING_ANNOTATION):
+            continue
+        ready = next((x for x in status.get("conditions") or [] if x.get("type") == "Ready"), None)
+        if ready is not None and ready.get("status") == "True":
+            continue
+        # Since the Ready condition last turned (False since start, or since it stopped
+        # serving); a pod with no condition yet counts from its creation.
+        since = _seconds((ready or {}).get("lastTransitionTime") or meta.get("creationTimestamp"))
+        if since is not None and now_seconds - since > allowance_seconds[role]:
+            out.append(UnreadyPod(meta.get("name", ""), role, allowance_seconds[role]))
+    return sorted(out, key=lambda p: p.name)
+
+
+def unready_message(pod: UnreadyPod) -> str:
+    # Stable text (no running counter): a status write and an Event when the set changes,
+    # not on every reconcile.
+    return (f"{pod.role} pod {pod.name} not Ready within its allowance of "
+            f"{pod.allowance_seconds:.0f} s; kept out of the router")
 
 
 def role_counts(deployment: dict[str, Any] | None) -> dict[str, int]:
@@ -69,11 +119,25 @@ def compute(obs: Observation, previous: dict[str, Any] | None, now: str) -> dict
     ]
     stalled = {role: m for role in ROLES if (m := _stalled(obs.deployments.get(role)))}
     rolling = [role for role in ROLES if not _rolled_out(obs.deployments.get(role))]
-    ready = valid and not obs.conflicts and not rolling
+    # Once this generation has rolled out, the planner's scaling (replicas from
+    # status.planner, not the spec) keeps Ready True while every role still serves: an Auto
+    # scale-up is capacity arriving, not the model going away.
+    before = c.find((previous or {}).get("conditions"), c.READY)
+    served = (before is not None and before.get("status") == "True"
+              and before.get("observedGeneration") == gen)
+    serving = all(counts[role]["readyReplicas"] >= min(1, counts[role]["desiredReplicas"])
+                  for role in ROLES)
+    scaling = bool(rolling) and served and serving and not stalled
+    ready = valid and not obs.conflicts and (not rolling or scaling)
     if not valid:
         ready_reason, ready_msg = c.SPEC_INVALID, "the spec is invalid; children were left as they were"
     elif obs.conflicts:
         ready_reason, ready_msg = c.NAME_CONFLICT, "; ".join(obs.conflicts)
+    elif scaling:
+        ready_reason = c.SCALING
+        ready_msg = "serving; " + ", ".join(
+            f"{role} {counts[role]['readyReplicas']}/{counts[role]['desiredReplicas']} ready"
+            for role in rolling)
     elif rolling:
         ready_reason = c.WAITING_FOR_REPLICAS
         ready_msg = ", ".join(
@@ -89,14 +153,14 @@ def compute(obs: Observation, previous: dict[str, Any] | None, now: str) -> dict
         c.PROGRESSING, progressing,
         c.ROLLING_OUT if progressing else c.ROLLOUT_COMPLETE,
         f"rolling out: {', '.join(rolling)}" if progressing else "no rollout in progress", gen))
-    if obs.conflicts:
-        degraded = (True, c.NAME_CONFLICT, "; ".join(obs.conflicts))
-    elif stalled:
-        degraded = (True, c.DEPLOYMENT_STALLED,
-                    "; ".join(f"{role}: {m}" for role, m in sorted(stalled.items())))
-    else:
-        degraded = (False, c.AS_EXPECTED, "no conflicts, no stalled rollouts")
-    conds.append(c.condition(c.DEGRADED, *degraded, gen))
+    # Every cause is listed; the reason names the most severe.
+    problems = [*obs.conflicts, *(f"{role}: {m}" for role, m in sorted(stalled.items())),
+                *map(unready_message, obs.unready)]
+    reason = (c.NAME_CONFLICT if obs.conflicts else c.DEPLOYMENT_STALLED if stalled
+              else c.POD_NOT_READY if obs.unready else c.AS_EXPECTED)
+    conds.append(c.condition(
+        c.DEGRADED, bool(problems), reason,
+        "; ".join(problems) if problems else "no conflicts, no stalled rollouts, no pod overdue", gen))
 
     status: dict[str, Any] = {
         "observedGeneration": gen,

@@ -27,6 +27,12 @@ class FakeKube:
         self.writes = 0
         self.events: list[dict] = []
         self.rv = 0
+        self.pods: list[dict] = []
+
+    def list_pods(self, namespace, labels):
+        return [copy.deepcopy(p) for p in self.pods
+                if p["metadata"]["namespace"] == namespace
+                and all(p["metadata"]["labels"].get(k) == v for k, v in labels.items())]
 
     def _bump(self, obj):
         self.rv += 1
@@ -209,6 +215,94 @@ def test_compute_degraded_on_a_stalled_rollout():
     assert c.find(status["conditions"], c.PROGRESSING)["status"] == "False"
 
 
+def _scale_decode(kube: FakeKube, replicas: int) -> None:
+    """What the planner does in Auto: replicas from status.planner, the spec unchanged."""
+    pdc = kube.objects[("PDCluster", "serving", "glm53")]
+    pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
+    pdc["status"]["planner"] = {"replicas": {"prefill": 4, "decode": replicas}}
+
+
+def test_ready_stays_true_while_the_planner_scales_a_serving_fleet():
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    kube.make_ready()
+    reconcile(kube, _body(kube), NOW)
+    _scale_decode(kube, 12)
+    out = reconcile(kube, _body(kube), LATER)
+    ready = c.find(_body(kube)["status"]["conditions"], c.READY)
+    assert (ready["status"], ready["reason"]) == ("True", c.SCALING)
+    assert ready["message"] == "serving; decode 8/12 ready"
+    assert ready["lastTransitionTime"] == NOW  # no flip, no NotReady Event
+    assert not [e for e in out.events if e.reason in (c.EVENT_READY, c.EVENT_NOT_READY)]
+
+
+def test_ready_turns_false_when_a_role_stops_serving_or_a_new_generation_rolls_out():
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    kube.make_ready()
+    reconcile(kube, _body(kube), NOW)
+    decode = kube.objects[("Deployment", "serving", "glm53-decode")]
+    decode["status"].update(readyReplicas=0, availableReplicas=0)
+    out = reconcile(kube, _body(kube), LATER)
+    ready = c.find(_body(kube)["status"]["conditions"], c.READY)
+    assert (ready["status"], ready["reason"]) == ("False", c.WAITING_FOR_REPLICAS)
+    assert [e.reason for e in out.events] == [c.EVENT_NOT_READY]
+    kube.make_ready()
+    reconcile(kube, _body(kube), LATER)
+    pdc = kube.objects[("PDCluster", "serving", "glm53")]
+    pdc["spec"]["engine"]["image"] += "-next"
+    pdc["metadata"]["generation"] = 2
+    reconcile(kube, _body(kube), LATER)
+    ready = c.find(_body(kube)["status"]["conditions"], c.READY)
+    assert (ready["status"], ready["reason"]) == ("False", c.WAITING_FOR_REPLICAS)
+
+
+def _pod(name, role, *, created, ready=None, draining=False, deleting=False):
+    meta = {"name": name, "namespace": "serving", "creationTimestamp": created,
+            "labels": {"app.kubernetes.io/instance": "glm53", "pdscale.io/role": role,
+                       "app.kubernetes.io/managed-by": "pdscale-operator"},
+            "annotations": {"pdscale.io/draining-since": "1.0"} if draining else {}}
+    if deleting:
+        meta["deletionTimestamp"] = LATER
+    conds = [] if ready is None else [{"type": "Ready", "status": ready[0], "lastTransitionTime": ready[1]}]
+    return {"metadata": meta, "status": {"conditions": conds}}
+
+
+def test_a_pod_not_ready_past_its_allowance_is_degraded_and_named_once():
+    kube = FakeKube()
+    _pdc(kube)  # decode warm-up 900 s: allowance 2700 s
+    reconcile(kube, _body(kube), NOW)
+    kube.make_ready()
+    kube.pods = [
+        _pod("glm53-decode-stuck", "decode", created="2026-11-30T11:00:00Z",
+             ready=("False", "2026-11-30T11:00:05Z")),
+        _pod("glm53-decode-new", "decode", created="2026-11-30T11:50:00Z"),  # within allowance
+        _pod("glm53-decode-ok", "decode", created="2026-11-30T10:00:00Z",
+             ready=("True", "2026-11-30T10:10:00Z")),
+        _pod("glm53-prefill-leaving", "prefill", created="2026-11-30T10:00:00Z",
+             ready=("False", "2026-11-30T10:00:00Z"), deleting=True),
+        _pod("glm53-prefill-drained", "prefill", created="2026-11-30T10:00:00Z",
+             ready=("False", "2026-11-30T10:00:00Z"), draining=True),
+    ]
+    out = reconcile(kube, _body(kube), NOW)
+    degraded = c.find(_body(kube)["status"]["conditions"], c.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", c.POD_NOT_READY)
+    assert degraded["message"] == ("decode pod glm53-decode-stuck not Ready within its allowance "
+                                   "of 2700 s; kept out of the router")
+    assert [e.reason for e in out.events if e.type == "Warning"] == [c.POD_NOT_READY]
+    # Still stuck a minute later: no new write, no new Event.
+    before = kube.versions()
+    again = reconcile(kube, _body(kube), "2026-11-30T12:01:00Z")
+    assert again.writes == 0 and kube.versions() == before
+    # It becomes Ready: Degraded clears.
+    kube.pods[0]["status"]["conditions"][0]["status"] = "True"
+    reconcile(kube, _body(kube), "2026-11-30T12:02:00Z")
+    degraded = c.find(_body(kube)["status"]["conditions"], c.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("False", c.AS_EXPECTED)
+
+
 def test_rbac_is_least_privilege():
     role = rbac.cluster_role()
     verbs = {(g, r): set(rule["verbs"]) for rule in role["rules"]
@@ -224,16 +318,27 @@ def test_rbac_is_least_privilege():
                                     "namespace": "pdscale-system"}]
 
 
-def test_in_auto_mode_the_planners_replicas_drive_the_deployments_within_bounds():
+def test_in_auto_mode_the_planners_replicas_drive_the_deployments_raised_to_min():
     kube = FakeKube()
     pdc = _pdc(kube)
     pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
-    pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 99}}}
+    pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 0}}}
     out = reconcile(kube, _body(kube), NOW)
     deployments = {n: o["spec"]["replicas"] for (k, _, n), o in kube.objects.items() if k == "Deployment"}
-    assert deployments == {"glm53-prefill": 6, "glm53-decode": 20, "glm53-router": 2}  # decode max 20
+    min_decode = pdc["spec"]["decode"]["minReplicas"]
+    assert deployments == {"glm53-prefill": 6, "glm53-decode": min_decode, "glm53-router": 2}
     assert out.problems == []
-    assert _body(kube)["status"]["planner"] == {"replicas": {"prefill": 6, "decode": 99}}  # untouched
+    assert _body(kube)["status"]["planner"] == {"replicas": {"prefill": 6, "decode": 0}}  # untouched
+
+
+def test_a_lowered_max_is_left_to_the_planners_drains_not_cut_by_the_replicaset():
+    kube = FakeKube()
+    pdc = _pdc(kube)
+    pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
+    pdc["spec"]["decode"].update(maxReplicas=4, replicas=4)
+    pdc["status"] = {"planner": {"replicas": {"prefill": 4, "decode": 8}}}
+    reconcile(kube, _body(kube), NOW)
+    assert kube.objects[("Deployment", "serving", "glm53-decode")]["spec"]["replicas"] == 8
 
 
 def test_outside_auto_mode_the_spec_replicas_win():
