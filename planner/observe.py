@@ -67,7 +67,7 @@ class Observation:
 
     now_seconds: float
     rate_rps: Reading | None = None
-    #: highest arrival rate over a 10 s sub-window of the interval (model.PEAK_WINDOW_SECONDS)
+    #: highest arrival rate over a 5 s sub-window of the interval (model.PEAK_WINDOW_SECONDS)
     peak_rate_rps: Reading | None = None
     mean_input_tokens: Reading | None = None
     mean_output_tokens: Reading | None = None
