@@ -6,7 +6,7 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo cluster down chart-sync
+.PHONY: setup test lint demo cluster down chart-sync e2e-kind
 
 setup:
 	@e2e/setup
@@ -40,3 +40,11 @@ chart-sync: setup
 	$(VENV)/bin/python -c "import json, yaml; from pdscale.operator import rbac; \
 	print(yaml.safe_dump(json.loads(json.dumps(rbac.rules())), sort_keys=False), end='')" \
 	> charts/pdscale/rbac-rules.yaml
+
+# The same e2e suite and the demo on a kind cluster (needs Docker and kind; kwok runs inside
+# it and manages the fake 8xH200 nodes). The tests and the demo only see KUBECONFIG.
+KIND_KUBECONFIG ?= $(CURDIR)/out/kind/kubeconfig
+e2e-kind: setup
+	KIND_KUBECONFIG=$(KIND_KUBECONFIG) e2e/kind/create-cluster
+	KUBECONFIG=$(KIND_KUBECONFIG) $(VENV)/bin/pytest e2e
+	KUBECONFIG=$(KIND_KUBECONFIG) $(VENV)/bin/pdscale demo --out out/demo-kind

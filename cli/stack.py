@@ -118,6 +118,26 @@ class Stack:
             )
         self.say(f"operator running as {self.release_namespace}/{OPERATOR_SERVICE_ACCOUNT} (log: {log})")
 
+    def remove_pdcluster(self, namespace: str, name: str, timeout_seconds: float = 120) -> None:
+        """Delete a PDCluster and wait for its pods to go (garbage collection through the
+        owner references): on a shared cluster (KUBECONFIG) the next user starts clean."""
+        import time
+
+        from kubernetes import client
+
+        from .testbed import api_client
+
+        assert self.kubeconfig is not None
+        api = api_client(self.kubeconfig)
+        with contextlib.suppress(client.ApiException):
+            client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                "pdscale.io", "v1alpha1", namespace, "pdclusters", name)
+        core = client.CoreV1Api(api)
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline and core.list_namespaced_pod(
+                namespace, label_selector=f"app.kubernetes.io/instance={name}").items:
+            time.sleep(1)
+
     def kill_operator(self) -> None:
         """SIGKILL: no cleanup handler runs, as when a node dies under the operator's pod."""
         if self.operator is not None:

@@ -72,6 +72,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
         events = core.list_namespaced_event(
             "default", field_selector="involvedObject.kind=PDCluster,involvedObject.name=e2e").items
         yield result, checks, pdc, events, stack
+        stack.remove_pdcluster("default", "e2e")
 
 
 def _decided(result: DemoResult, phase: str, last_seconds: float) -> tuple[int, int]:

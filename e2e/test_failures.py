@@ -128,6 +128,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         wait_for(lambda: len(w.listed()) == 5, timeout_seconds=120,
                  what="the router listing 2 prefill and 3 decode workers")
         yield w
+        stack.remove_pdcluster(NS, NAME)
 
 
 def test_operator_killed_mid_drain_restarts_and_finishes_it_only_once_idle(world: World):
