@@ -78,6 +78,8 @@ class PlannerConfig:
     rise_prior: float = 1.0
     rise_min_samples: int = 10
     rise_history_intervals: int = 1440
+    #: cost of one instance missing for one interval, in instance-intervals of GPU time
+    shortfall_penalty: float = 1000.0
     #: extra cost of a role switch, in multiples of its idle (drain + warm-up) node time
     role_switch_penalty: float = 1.0
     #: readings older than this are unknown
@@ -339,6 +341,8 @@ def _plan_for(
             floor = np.maximum(floor, np.array(dec.desired, dtype=float))
     floor = np.where(over[0], np.minimum(floor, need[:, 0]), floor)  # budget split wins
     floor = np.minimum(floor, committed0)  # a floor never forces a scale-up
+    # ... nor keeps a fleet above a maxReplicas the user has lowered under it
+    floor = np.minimum(floor, [cfg.max_prefill, cfg.max_decode])
 
     # -- MILP ----------------------------------------------------------------------------------
     # variables: for role r in (0, 1) and kind in (add, switch-in, remove, short): index
@@ -401,7 +405,14 @@ def _plan_for(
         add_rows(serving(r), -base_serving, inf)
         # min/max on committed
         lim = (cfg.min_prefill, cfg.max_prefill) if r == 0 else (cfg.min_decode, cfg.max_decode)
-        add_rows(committed(r), lim[0] - committed0[r], lim[1] - committed0[r])
+        # (a fleet outside bounds the user has just moved comes back in as fast as the step
+        # limits allow)
+        floor_r, ceiling = lim[0] - committed0[r], lim[1] - committed0[r]
+        if cfg.max_step_up is not None:
+            floor_r = np.minimum(floor_r, cfg.max_step_up * np.arange(1, H + 1))
+        if cfg.max_step_down is not None:
+            ceiling = np.maximum(ceiling, -cfg.max_step_down * np.arange(1, H + 1))
+        add_rows(committed(r), floor_r, ceiling)
         prov += committed(r)
         prov[:, vi(r, REM)] += band(drain_iv[r])
         # max steps per interval
@@ -439,7 +450,7 @@ def _plan_for(
     c = np.zeros(nv)
     # provisioned-node cost of each variable = column sum of the provisioned rows
     c += gpu_h * prov.sum(axis=0)
-    penalty = 1000.0 * gpu_h  # an instance short for one interval is worth 1000 idle ones
+    penalty = cfg.shortfall_penalty * gpu_h  # an instance short for one interval vs idle ones
     for r in (0, 1):
         c[vi(r, SHORT)] = penalty
         # epsilon on actions: on a tie, do nothing

@@ -143,6 +143,25 @@ def test_scale_down_waits_for_the_stabilisation_window() -> None:
     assert dec.prefill < 20
 
 
+def test_a_lowered_max_wins_over_the_stabilisation_window_and_the_step_limit() -> None:
+    # The user lowers maxReplicas under a fleet that the window still wants: the decision
+    # goes to the new max (the operator drains the excess), it does not fail or hold.
+    h = History()
+    for k in range(3):
+        h = h.record(None, Decision(k * 60.0, 20, 8, 1, 0.03, 1, "", desired=(20, 8)))
+    c = cfg(nodes=500, stabilization_window_seconds=300, forecast_method="last", max_decode=2)
+    dec = plan(obs(5.0, 20, 8), config=c, history=h, now=600.0)
+    assert not dec.held and dec.solver != "" and dec.decode == 2
+    # ... and with a step limit, one step at a time towards it
+    dec = plan(obs(5.0, 20, 8), config=c.__class__(**{**c.__dict__, "max_step_down": 1}),
+               history=h, now=600.0)
+    assert not dec.held and dec.decode == 7
+    # a raised min, likewise
+    up = cfg(nodes=500, forecast_method="last", min_prefill=9, max_step_up=2)
+    dec = plan(obs(5.0, 2, 2), config=up, now=600.0)
+    assert not dec.held and dec.prefill == 4
+
+
 def test_max_step_limits_change_per_interval() -> None:
     dec = plan(obs(300.0, 2, 2), config=cfg(nodes=500, max_step_up=3), now=600.0)
     assert dec.prefill <= 5 and dec.decode <= 5
