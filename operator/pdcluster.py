@@ -434,7 +434,9 @@ class RoleSpec(_Model):
 
 
 class RouterSpec(_Model):
-    """The P/D router in front of both roles. It discovers workers by pod labels."""
+    """The P/D router in front of both roles. It starts with no workers; the operator keeps its
+    worker list equal to the Ready, non-draining pods (SGLang: its /workers API; vLLM: its
+    ZMQ service discovery)."""
 
     kind: RouterKind | None = Field(
         default=None, description="SGLang or VLLM router; unset follows engine.kind."
@@ -443,6 +445,11 @@ class RouterSpec(_Model):
     replicas: int = Field(default=1, ge=0, le=64, description="Router pods.")
     port: int = Field(default=30000, ge=1, le=65535, description="Router HTTP port.")
     metrics_port: int = Field(default=29000, ge=1, le=65535, description="Router metrics port.")
+    discovery_port: int = Field(
+        default=30001, ge=1, le=65535,
+        description="vLLM router only: port of its ZMQ service discovery, where the operator "
+        "announces the Ready, non-draining pods (vllm-router has no worker API in PD mode).",
+    )
     prefill_policy: RoutingPolicy = Field(
         default=RoutingPolicy.CACHE_AWARE, description="How a prefill worker is chosen."
     )

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -39,8 +40,9 @@ from pdscale.planner.prometheus import (
 from pdscale.planner.solve import current_load, plan
 from pdscale.routersync import RouterClient, RouterError, SyncPlan, WorkerSpec, normalize_url
 
-from . import conditions, names
+from . import conditions, names, router
 from .builders import unready_allowance_seconds
+from .engines import NIXL_SIDE_CHANNEL_PORT
 from .fleet import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
@@ -51,7 +53,7 @@ from .fleet import (
     router_workers,
 )
 from .kube import Kube, api_client_from_environment
-from .pdcluster import PDClusterSpec, PlannerMode
+from .pdcluster import PDClusterSpec, PlannerMode, RouterKind
 from .planning import (
     decision_event,
     decision_status,
@@ -62,6 +64,7 @@ from .planning import (
 )
 from .reconcile import Event, now_rfc3339, post_event, reconcile
 from .status import overdue_pods
+from .vllm_discovery import Announcer
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +157,9 @@ class PlannerLoop:
         self.apps = client.AppsV1Api(api)
         self.kube = Kube(api)
         self.prometheus_url = prometheus_url or os.environ.get("PDSCALE_PROMETHEUS_URL")
+        #: announces workers to vLLM routers (they have no worker API); runs in its own thread
+        self.announcer = Announcer(side_channel_port=NIXL_SIDE_CHANNEL_PORT)
+        self.routers_seen: set[str] = set()
 
     def tick_all(self) -> None:
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
@@ -165,6 +171,7 @@ class PlannerLoop:
             key = (pod.metadata.namespace, labels.get(names.LABEL_INSTANCE, ""),
                    labels.get(names.LABEL_ROLE, ""))
             pods.setdefault(key, []).append(pod)
+        self.routers_seen = set()
         for body in self.kube.list_pdclusters():
             if body["metadata"].get("deletionTimestamp"):
                 continue
@@ -175,6 +182,7 @@ class PlannerLoop:
                 log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
             except Exception:  # one PDCluster's failure must not stop the others'
                 log.exception("planner tick of %s failed", key)
+        self.announcer.forget(self.routers_seen)
 
     # ------------------------------------------------------------------------------------
     def tick(self, body: dict[str, Any], now: float,
@@ -189,8 +197,9 @@ class PlannerLoop:
         pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
                 for role in ROLES}
         router_pods = listed_pods.get((ns, instance, "router"), [])
-        routers = self._router_urls(router_pods, spec)
-        listed = self._listed(routers)
+        vllm = router.kind(spec) is RouterKind.VLLM
+        routers = self._discovery_addresses(router_pods, spec) if vllm else self._router_urls(router_pods, spec)
+        listed = self._announced(routers) if vllm else self._listed(routers)
         mode = spec.planner.mode
         if mode is not PlannerMode.OFF:
             for role in ROLES:
@@ -204,7 +213,11 @@ class PlannerLoop:
         desired = router_workers([*pods["prefill"], *pods["decode"]], port=spec.engine.port,
                                  bootstrap_port=spec.kv_transfer.bootstrap_port)
         for url in routers:
-            self._sync_router(body, url, desired)
+            if vllm:
+                self.announcer.set_workers(url, desired)
+            else:
+                self._sync_router(body, url, desired)
+        self.routers_seen.update(routers)
         self._report_overdue(body, spec, [p for role in ROLES
                                           for p in listed_pods.get((ns, instance, role), [])], now)
 
@@ -252,6 +265,21 @@ class PlannerLoop:
         return [f"http://{p.status.pod_ip}:{spec.router.port}" for p in pods
                 if p.status.pod_ip and p.metadata.deletion_timestamp is None
                 and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+
+    def _discovery_addresses(self, pods: list[client.V1Pod], spec: PDClusterSpec) -> list[str]:
+        # Not only Ready routers: vllm-router is not Ready until it has workers.
+        return [f"{p.status.pod_ip}:{spec.router.discovery_port}" for p in pods
+                if p.status.pod_ip and p.metadata.deletion_timestamp is None]
+
+    def _announced(self, addresses: list[str]) -> set[str] | None:
+        """Worker URLs some vLLM router may still route to (see vllm_discovery)."""
+        urls: set[str] = set()
+        for address in addresses:
+            listed = self.announcer.listed(address)
+            if listed is None:
+                return None
+            urls |= listed
+        return urls
 
     def _listed(self, routers: list[str]) -> set[str] | None:
         """Worker URLs some router lists; None when a router could not be asked (then every
@@ -408,7 +436,11 @@ async def start_planner(memo: kopf.Memo, **_: Any) -> None:
     if port:
         # The operator's own metrics: decisions, predicted vs observed latency, time per plan.
         start_http_server(int(port), addr=os.environ.get("PDSCALE_METRICS_HOST", "0.0.0.0"))
-    memo.planner_task = asyncio.create_task(run_forever(PlannerLoop(api_client_from_environment())))
+    loop = PlannerLoop(api_client_from_environment())
+    memo.announcer_stop = threading.Event()
+    threading.Thread(target=loop.announcer.run, args=(memo.announcer_stop,), name="vllm-discovery",
+                     daemon=True).start()
+    memo.planner_task = asyncio.create_task(run_forever(loop))
 
 
 @kopf.on.cleanup()
@@ -416,3 +448,6 @@ async def stop_planner(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "planner_task", None)
     if task is not None:
         task.cancel()
+    stop = getattr(memo, "announcer_stop", None)
+    if stop is not None:
+        stop.set()

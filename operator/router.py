@@ -1,7 +1,8 @@
 """The P/D router: its Deployment, Service and identity.
 
 The router starts with no workers; the operator keeps its worker list equal to the Ready,
-non-draining engine pods through the router's ``/workers`` API (planner_loop.py). Not the
+non-draining engine pods (planner_loop.py): through the SGLang router's ``/workers`` API, or
+by announcing them to the vLLM router's ZMQ discovery (vllm_discovery.py). Not the
 router's own Kubernetes discovery: it drops a worker only when its pod goes away, so a pod
 could not leave the router before its drain, and the release order (router first, then the
 pod) could not hold. A router with no API access also needs no RBAC of its own.
@@ -42,9 +43,12 @@ def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
         command = ["python3", "-m", "sglang_router.launch_router"]
         mode = ["--pd-disaggregation"]
     else:
-        # vllm-project/router is a fork of the SGLang router with the same worker API.
+        # vllm-router has no worker API in PD mode and will not start without static workers
+        # unless its ZMQ discovery runs: the operator announces the workers there.
         command = ["vllm-router"]
-        mode = ["--vllm-pd-disaggregation"]
+        mode = ["--vllm-pd-disaggregation",
+                "--vllm-discovery-address", f"0.0.0.0:{r.discovery_port}",
+                "--kv-connector", "nixl"]
     return command, [*mode, *common, *r.extra_args]
 
 
@@ -67,6 +71,8 @@ def deployment(owner: Owner, spec: PDClusterSpec) -> dict[str, Any]:
         "ports": [
             {"name": "http", "containerPort": r.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": r.metrics_port, "protocol": "TCP"},
+            *([{"name": "discovery", "containerPort": r.discovery_port, "protocol": "TCP"}]
+              if kind(spec) is RouterKind.VLLM else []),
         ],
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http", "scheme": "HTTP"},
                            "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3,

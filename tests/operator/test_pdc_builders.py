@@ -190,10 +190,27 @@ def test_sglang_router_starts_in_pd_mode_with_no_workers_of_its_own(sglang_child
     assert parsed.port == 30000
 
 
+def test_vllm_router_starts_in_pd_mode_with_its_discovery_and_no_static_workers(vllm_children):
+    """vllm-router has no worker API in PD mode: the operator announces workers to its ZMQ
+    discovery, which also lets it start with no --prefill/--decode (it refuses otherwise)."""
+    from vllm_router.launch_router import parse_router_args
+
+    d = vllm_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
+    assert d["command"] == ["vllm-router"]
+    parsed = parse_router_args(d["args"])
+    assert parsed.vllm_pd_disaggregation and parsed.kv_connector == "nixl"
+    assert parsed.vllm_discovery_address == "0.0.0.0:30001"
+    assert not parsed.service_discovery and not parsed.prefill_urls and not parsed.decode_urls
+    assert {"name": "discovery", "containerPort": 30001, "protocol": "TCP"} in d["ports"]
+
+
 @pytest.mark.slow
-def test_the_real_router_starts_with_the_rendered_arguments(sglang_children, tmp_path):
-    """sglang-router validates its policies at start (power-of-two needs two workers): the
-    arguments we render must start the real binary, with no worker at all."""
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_the_real_router_starts_with_the_rendered_arguments(engine, sglang_children, vllm_children,
+                                                            tmp_path):
+    """Both routers validate their arguments at start (sglang-router: power-of-two needs two
+    workers; vllm-router: PD mode needs workers or its discovery): the arguments we render
+    must start the real binary, with no worker at all."""
     import json
     import os
     import subprocess
@@ -201,21 +218,25 @@ def test_the_real_router_starts_with_the_rendered_arguments(sglang_children, tmp
     import time
     import urllib.request
 
-    c = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
+    children = sglang_children if engine == "sglang" else vllm_children
+    c = children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
     args = list(c["args"])
     for flag in ("--host", "--prometheus-host"):
         args[args.index(flag) + 1] = "127.0.0.1"
     port = args[args.index("--port") + 1] = str(_free_port())
     args[args.index("--prometheus-port") + 1] = str(_free_port())
+    if "--vllm-discovery-address" in args:
+        args[args.index("--vllm-discovery-address") + 1] = f"127.0.0.1:{_free_port()}"
+    command = ([sys.executable, "-m", "sglang_router.launch_router"] if engine == "sglang"
+               else [str(pathlib.Path(sys.executable).parent / "vllm-router")])
     log = tmp_path / "router.log"
     with open(log, "wb") as out:
-        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *args],
-                                  stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                  env={**os.environ, "PYTHONSAFEPATH": "1"})
+        router = subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT,
+                                  cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"})
     try:
         deadline = time.monotonic() + 20
         while True:
-            assert router.poll() is None, f"router exited: {log.read_text()[-500:]}"
+            assert router.poll() is None, f"router exited: {log.read_text(errors='replace')[-500:]}"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers", timeout=1) as r:
                     assert json.loads(r.read())["total"] == 0

@@ -1,0 +1,121 @@
+"""The vLLM router's worker list, kept equal to the Ready, non-draining pods.
+
+vllm-router (0.1.17, the version checked here) in PD mode has no worker API: ``POST /workers``
+answers 400 ("PD router requires specific add_prefill_server or add_decode_server methods"),
+and it refuses to start with no ``--prefill``/``--decode`` URL unless it runs its ZMQ service
+discovery (``--vllm-discovery-address``). That discovery is how vLLM instances announce
+themselves: a msgpack map ``{"type": "P"|"D", "http_address": "host:port",
+"zmq_address": "host:port"}`` sent on a ZMQ DEALER socket, repeated; an instance not heard
+from for 5 s is dropped ("expired"). Its ``GET /workers`` does not show these.
+
+So the operator speaks for the pods: every second it announces each Ready, non-draining pod
+to each router, and it stops announcing a pod once it drains. The router lets go at most
+``PING_TIMEOUT_SECONDS`` later; until then the pod counts as listed (``listed``), so a drain
+never finishes while the router may still send it work. After an operator restart nothing is
+known for one timeout: every pod counts as listed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgpack
+import zmq
+
+from pdscale.routersync import WorkerSpec, normalize_url
+
+#: vllm-router drops an instance it has not heard from for this long (DEFAULT_PING_SECONDS)
+PING_TIMEOUT_SECONDS = 5.0
+ANNOUNCE_EVERY_SECONDS = 1.0
+#: slack for a message in flight and the router's expiry sweep
+LEAVE_MARGIN_SECONDS = 2.0
+
+
+def announcement(worker: WorkerSpec, side_channel_port: int) -> bytes:
+    """One discovery message for one worker (pure)."""
+    host_port = worker.url.split("://", 1)[-1].rstrip("/")
+    host = host_port.rsplit(":", 1)[0]
+    return msgpack.dumps({
+        "type": "P" if worker.role == "prefill" else "D",
+        "http_address": host_port,
+        # The KV side channel of the instance (NIXL's; P2P NCCL reads it from here).
+        "zmq_address": f"{host}:{side_channel_port}",
+    })
+
+
+def still_listed(last_sent: dict[str, float], now: float, started: float) -> set[str] | None:
+    """URLs a router may still route to: announced within the timeout (pure). None while the
+    announcer is younger than the timeout: what an earlier operator announced is unknown."""
+    window = PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS
+    if now - started < window:
+        return None
+    return {url for url, at in last_sent.items() if now - at < window}
+
+
+@dataclass
+class Announcer:
+    """Announces workers to vLLM routers' discovery sockets from its own thread (ZMQ sockets
+    are not thread-safe); the planner loop only sets what to announce and asks what is
+    listed."""
+
+    side_channel_port: int
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default=-1.0)
+    _desired: dict[str, frozenset[WorkerSpec]] = field(default_factory=dict)
+    _last_sent: dict[str, dict[str, float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sockets: dict[str, zmq.Socket[bytes]] = field(default_factory=dict)
+    _context: zmq.Context[zmq.Socket[bytes]] = field(default_factory=zmq.Context)
+
+    def __post_init__(self) -> None:
+        if self.started < 0:
+            self.started = self.clock()
+
+    def set_workers(self, address: str, workers: Iterable[WorkerSpec]) -> None:
+        """What the router at ``address`` (host:port of its discovery socket) should list."""
+        with self._lock:
+            self._desired[address] = frozenset(workers)
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Stop announcing to routers that are gone."""
+        keep = set(keep)
+        with self._lock:
+            for address in [a for a in self._desired if a not in keep]:
+                del self._desired[address]
+
+    def listed(self, address: str) -> set[str] | None:
+        with self._lock:
+            sent = dict(self._last_sent.get(address, {}))
+        return still_listed(sent, self.clock(), self.started)
+
+    def announce_once(self) -> None:
+        with self._lock:
+            desired = dict(self._desired)
+        for address in [a for a in self._sockets if a not in desired]:
+            self._sockets.pop(address).close(linger=0)
+        for address, workers in desired.items():
+            sock = self._sockets.get(address)
+            if sock is None:
+                sock = self._context.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, 1000)  # an unreachable router: drop, do not pile up
+                sock.connect(f"tcp://{address}")
+                self._sockets[address] = sock
+            now = self.clock()
+            for worker in workers:
+                try:
+                    sock.send(announcement(worker, self.side_channel_port), zmq.NOBLOCK)
+                except zmq.Again:
+                    continue  # not connected yet: not announced, so not counted as listed
+                with self._lock:
+                    self._last_sent.setdefault(address, {})[normalize_url(worker.url)] = now
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(ANNOUNCE_EVERY_SECONDS):
+            self.announce_once()
+        for sock in self._sockets.values():
+            sock.close(linger=0)
+        self._sockets.clear()
