@@ -24,6 +24,17 @@ in flight until its room's KV has been collected, because removing a prefill ins
 is still awaited is exactly the failure the release order must avoid. A prefill that refuses
 a request (draining) fails its room at once, so the decode half does not wait for nothing.
 
+``--dialect vllm`` speaks vLLM's part instead, as vllm-router 0.1.17 uses it in PD mode with
+``--kv-connector nixl`` (observed; tests/loop/README.md): the router sends the prefill first
+(``max_tokens`` 1, non-streaming, ``kv_transfer_params.do_remote_decode``), and then the
+original request to the decode with the ``kv_transfer_params`` the prefill answered. The sim's
+prefill names itself there (``remote_host``, ``remote_port`` = its bootstrap server, standing
+in for NIXL's side channel, ``remote_request_id`` = the room), and the decode collects that
+room as above, waits the KV-transfer time and decodes; without them it prefills locally. No
+``/generate``, ``/server_info`` or ``/get_load``; ``/metrics`` has vLLM's names (``vllm:...``,
+label ``model_name``), whose ``num_requests_running`` + ``num_requests_waiting`` are what the
+operator reads as in-flight work.
+
 Time follows a pluggable :class:`TimingModel` (model seconds), divided by
 ``--time-compression``: a compressed engine behaves like one that is that many times faster in
 every respect, so latencies observed by clients and in ``/metrics`` are wall-clock seconds.
@@ -283,6 +294,10 @@ class Metrics:
     cached_tokens: int = 0
     requests: int = 0
     aborted_requests: int = 0
+    #: requests answered in full (vLLM's request_success_total)
+    finished_requests: int = 0
+    #: prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries_total)
+    cache_queries: int = 0
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
@@ -322,6 +337,82 @@ def render_metrics(
         lines.append(f"# TYPE {name} histogram")
         lines.extend(hist.lines(name, labels))
     return "\n".join(lines) + "\n"
+
+
+def render_vllm_metrics(
+    m: Metrics, *, model_name: str, running: int, waiting: int, inflight: int
+) -> str:
+    """Prometheus exposition of one engine under vLLM's (V1) metric names and labels.
+
+    The role is not a label (vLLM does not know it); Prometheus adds it from the pod. Aborted
+    requests are a ``finished_reason`` of ``request_success_total``, as in vLLM."""
+    labels = f'engine="0",model_name="{model_name}"'
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, value: float, extra: str = "", declare: bool = True) -> None:
+        if declare:
+            lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name}{{{labels}{extra}}} {value}")
+
+    metric("vllm:num_requests_running", "gauge", running)
+    metric("vllm:num_requests_waiting", "gauge", waiting)
+    metric("vllm:request_success_total", "counter", m.finished_requests,
+           ',finished_reason="length"')  # fmt: skip
+    metric("vllm:request_success_total", "counter", m.aborted_requests,
+           ',finished_reason="abort"', declare=False)  # fmt: skip
+    metric("vllm:prompt_tokens_total", "counter", m.prompt_tokens)
+    metric("vllm:generation_tokens_total", "counter", m.generation_tokens)
+    metric("vllm:prefix_cache_queries_total", "counter", m.cache_queries)
+    metric("vllm:prefix_cache_hits_total", "counter", m.cached_tokens)
+    # not a vLLM metric: what the sim's own drain waits on (includes uncollected KV)
+    metric("pdscale_sim:inflight_requests", "gauge", inflight)
+    for name, hist in (
+        ("vllm:time_to_first_token_seconds", m.ttft),
+        ("vllm:inter_token_latency_seconds", m.itl),
+        ("vllm:e2e_request_latency_seconds", m.e2e),
+    ):
+        lines.append(f"# TYPE {name} histogram")
+        lines.extend(hist.lines(name, labels))
+    return "\n".join(lines) + "\n"
+
+
+# -- vLLM's KV hand-off (NIXL's kv_transfer_params) -----------------------------------------
+
+
+def remote_prefill_params(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``kv_transfer_params`` of a decode request whose prompt was prefilled elsewhere
+    (``do_remote_prefill`` and a ``remote_host``), or None: then the decode prefills locally,
+    as vLLM does."""
+    params = body.get("kv_transfer_params")
+    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+        return None
+    if params.get("remote_host") is None or params.get("remote_port") is None:
+        return None
+    return params
+
+
+def wants_remote_decode(body: dict[str, Any]) -> bool:
+    """A prefill request whose KV a remote decode will read (the router sets this)."""
+    params = body.get("kv_transfer_params")
+    return isinstance(params, dict) and bool(params.get("do_remote_decode"))
+
+
+def prefill_kv_params(
+    *, engine_id: str, host: str, port: int | None, request_id: int, blocks: int
+) -> dict[str, Any]:
+    """What a vLLM prefill with NIXL returns for the decode to read its KV: this instance
+    (engine id, side channel host and port), its blocks and the request to collect. The sim's
+    side channel is its bootstrap server; ``remote_request_id`` is the room to collect."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": list(range(blocks)),
+        "remote_engine_id": engine_id,
+        "remote_request_id": request_id,
+        "remote_host": host,
+        "remote_port": port,
+        "tp_size": 1,
+    }
 
 
 # -- response formats ------------------------------------------------------------------------
@@ -425,6 +516,11 @@ class EngineConfig:
     #: reported as ``model_path``; the router loads a tokenizer from it, from the Hugging Face
     #: hub unless it is a local directory with a tokenizer.json (see write_word_tokenizer)
     model_path: str | None = None
+    #: which engine's API and metric names to speak: "sglang" or "vllm"
+    dialect: str = "sglang"
+
+
+DIALECTS = ("sglang", "vllm")
 
 
 class Room:
@@ -460,6 +556,10 @@ class SimEngine:
             raise ValueError(f"role must be one of {ROLES}, not {config.role!r}")
         if config.time_compression <= 0:
             raise ValueError("time_compression must be > 0")
+        if config.dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {DIALECTS}, not {config.dialect!r}")
+        if config.dialect == "vllm" and config.role == "prefill" and not config.bootstrap_port:
+            raise ValueError("a vllm-dialect prefill needs a bootstrap port (its KV side channel)")
         self.config = config
         self.timing = timing
         self.metrics = Metrics()
@@ -481,6 +581,9 @@ class SimEngine:
         self._idle.set()
         self._session: ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: prompts this instance computed itself on the decode side (no remote prefill)
+        self.local_prefills = 0
+        self.engine_id = uuid.uuid4().hex
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -554,6 +657,8 @@ class SimEngine:
             "running": self.running(),
             "queued": self.queued(),
             "cached_tokens_in_cache": len(self.cache),
+            "dialect": self.config.dialect,
+            "local_prefills": self.local_prefills,
         }
 
     # -- prefill --------------------------------------------------------------------------
@@ -621,16 +726,25 @@ class SimEngine:
     # -- decode ---------------------------------------------------------------------------
     async def _fetch_kv(self, body: dict[str, Any], tokens: list[str]) -> tuple[int, int]:
         """Wait for this request's prefill (by room) and the KV transfer; (input, cached)."""
-        host, port, room = (
-            body.get("bootstrap_host"),
-            body.get("bootstrap_port"),
-            body.get("bootstrap_room"),
-        )
+        if self.config.dialect == "vllm":
+            params = remote_prefill_params(body) or {}
+            host, port = params.get("remote_host"), params.get("remote_port")
+            room = params.get("remote_request_id") if params else None
+        else:
+            host, port, room = (
+                body.get("bootstrap_host"),
+                body.get("bootstrap_port"),
+                body.get("bootstrap_room"),
+            )
         if host is None or room is None:
             # not disaggregated: compute the prefill here, without a queue
+            self.local_prefills += 1
             cached = self.cache.match(tokens)
             await asyncio.sleep(self.wall(self.timing.prefill_seconds(len(tokens), cached)))
             self.cache.insert(tokens)
+            if self.config.dialect == "vllm":
+                self.metrics.cache_queries += len(tokens)
+                self.metrics.cached_tokens += cached
             return len(tokens), cached
         if not is_loopback(str(host)):
             raise ValueError(f"bootstrap_host {host!r} is not a loopback address")
@@ -751,25 +865,43 @@ class SimEngine:
                 room.done.set()
 
     async def _serve_prefill(self, request, api, body, tokens, rid, arrived):
-        room_id = body.get("bootstrap_room")
+        if self.config.dialect == "vllm":
+            # vLLM: no room from the router; mint one and name it in kv_transfer_params
+            room_id = uuid.uuid4().int >> 65 if wants_remote_decode(body) else None
+        else:
+            room_id = body.get("bootstrap_room")
         room = await self.prefill(tokens, int(room_id) if room_id is not None else None)
         try:
-            return await self._answer_prefill(request, api, body, rid, arrived, room)
+            return await self._answer_prefill(request, api, body, rid, arrived, room, room_id)
         finally:
             room.serving = False  # from here on only the uncollected KV keeps it in flight
 
-    async def _answer_prefill(self, request, api, body, rid, arrived, room):
+    async def _answer_prefill(self, request, api, body, rid, arrived, room, room_id):
         self.metrics.prompt_tokens += room.input_tokens
         self.metrics.cached_tokens += room.cached_tokens
         self.metrics.ttft.observe(time.monotonic() - arrived)
         self.metrics.e2e.observe(time.monotonic() - arrived)
         meta = {"prompt_tokens": room.input_tokens, "cached_tokens": room.cached_tokens}
-        # Like SGLang's prefill server: the answer carries the one token prefill sampled.
+        extra: dict[str, Any] = {}
+        if self.config.dialect == "vllm":
+            self.metrics.cache_queries += room.input_tokens
+            self.metrics.generation_tokens += 1
+            self.metrics.finished_requests += 1
+            if room_id is not None:
+                extra["kv_transfer_params"] = prefill_kv_params(
+                    engine_id=self.engine_id, host=self.config.host,
+                    port=self.config.bootstrap_port, request_id=room_id,
+                    blocks=-(-room.input_tokens // self.config.block_tokens),
+                )  # fmt: skip
+        # Like SGLang's prefill server (and vLLM's with max_tokens=1): the answer carries the
+        # one token prefill sampled.
         if not body.get("stream"):
-            return web.json_response(full_response(api, rid, self.config.model_name, 1, meta))
+            answer = full_response(api, rid, self.config.model_name, 1, meta)
+            return web.json_response({**answer, **extra})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(sse(stream_chunk(api, rid, self.config.model_name, 0, 1, meta)))
+        chunk = stream_chunk(api, rid, self.config.model_name, 0, 1, meta)
+        await resp.write(sse({**chunk, **extra}))
         await resp.write(sse("[DONE]"))
         await resp.write_eof()
         return resp
@@ -803,6 +935,10 @@ class SimEngine:
             await resp.write(sse(error))
             return resp  # no [DONE]: the client sees a truncated stream
         self.metrics.e2e.observe(time.monotonic() - arrived)
+        if self.config.dialect == "vllm":
+            # vLLM counts every finished request's prompt, prefilled here or not
+            self.metrics.prompt_tokens += int(meta.get("prompt_tokens", len(tokens)))
+            self.metrics.finished_requests += 1
         if not stream:
             return web.json_response(full_response(api, rid, model, n_out, meta))
         if api == "chat" and (body.get("stream_options") or {}).get("include_usage"):
@@ -858,6 +994,12 @@ class SimEngine:
         }])  # fmt: skip
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
+        if self.config.dialect == "vllm":
+            text = render_vllm_metrics(
+                self.metrics, model_name=self.config.model_name, running=self.running(),
+                waiting=self.queued(), inflight=self.inflight(),
+            )  # fmt: skip
+            return web.Response(text=text, content_type="text/plain")
         text = render_metrics(
             self.metrics, model_name=self.config.model_name, role=self.config.role,
             running=self.running(), queued=self.queued(), inflight=self.inflight(),
@@ -882,7 +1024,26 @@ class SimEngine:
             {"input_tokens": room.input_tokens, "cached_tokens": room.cached_tokens}
         )
 
+    async def handle_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "pdscale-sim"})
+
+    def vllm_app(self) -> web.Application:
+        """vLLM's OpenAI server: no /generate, /server_info or /get_load."""
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        r = app.router
+        for path, api in (("/v1/chat/completions", "chat"), ("/v1/completions", "completions")):
+            r.add_post(path, functools.partial(self.handle_generate, api=api))
+        r.add_get("/health", self.handle_health)
+        r.add_get("/version", self.handle_version)
+        r.add_get("/v1/models", self.handle_models)
+        r.add_get("/metrics", self.handle_metrics)
+        r.add_get("/sim/state", self.handle_state)
+        r.add_post("/sim/drain", self.handle_drain)
+        return app
+
     def app(self) -> web.Application:
+        if self.config.dialect == "vllm":
+            return self.vllm_app()
         app = web.Application(client_max_size=256 * 1024 * 1024)
         r = app.router
         for path, api in (
@@ -969,9 +1130,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pdscale.simengine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--role", choices=ROLES, required=True)
+    p.add_argument("--dialect", choices=DIALECTS, default="sglang",
+                   help="speak SGLang's API and metric names (default), or vLLM's (PD via "
+                   "vllm-router with kv_transfer_params, vllm: metrics, no /get_load)")  # fmt: skip
     p.add_argument("--host", required=True, help="a 127.0.0.0/8 address")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--bootstrap-port", type=int, default=8998, help="prefill only")
+    p.add_argument("--bootstrap-port", type=int, default=8998,
+                   help="prefill only (the vllm dialect's KV side channel too)")  # fmt: skip
     p.add_argument("--model-name", default="sim-model")
     p.add_argument("--time-compression", type=float, default=1.0)
     p.add_argument("--prefix-cache-tokens", type=int, default=1_000_000)
@@ -1000,7 +1165,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         waiting_timeout_seconds=args.waiting_timeout_seconds,
         bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
         startup_seconds=args.startup_seconds, drain_timeout_seconds=args.drain_timeout_seconds,
-        model_path=args.model_path,
+        model_path=args.model_path, dialect=args.dialect,
     )  # fmt: skip
 
 
