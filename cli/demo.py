@@ -93,10 +93,23 @@ def load_pdcluster(name: str, namespace: str, prometheus_url: str) -> dict[str, 
     return body
 
 
-def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, timeout: float = 180) -> str:
-    """The router pod's address once its router serves: it answers and lists at least one
-    prefill and one decode worker (the first instances have warmed up and joined)."""
+def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, timeout: float = 180,
+               *, model: str = "sim-model") -> str:
+    """The router pod's address once its router serves: it lists at least one prefill and one
+    decode worker (the first instances have warmed up and joined), or, for a router whose
+    workers come from its discovery and are not listed (vllm-router), it answers a request."""
     import urllib.request
+
+    def serves(url: str) -> bool:
+        body = json.dumps({"model": model, "max_tokens": 1,
+                           "messages": [{"role": "user", "content": "ping"}]}).encode()
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -105,6 +118,11 @@ def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, tim
         for p in pods:
             if p.status.pod_ip:
                 url = f"http://{p.status.pod_ip}:{port}"
+                discovery = any(a == "--vllm-discovery-address" for a in p.spec.containers[0].args or [])
+                if discovery:
+                    if serves(url):
+                        return url
+                    continue
                 try:
                     with urllib.request.urlopen(f"{url}/workers", timeout=2) as r:
                         stats = json.loads(r.read()).get("stats") or {}
@@ -144,12 +162,14 @@ def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: s
 
 
 def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
-          on_sample=None, sample_seconds: float = 2.0, seed: int = 7) -> DemoResult:  # type: ignore[no-untyped-def]
-    """Apply the PDCluster, wait for its router, run the phases, sample the fleet."""
+          on_sample=None, sample_seconds: float = 2.0, seed: int = 7,  # type: ignore[no-untyped-def]
+          body: dict[str, Any] | None = None) -> DemoResult:
+    """Apply the PDCluster (the demo's, or ``body``), wait for its router, run the phases,
+    sample the fleet."""
     assert stack.kubeconfig is not None and stack.prometheus is not None
     api = api_client(stack.kubeconfig)
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    body = load_pdcluster(name, namespace, stack.prometheus.url)
+    body = body or load_pdcluster(name, namespace, stack.prometheus.url)
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     url = router_url(core, namespace, name, body["spec"]["router"]["port"])
     result = DemoResult(phases=[asdict(p) for p in phases])

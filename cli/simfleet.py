@@ -6,8 +6,8 @@ bound to the pod's IP:
 
 - prefill and decode pods: a simulated SGLang engine (``pdscale.simengine``), timed by the
   planner's performance model and time-compressed, with its warm-up;
-- router pods: the real SGLang router (``sglang-router``), started with the arguments the
-  operator rendered into the pod.
+- router pods: the real router (``sglang-router``, or ``vllm-router`` for vLLM), started with
+  the arguments the operator rendered into the pod.
 
 A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
 would. Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
@@ -132,12 +132,17 @@ class SimFleet:
         ports = {p.name: p.container_port for p in (container.ports or [])}
         log = self.workdir / f"{pod.metadata.namespace}.{pod.metadata.name}.log"
         env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        vllm = (container.command or [""])[0].startswith("vllm")
         if role == "router":
             args = list(container.args or [])
             for flag in ("--host", "--prometheus-host"):
                 if flag in args:
                     args[args.index(flag) + 1] = ip
-            cmd = [sys.executable, "-m", "sglang_router.launch_router", *args]
+            if "--vllm-discovery-address" in args:  # its ZMQ discovery, on the pod's address
+                i = args.index("--vllm-discovery-address") + 1
+                args[i] = f"{ip}:{args[i].rsplit(':', 1)[1]}"
+            cmd = ([str(Path(sys.executable).parent / "vllm-router"), *args] if vllm
+                   else [sys.executable, "-m", "sglang_router.launch_router", *args])
             # Second guard after the engines' local model path: the router's hub client
             # honours HF_ENDPOINT, here a closed loopback port.
             env["HF_ENDPOINT"] = "http://127.0.0.1:9"
@@ -153,7 +158,9 @@ class SimFleet:
                    # A local model folder with a tokenizer.json: the router loads the
                    # tokenizer from it instead of asking the Hugging Face hub.
                    "--model-path", str(self.workdir / "model")]
-            if role == "prefill":
+            if vllm:
+                cmd += ["--dialect", "vllm"]  # vLLM's API and metric names, no /get_load
+            if role == "prefill":  # (a vLLM-dialect prefill hands its KV over on this port too)
                 cmd += ["--bootstrap-port", annotations.get(BOOTSTRAP_ANNOTATION, "8998")]
             if self.profile:
                 cmd += ["--profile", self.profile]
