@@ -200,6 +200,19 @@ class PlannerLoop:
         vllm = router.kind(spec) is RouterKind.VLLM
         routers = self._discovery_addresses(router_pods, spec) if vllm else self._router_urls(router_pods, spec)
         listed = self._announced(routers) if vllm else self._listed(routers)
+        def sync_routers(leaving: frozenset[str] = frozenset()) -> None:
+            # The routers list exactly the Ready, non-draining pods (minus those about to drain:
+            # a pod leaves the router before it is marked, so no one ever sees a draining
+            # pod listed).
+            desired = router_workers(
+                [p for role in ROLES for p in pods[role] if p.name not in leaving],
+                port=spec.engine.port, bootstrap_port=spec.kv_transfer.bootstrap_port)
+            for url in routers:
+                if vllm:
+                    self.announcer.set_workers(url, desired)
+                else:
+                    self._sync_router(body, url, desired)
+
         mode = spec.planner.mode
         if mode is not PlannerMode.OFF:
             for role in ROLES:
@@ -207,16 +220,9 @@ class PlannerLoop:
             decision = self._plan_if_due(body, spec, pods, now)
             if mode is PlannerMode.AUTO and decision is not None:
                 targets = {"prefill": decision.prefill, "decode": decision.decode}
-                self._actuate(body, spec, pods, listed, targets, now)
+                self._actuate(body, spec, pods, listed, targets, now, sync_routers)
                 pods = {role: self._pods(ns, name, role) for role in ROLES}
-        # In every mode: the routers list exactly the Ready, non-draining pods.
-        desired = router_workers([*pods["prefill"], *pods["decode"]], port=spec.engine.port,
-                                 bootstrap_port=spec.kv_transfer.bootstrap_port)
-        for url in routers:
-            if vllm:
-                self.announcer.set_workers(url, desired)
-            else:
-                self._sync_router(body, url, desired)
+        sync_routers()  # in every mode
         self.routers_seen.update(routers)
         self._report_overdue(body, spec, [p for role in ROLES
                                           for p in listed_pods.get((ns, instance, role), [])], now)
@@ -374,10 +380,11 @@ class PlannerLoop:
         if event is not None:
             post_event(self.kube, body, Event(*event), now_rfc3339())
 
-    def _actuate(self, body, spec, pods, listed, targets, now) -> None:  # type: ignore[no-untyped-def]
+    def _actuate(self, body, spec, pods, listed, targets, now, sync_routers) -> None:  # type: ignore[no-untyped-def]
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         replicas: dict[str, int] = {}
+        leaving: set[str] = set()
         for role in ROLES:
             TARGET.labels(ns, name, role).set(targets[role])
             deployment = self.apps.read_namespaced_deployment(names.child_name(name, role), ns)
@@ -396,6 +403,9 @@ class PlannerLoop:
             )
             for pod in actions.undrain:
                 self._mark(ns, pod, draining_since=None)
+            if actions.start_drain:
+                leaving |= set(actions.start_drain)
+                sync_routers(frozenset(leaving))  # out of the router first
             for pod in actions.start_drain:
                 self._mark(ns, pod, draining_since=now)
                 post_event(self.kube, body, Event("Normal", "DrainStarted",
