@@ -220,3 +220,23 @@ def test_bursts_inside_the_interval_raise_prefill_and_decode() -> None:
     # a lenient TTFT lets the queue absorb the same burst with fewer instances
     p2, _ = MODEL.instances_needed(bursty, Slo(ttft_seconds=30.0), **kw)
     assert p2 < p1
+
+
+def test_a_decode_burst_must_fit_capacity_not_the_cap_twice() -> None:
+    # Mooncake-like: decode residence 340 x 50 ms = 17 s, longer than the peak window, and a
+    # peak that lifts the effective rate by ~20%. The utilisation cap already leaves that much
+    # room, so the burst adds nothing; a burst beyond the cap's room does.
+    slo = Slo(ttft_seconds=15.0)
+    kw = dict(decode_utilization=0.8, ttft_queueing=True)
+    calm = Load(20.0, 12000, 340, 0.4)
+    bursty = Load(20.0, 12000, 340, 0.4, peak_rate_rps=34.0)
+    fd = MODEL.fluid_demand(calm, slo)[1]
+    factor = MODEL._decode_burst_factor(bursty, slo)
+    assert 1.1 < factor < 1.3
+    _, d_calm = MODEL.instances_needed(calm, slo, **kw)
+    _, d_bursty = MODEL.instances_needed(bursty, slo, **kw)
+    assert d_calm == math.ceil(fd / 0.8)
+    assert d_bursty == d_calm < math.ceil(fd * factor / 0.8)  # not cap x burst
+    huge = Load(20.0, 12000, 340, 0.4, peak_rate_rps=200.0)
+    _, d_huge = MODEL.instances_needed(huge, slo, **kw)
+    assert d_huge == math.ceil(fd * MODEL._decode_burst_factor(huge, slo)) > d_calm
