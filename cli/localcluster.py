@@ -85,6 +85,11 @@ class LocalCluster:
     admin_token: str = ""
     start_timeout_seconds: float = START_TIMEOUT_SECONDS
 
+    def __post_init__(self) -> None:
+        # Components run with their own working directory: every path handed to them is
+        # absolute (`pdscale demo --out out/demo` gives a relative one).
+        self.workdir = Path(self.workdir).resolve()
+
     @property
     def kubeconfig(self) -> Path:
         return self.workdir / "admin.kubeconfig"

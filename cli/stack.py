@@ -44,6 +44,9 @@ class Stack:
     operator_metrics_port: int = 0
     _cleanups: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir).resolve()  # children run elsewhere (see LocalCluster)
+
     def say(self, message: str) -> None:
         if self.progress:
             print(f"[stack] {message}", file=sys.stderr, flush=True)

@@ -88,3 +88,14 @@ def test_apiserver_never_ready_stops_everything_started(tmp_path):
         cluster.start()
     assert len(started) == 2  # etcd and the apiserver; nothing after the failure
     assert not any(alive(pid) for pid in started)
+
+
+def test_a_relative_workdir_becomes_absolute(tmp_path, monkeypatch):
+    # `make demo` passes out/demo: the components run with another working directory, so a
+    # relative certificate path made kube-apiserver fail with "no such file".
+    from pdscale.localcluster import LocalCluster
+    from pdscale.stack import Stack
+
+    monkeypatch.chdir(tmp_path)
+    assert LocalCluster(workdir=Path("out/demo/cluster")).workdir == tmp_path / "out/demo/cluster"
+    assert Stack(workdir=Path("out/demo/stack")).workdir == tmp_path / "out/demo/stack"
