@@ -42,6 +42,7 @@ from pdscale.routersync import RouterClient, RouterError, SyncPlan, WorkerSpec, 
 
 from . import conditions, names, router
 from .builders import unready_allowance_seconds
+from .checklist import minimum_transfer_timeout_seconds
 from .engines import NIXL_SIDE_CHANNEL_PORT
 from .fleet import (
     DELETION_COST_ANNOTATION,
@@ -199,7 +200,8 @@ class PlannerLoop:
         router_pods = listed_pods.get((ns, instance, "router"), [])
         vllm = router.kind(spec) is RouterKind.VLLM
         routers = self._discovery_addresses(router_pods, spec) if vllm else self._router_urls(router_pods, spec)
-        listed = self._announced(routers) if vllm else self._listed(routers)
+        listed = (self._announced(routers, minimum_transfer_timeout_seconds(spec)) if vllm
+                  else self._listed(routers))
         def sync_routers(leaving: frozenset[str] = frozenset()) -> None:
             # The routers list exactly the Ready, non-draining pods (minus those about to drain:
             # a pod leaves the router before it is marked, so no one ever sees a draining
@@ -277,11 +279,11 @@ class PlannerLoop:
         return [f"{p.status.pod_ip}:{spec.router.discovery_port}" for p in pods
                 if p.status.pod_ip and p.metadata.deletion_timestamp is None]
 
-    def _announced(self, addresses: list[str]) -> set[str] | None:
-        """Worker URLs some vLLM router may still route to (see vllm_discovery)."""
+    def _announced(self, addresses: list[str], slowest_prefill_seconds: float) -> set[str] | None:
+        """Worker URLs some vLLM router may still send work to (see vllm_discovery)."""
         urls: set[str] = set()
         for address in addresses:
-            listed = self.announcer.listed(address)
+            listed = self.announcer.listed(address, slowest_prefill_seconds)
             if listed is None:
                 return None
             urls |= listed

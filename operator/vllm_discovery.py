@@ -46,10 +46,14 @@ def announcement(worker: WorkerSpec, side_channel_port: int) -> bytes:
     })
 
 
-def still_listed(last_sent: dict[str, float], now: float, started: float) -> set[str] | None:
-    """URLs a router may still route to: announced within the timeout (pure). None while the
-    announcer is younger than the timeout: what an earlier operator announced is unknown."""
-    window = PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS
+def still_listed(last_sent: dict[str, float], now: float, started: float,
+                 linger_seconds: float = 0.0) -> set[str] | None:
+    """URLs a router may still send work to (pure): announced within the timeout, plus
+    ``linger_seconds``. vllm-router picks a request's decode worker when the request arrives
+    and calls it only after the prefill answers, so a decode it has dropped still receives
+    requests for up to the slowest prefill. None while the announcer is younger than that
+    window: what an earlier operator announced is unknown."""
+    window = PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS + linger_seconds
     if now - started < window:
         return None
     return {url for url, at in last_sent.items() if now - at < window}
@@ -86,10 +90,10 @@ class Announcer:
             for address in [a for a in self._desired if a not in keep]:
                 del self._desired[address]
 
-    def listed(self, address: str) -> set[str] | None:
+    def listed(self, address: str, linger_seconds: float = 0.0) -> set[str] | None:
         with self._lock:
             sent = dict(self._last_sent.get(address, {}))
-        return still_listed(sent, self.clock(), self.started)
+        return still_listed(sent, self.clock(), self.started, linger_seconds)
 
     def announce_once(self) -> None:
         with self._lock:

@@ -32,3 +32,11 @@ def test_after_a_restart_everything_counts_as_listed_for_one_timeout():
     # What the previous operator announced is unknown: a drain must not finish on a guess.
     assert still_listed({}, now=10.0, started=8.0) is None
     assert still_listed({}, now=8.0 + PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS, started=8.0) == set()
+
+
+def test_a_dropped_decode_still_counts_as_listed_for_the_slowest_prefill():
+    # vllm-router chose this decode for requests now in their prefill: they reach it later.
+    window = PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS
+    sent = {"http://d:8000": 100.0}
+    assert still_listed(sent, now=100.0 + window + 5, started=0.0) == set()
+    assert still_listed(sent, now=100.0 + window + 5, started=0.0, linger_seconds=25) == set(sent)
