@@ -234,8 +234,10 @@ class PlannerLoop:
         """The tick is the clock that notices a pod outstaying its warm-up allowance (no
         event marks that moment); the reconcile, sole writer of conditions, reports it."""
         allowance = {role: unready_allowance_seconds(spec, role) for role in ROLES}
+        # Only pods not Ready can be overdue: serialize those, not the whole fleet every tick.
+        unready = [p for p in pods if not pod_view(p, "").ready]
         overdue = {p.name for p in overdue_pods(
-            [self.api.sanitize_for_serialization(p) for p in pods], allowance, now)}
+            [self.api.sanitize_for_serialization(p) for p in unready], allowance, now)}
         degraded = conditions.find((body.get("status") or {}).get("conditions"), conditions.DEGRADED)
         message = (degraded or {}).get("message", "")
         named = {p.metadata.name for p in pods if p.metadata.name in message}

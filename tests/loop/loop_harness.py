@@ -177,6 +177,28 @@ class Fleet:
         self.wait_router_workers(len(prefill) + len(decode))
         return self.router_url
 
+    def start_vllm_router(self, *extra: str) -> tuple[str, str]:
+        """The real vllm-router in PD mode with its ZMQ discovery and no worker (they are
+        announced, see operator/vllm_discovery.py). Returns (router URL, discovery address)."""
+        host = f"{self.net}.10"
+        port, discovery = free_port(host), free_port(host)
+        argv = [str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation",
+                "--vllm-discovery-address", f"{host}:{discovery}", "--kv-connector", "nixl",
+                "--host", host, "--port", str(port), "--prometheus-host", host,
+                "--prometheus-port", str(free_port(host)), *extra]  # fmt: skip
+        self.router = self._spawn("vllm-router", argv)
+        self.procs.append(self.router)
+        self.router_url = f"http://{host}:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            assert self.router.popen.poll() is None, self.router.tail()
+            try:
+                http_json(self.router_url + "/workers")
+                return self.router_url, f"{host}:{discovery}"
+            except OSError:
+                assert time.monotonic() < deadline, self.router.tail()
+                time.sleep(0.1)
+
     def router_workers(self) -> list[dict]:
         return http_json(self.router_url + "/workers")["workers"]
 

@@ -8,16 +8,14 @@ import json
 import re
 import signal
 import statistics
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import aiohttp
 import pytest
-from loop_harness import TIMING, Fleet, free_port, http_json
+from loop_harness import TIMING, Fleet, http_json
 
 from pdscale.loadgen import RequestSpec, send_one
 from pdscale.operator.planner_loop import engine_in_flight
@@ -117,27 +115,10 @@ def status_of(url: str) -> int:
 def start_vllm_router(
     fleet: Fleet, prefill: list, decode: list
 ) -> tuple[str, Announcer, threading.Event]:
-    host = f"{fleet.net}.10"
-    port, discovery = free_port(host), free_port(host)
-    argv = [str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation",
-            "--vllm-discovery-address", f"{host}:{discovery}", "--kv-connector", "nixl",
-            "--host", host, "--port", str(port), "--prometheus-host", host,
-            "--prometheus-port", str(free_port(host)), "--policy", "round_robin"]  # fmt: skip
-    fleet.router = fleet._spawn("vllm-router", argv)
-    fleet.procs.append(fleet.router)
-    url = f"http://{host}:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        assert fleet.router.popen.poll() is None, fleet.router.tail()
-        try:
-            http_json(url + "/workers")
-            break
-        except OSError:
-            assert time.monotonic() < deadline, fleet.router.tail()
-            time.sleep(0.1)
+    url, address = fleet.start_vllm_router("--policy", "round_robin")
     announcer, stop = Announcer(side_channel_port=5600), threading.Event()
     threading.Thread(target=announcer.run, args=(stop,), daemon=True).start()
-    announcer.set_workers(f"{host}:{discovery}", [e.spec for e in (*prefill, *decode)])
+    announcer.set_workers(address, [e.spec for e in (*prefill, *decode)])
     # first announcement after 1 s; wait until a request goes through
     deadline = time.monotonic() + 15
     while True:

@@ -5,14 +5,11 @@ announced stops getting new requests within the timeout, and no request fails me
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
-from loop_harness import free_port, http_json
 
 from pdscale.loadgen import RequestSpec, send_one
 from pdscale.operator.vllm_discovery import LEAVE_MARGIN_SECONDS, PING_TIMEOUT_SECONDS, Announcer
@@ -37,30 +34,12 @@ def ask(router_url: str, n: int, tag: str, output_tokens: int = 4) -> list:
 def test_announced_workers_take_traffic_and_an_unannounced_one_leaves_without_failures(fleet):
     prefill = fleet.start_engine("prefill")
     decode = [fleet.start_engine("decode") for _ in range(2)]
-    host = f"{fleet.net}.10"
-    port, discovery = free_port(host), free_port(host)
-    argv = [str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation",
-            "--vllm-discovery-address", f"{host}:{discovery}", "--kv-connector", "nixl",
-            "--host", host, "--port", str(port), "--prometheus-host", host,
-            "--prometheus-port", str(free_port(host)), "--decode-policy", "round_robin"]
-    fleet.router = fleet._spawn("vllm-router", argv)
-    fleet.procs.append(fleet.router)
-    router_url = f"http://{host}:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        assert fleet.router.popen.poll() is None, fleet.router.tail()
-        try:
-            http_json(router_url + "/workers")
-            break
-        except OSError:
-            assert time.monotonic() < deadline, fleet.router.tail()
-            time.sleep(0.2)
+    router_url, address = fleet.start_vllm_router("--decode-policy", "round_robin")
 
     announcer = Announcer(side_channel_port=5600)
     stop = threading.Event()
     thread = threading.Thread(target=announcer.run, args=(stop,), daemon=True)
     thread.start()
-    address = f"{host}:{discovery}"
     try:
         assert announcer.listed(address) is None  # just started: unknown, not empty
         announcer.set_workers(address, [prefill.spec, *(d.spec for d in decode)])

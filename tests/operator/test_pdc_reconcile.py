@@ -78,6 +78,16 @@ class FakeKube:
                                  "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}
 
 
+def _serving() -> FakeKube:
+    """A PDCluster whose children exist and are all Ready, status caught up."""
+    kube = FakeKube()
+    _pdc(kube)
+    reconcile(kube, _body(kube), NOW)
+    kube.make_ready()
+    reconcile(kube, _body(kube), NOW)
+    return kube
+
+
 def _pdc(kube: FakeKube, sample="sglang-glm-4p8d.yaml") -> dict:
     doc = yaml.safe_load((ROOT / "examples" / sample).read_text())
     doc["metadata"].update(namespace="serving", uid="uid-1", generation=1, resourceVersion="1")
@@ -126,11 +136,7 @@ def test_status_counts_and_conditions_follow_the_deployments():
 
 
 def test_changing_replicas_applies_only_that_deployment_with_a_scaled_event():
-    kube = FakeKube()
-    _pdc(kube)
-    reconcile(kube, _body(kube), NOW)
-    kube.make_ready()
-    reconcile(kube, _body(kube), NOW)
+    kube = _serving()
     before = kube.versions()
     pdc = kube.objects[("PDCluster", "serving", "glm53")]
     pdc["spec"]["decode"]["replicas"] = 10
@@ -223,11 +229,7 @@ def _scale_decode(kube: FakeKube, replicas: int) -> None:
 
 
 def test_ready_stays_true_while_the_planner_scales_a_serving_fleet():
-    kube = FakeKube()
-    _pdc(kube)
-    reconcile(kube, _body(kube), NOW)
-    kube.make_ready()
-    reconcile(kube, _body(kube), NOW)
+    kube = _serving()
     _scale_decode(kube, 12)
     out = reconcile(kube, _body(kube), LATER)
     ready = c.find(_body(kube)["status"]["conditions"], c.READY)
@@ -238,11 +240,7 @@ def test_ready_stays_true_while_the_planner_scales_a_serving_fleet():
 
 
 def test_ready_turns_false_when_a_role_stops_serving_or_a_new_generation_rolls_out():
-    kube = FakeKube()
-    _pdc(kube)
-    reconcile(kube, _body(kube), NOW)
-    kube.make_ready()
-    reconcile(kube, _body(kube), NOW)
+    kube = _serving()
     decode = kube.objects[("Deployment", "serving", "glm53-decode")]
     decode["status"].update(readyReplicas=0, availableReplicas=0)
     out = reconcile(kube, _body(kube), LATER)
