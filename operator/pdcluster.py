@@ -491,8 +491,12 @@ class PlannerSpec(_Model):
         default=None,
         alias="prometheusURL", pattern=r"^https?://", description="Prometheus the planner queries."
     )
-    stabilization_window_seconds: int = Field(
-        default=300, ge=0, le=86400, description="Scale-down damping window (HPA's name)."
+    stabilization_window_seconds: int | None = Field(
+        default=None, ge=0, le=86400,
+        description="Scale-down damping window (HPA's name), in seconds: a role keeps the "
+        "most instances any interval in it needed. Unset: 300 plus the slower role's "
+        "warmupSeconds (a released node is back no sooner than one warm-up after the load "
+        "returns).",
     )
     profile: str | None = Field(
         default=None,

@@ -21,7 +21,7 @@ from .forecast import forecast
 from .model import Load, PerformanceModel, Slo, calibrate, calibrate_slo
 from .observe import Observation
 from .simulate import Controller
-from .solve import History, PlannerConfig, current_load, plan
+from .solve import HPA_SCALE_DOWN_WINDOW_SECONDS, History, PlannerConfig, current_load, plan
 
 POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle")
 
@@ -113,7 +113,7 @@ class ReactiveController:
     slo: Slo
     target_utilization: float = 0.7
     tolerance: float = 0.1
-    stabilization_window_seconds: float = 300.0
+    stabilization_window_seconds: float = HPA_SCALE_DOWN_WINDOW_SECONDS
     min_replicas: int = 1
     max_replicas: int = 10**6
     recs: list[tuple[float, int, int]] = field(default_factory=list)

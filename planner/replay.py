@@ -22,7 +22,7 @@ from .policies import (
     static_controller,
 )
 from .simulate import Controller, SimConfig, SimResult, simulate
-from .solve import PlannerConfig
+from .solve import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from .traces import Trace
 
 
@@ -191,8 +191,15 @@ def run_policy(
     *,
     progress: Callable[[float], None] | None = None,
     log: Callable[[str], None] | None = None,
+    utilization_scale: float = 1.0,
 ) -> dict[str, Any]:
-    """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict)."""
+    """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict).
+
+    ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
+    ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
+    baseline the GPU-hours another policy spent and compare attainment at equal cost."""
+    if not 0.0 < utilization_scale <= 10.0:
+        raise ValueError(f"utilization_scale must be in (0, 10], got {utilization_scale}")
     started = time.perf_counter()
     name = policy
     extra: dict[str, Any] = {}
@@ -209,19 +216,28 @@ def run_policy(
     elif policy in ("pdscale", "oracle"):
         start = initial_fleet(setup)
         cfg = planner_config(setup)
-        future = interval_loads(setup.trace, setup.interval_seconds) if policy == "oracle" else None
+        future = None
+        if policy == "oracle":
+            future = interval_loads(setup.trace, setup.interval_seconds)
+            # The oracle hedges nothing: the warm-up part of the derived scale-down window
+            # guards against a future the forecast cannot see, so it keeps HPA's 300 s only.
+            if cfg.stabilization_window_seconds is None:
+                cfg = replace(cfg, stabilization_window_seconds=HPA_SCALE_DOWN_WINDOW_SECONDS)
         ctl = PdscaleController(cfg, future=future)
         controller = ctl
         explanations = ctl.decisions
     elif policy == "reactive":
         start = initial_fleet(setup)
-        controller = ReactiveController(setup.model, setup.slo)
+        reactive = ReactiveController(setup.model, setup.slo)
+        reactive.target_utilization *= utilization_scale
+        controller = reactive
     elif policy == "sla-interp":
         start = initial_fleet(setup)
         pc = planner_config(setup)
         controller = SlaInterpController(
             setup.model, setup.slo, nodes=setup.nodes,
-            prefill_utilization=pc.prefill_utilization, decode_utilization=pc.decode_utilization,
+            prefill_utilization=pc.prefill_utilization * utilization_scale,
+            decode_utilization=pc.decode_utilization * utilization_scale,
         )
     else:
         raise ValueError(f"policy must be one of {POLICIES} (static:xPyD e.g. static:4P17D), got {policy!r}")

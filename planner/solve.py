@@ -33,6 +33,9 @@ from .forecast import forecast, rise_margin
 from .model import Load, PerformanceModel, Slo
 from .observe import Observation, Reading
 
+#: HPA's default scale-down stabilization window, for engines that start in seconds
+HPA_SCALE_DOWN_WINDOW_SECONDS = 300.0
+
 
 @dataclass(frozen=True)
 class PlannerConfig:
@@ -54,8 +57,13 @@ class PlannerConfig:
     decode_utilization: float = 0.8
     #: coefficient of variation of prefill compute time (heavy-tailed prompts wait longer)
     prefill_service_cv: float = 1.5
-    #: scale-down uses the highest need seen in this window (HPA scaleDown stabilization)
-    stabilization_window_seconds: float = 300.0
+    #: scale-down uses the highest need seen in this window (HPA scaleDown stabilization).
+    #: None = HPA's 300 s plus the new-node warm-up: a node released now is back no sooner
+    #: than one warm-up after the need returns, so a need that recurs within it finds the
+    #: fleet short. Measured (bench/policy_bench.py): on Azure code x20, whose per-minute rate
+    #: jumps between 0 and 200 req/s, 300 s met 97.1% of requests and 900 s 99.0% at 1.18x
+    #: the GPU-hours; on Mooncake x6 and ServeGen x0.3 it cost 5% and 3% more GPU-hours.
+    stabilization_window_seconds: float | None = None
     #: scale down only if the survivors stay below (1 - tolerance) x the utilisation cap.
     #: 0 by default: the window's maximum and the warm-up priced by the solver already stop
     #: flapping (a steady hour: no role changes, the same counts); a tolerance of 0.1 on top
@@ -65,6 +73,13 @@ class PlannerConfig:
     #: most instances one role may gain / lose per interval (HPA policies); None = unlimited
     max_step_up: int | None = None
     max_step_down: int | None = None
+    #: new capacity is sized for this quantile of the burst peaks of the last
+    #: ``length_window`` intervals; the scale-down window still holds the capacity for the
+    #: highest. Buying for the highest chases a burst that has passed with nodes that serve a
+    #: warm-up later; keeping what serves it costs no warm-up. Measured on Azure code x20
+    #: (900 s window): 0.9 met 99.0% of requests; the highest 99.1% at 1.42x the GPU-hours;
+    #: 0.75 98.8%.
+    burst_quantile: float = 0.9
     #: forecast method for the request rate (see forecast.METHODS) and its window
     forecast_method: str = "recent-max"
     forecast_window: int = 5
@@ -93,6 +108,13 @@ class PlannerConfig:
     decode_drain_seconds: float | None = None
     #: MILP time limit; the LP relaxation rounded up is used if it is hit
     solver_time_limit_seconds: float = 0.2
+
+    @property
+    def stabilization_seconds(self) -> float:
+        """The scale-down window in force (explicit, or derived from the warm-up)."""
+        if self.stabilization_window_seconds is not None:
+            return self.stabilization_window_seconds
+        return HPA_SCALE_DOWN_WINDOW_SECONDS + self.model.profile.warmup.new_node_seconds
 
 
 @dataclass(frozen=True)
@@ -228,12 +250,13 @@ def plan(
         hit = sum(x.rate_rps * x.prefix_hit_rate for x in recent) / wsum
     else:
         isl, osl, hit = load.mean_input_tokens, load.mean_output_tokens, load.prefix_hit_rate
-    # bursts come back: size for the highest sub-window peak of recent intervals
+    # bursts come back: size new capacity for a high quantile of recent sub-window peaks
+    # (the scale-down floor below holds what the highest needs)
     peaks = [
         x.peak_rate_rps for x in loads[-cfg.length_window :]
         if x is not None and x.peak_rate_rps is not None
     ]
-    peak = max(peaks) if peaks else None
+    peak = float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None
     future = [
         Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r))
         for r in rates
@@ -324,7 +347,7 @@ def _plan_for(
     # HPA-style: scale down only to the highest recommendation of the window. A recommendation
     # for scale-down is the need at a cap lowered by the tolerance: the survivors must absorb
     # the load with margin, or per-minute noise removes a node only to re-add it minutes later.
-    window_n = int(cfg.stabilization_window_seconds // dt)
+    window_n = int(cfg.stabilization_seconds // dt)
     tol = 1.0 - cfg.scale_down_tolerance
     recent_loads = [ld for ld in history.loads[-window_n:] if ld is not None] if window_n else []
     floor = np.array(desired, dtype=float)
@@ -615,7 +638,7 @@ def _explain(
     for r in (0, 1):
         if target[r] > desired[r] and target[r] <= committed0[r]:
             why = (
-                f"stabilisation window {cfg.stabilization_window_seconds:.0f}s"
+                f"stabilisation window {cfg.stabilization_seconds:.0f}s"
                 if floor[r] >= target[r]
                 else "dropping and re-warming costs more than keeping"
             )

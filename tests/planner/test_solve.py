@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -240,3 +241,47 @@ def test_a_decode_burst_must_fit_capacity_not_the_cap_twice() -> None:
     huge = Load(20.0, 12000, 340, 0.4, peak_rate_rps=200.0)
     _, d_huge = MODEL.instances_needed(huge, slo, **kw)
     assert d_huge == math.ceil(fd * MODEL._decode_burst_factor(huge, slo)) > d_calm
+
+
+def _bursty_history(outlier_peak: float) -> History:
+    # ten busy minutes with 5-second peaks of 40 req/s, one of them with a single burst
+    h = History()
+    for k in range(10):
+        peak = outlier_peak if k == 5 else 40.0
+        h = h.record(Load(20.0, 2000, 30, 0.0, peak_rate_rps=peak),
+                     Decision(k * 60.0, 1, 1, 1, 0.03, 1, "", desired=(1, 1)))
+    return h
+
+
+def _bursty_obs(p: int, d: int) -> Observation:
+    o = obs(20.0, p, d, isl=2000, osl=30, hit=0.0)
+    return Observation(**{**o.__dict__, "peak_rate_rps": Reading(40.0, o.now_seconds)})
+
+
+def test_new_capacity_is_bought_for_a_quantile_of_bursts_and_held_for_the_highest() -> None:
+    slo = Slo(ttft_seconds=2.0, tpot_seconds=0.05)
+    h = _bursty_history(1000.0)
+    for_outlier = math.ceil(MODEL.prefill_instances_for_burst(
+        Load(20.0, 2000, 30, 0.0, peak_rate_rps=1000.0), slo))
+    assert for_outlier >= 20  # the one-off burst needs a much larger prefill fleet
+    c = cfg(nodes=500, slo=slo, forecast_method="last", length_window=15,
+            stabilization_window_seconds=900)
+    # a fleet sized for the usual bursts does not chase the one-off: its nodes would serve a
+    # warm-up after it...
+    small = plan(_bursty_obs(4, 2), config=c, history=h, now=600.0)
+    assert small.prefill < for_outlier / 2
+    # ... unless the knob says to size for the highest
+    chase = plan(_bursty_obs(4, 2), config=replace(c, burst_quantile=1.0), history=h, now=600.0)
+    assert chase.prefill >= for_outlier
+    # a fleet that already serves the one-off keeps it while it is within the window
+    big = plan(_bursty_obs(for_outlier, 2), config=c, history=h, now=600.0)
+    assert big.prefill >= for_outlier
+    # and releases it once the burst has left the window
+    short = replace(c, stabilization_window_seconds=120)
+    assert plan(_bursty_obs(for_outlier, 2), config=short, history=h, now=600.0).prefill < for_outlier
+
+
+def test_stabilisation_window_defaults_to_hpa_plus_warm_up() -> None:
+    warm = MODEL.profile.warmup.new_node_seconds
+    assert cfg().stabilization_seconds == 300.0 + warm
+    assert cfg(stabilization_window_seconds=60).stabilization_seconds == 60.0
