@@ -59,6 +59,7 @@ from .planning import (
     decision_event,
     decision_status,
     history_from_json,
+    history_keep,
     history_to_json,
     planner_config,
     short,
@@ -202,6 +203,7 @@ class PlannerLoop:
         routers = self._discovery_addresses(router_pods, spec) if vllm else self._router_urls(router_pods, spec)
         listed = (self._announced(routers, minimum_transfer_timeout_seconds(spec)) if vllm
                   else self._listed(routers))
+
         def sync_routers(leaving: frozenset[str] = frozenset()) -> None:
             # The routers list exactly the Ready, non-draining pods (minus those about to drain:
             # a pod leaves the router before it is marked, so no one ever sees a draining
@@ -265,7 +267,7 @@ class PlannerLoop:
         decision = plan(obs, config=config, history=history, now=now)
         history = history.record(current_load(obs, config.max_age_seconds,
                                               backlog_seconds=config.backlog_seconds), decision)
-        self._save_memory(body, history_to_json(history, now))
+        self._save_memory(body, history_to_json(history, now, history_keep(config)))
         PLAN_SECONDS.labels(ns, name).observe(time.monotonic() - started)
         self._report(body, spec, decision, previous, snapshot, obs)
         return decision

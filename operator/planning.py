@@ -20,9 +20,15 @@ from pdscale.planner.solve import History, PlannerConfig
 
 from .pdcluster import PDClusterSpec, PlannerMode
 
-#: decisions and loads kept across restarts: enough for the stabilization window and the
-#: forecast window at the shortest interval, and small enough for one ConfigMap
+#: decisions and loads kept across restarts at least: the forecast and rise windows; more when
+#: the scale-down window spans more intervals (see history_keep). About 200 bytes each.
 HISTORY_KEEP = 64
+
+
+def history_keep(config: PlannerConfig) -> int:
+    """Intervals the planner's memory must keep to restart with its whole scale-down window
+    (at 10 s intervals the default 900 s window is 90 of them)."""
+    return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1)
 
 
 def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> PlannerConfig:
@@ -56,7 +62,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         max_prefill=spec.prefill.max_replicas,
         min_decode=spec.decode.min_replicas,
         max_decode=spec.decode.max_replicas,
-        stabilization_window_seconds=float(p.stabilization_window_seconds),
+        stabilization_window_seconds=p.stabilization_window_seconds,
         decode_drain_seconds=float(spec.decode.pre_stop_drain_seconds),
         # A live fleet counts completions: a prefill backlog must read as load (one interval
         # to clear it), and a stall with no completions must not hold the plan.
@@ -112,10 +118,12 @@ def decision_event(decision: Decision, previous: Decision | None) -> tuple[str, 
 
 
 # -- the planner's memory, as JSON -------------------------------------------------------------
-def history_to_json(history: History, last_plan_at_seconds: float | None) -> str:
+def history_to_json(history: History, last_plan_at_seconds: float | None,
+                    keep: int = HISTORY_KEEP) -> str:
+    # the burst peak too: the scale-down window holds what the highest recent burst needs
     loads = [None if x is None else [x.rate_rps, x.mean_input_tokens, x.mean_output_tokens,
-                                     x.prefix_hit_rate] for x in history.loads[-HISTORY_KEEP:]]
-    decisions = [_decision_dict(d) for d in history.decisions[-HISTORY_KEEP:]]
+                                     x.prefix_hit_rate, x.peak_rate_rps] for x in history.loads[-keep:]]
+    decisions = [_decision_dict(d) for d in history.decisions[-keep:]]
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
                        "loads": loads, "decisions": decisions}, separators=(",", ":"))
 
@@ -127,12 +135,18 @@ def history_from_json(text: str | None) -> tuple[History, float | None]:
         return History(), None
     try:
         data = json.loads(text)
-        loads = tuple(None if x is None else Load(*map(float, x)) for x in data["loads"])
+        loads = tuple(None if x is None else _load_from(x) for x in data["loads"])
         decisions = tuple(_decision_from(d) for d in data["decisions"])
         last = data.get("lastPlanAtSeconds")
         return History(loads=loads, decisions=decisions), None if last is None else float(last)
     except (ValueError, KeyError, TypeError):
         return History(), None
+
+
+def _load_from(x: list[float | None]) -> Load:
+    # memories written before the peak was kept have four fields
+    peak = x[4] if len(x) > 4 else None
+    return Load(*map(float, x[:4]), peak_rate_rps=None if peak is None else float(peak))
 
 
 def _decision_dict(d: Decision) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from pdscale.operator.planning import (
     decision_event,
     decision_status,
     history_from_json,
+    history_keep,
     history_to_json,
     planner_config,
 )
@@ -47,6 +48,11 @@ def test_config_follows_the_spec():
     # the horizon sees a new instance come online
     assert cfg.horizon_intervals * cfg.interval_seconds > warm
     assert cfg.nodes == (spec.planner.node_budget or spec.prefill.max_replicas + spec.decode.max_replicas)
+    # the scale-down window: unset, HPA's 300 s plus this deployment's warm-up; set, as given
+    assert spec.planner.stabilization_window_seconds is None
+    assert cfg.stabilization_seconds == 300 + warm
+    spec.planner.stabilization_window_seconds = 120
+    assert planner_config(spec).stabilization_seconds == 120
 
 
 def test_config_plans_for_real():
@@ -76,12 +82,29 @@ def test_events_only_when_something_changed():
 
 
 def test_history_survives_a_round_trip():
-    h = History(loads=(Load(10, 2000, 500, 0.6), None), decisions=(decision(ttft=math.inf),))
+    h = History(loads=(Load(10, 2000, 500, 0.6), Load(10, 2000, 500, 0.6, peak_rate_rps=42.0), None),
+                decisions=(decision(ttft=math.inf),))
     back, last = history_from_json(history_to_json(h, 120.0))
     assert last == 120.0
     assert back.loads == h.loads
     assert back.decisions[0].prefill == 4 and math.isinf(back.decisions[0].predicted_ttft_seconds)
     assert back.decisions[0].plan == ((4, 8), (5, 8))
+
+
+def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
+    spec = sample_spec()
+    spec.planner.interval_seconds = 10
+    cfg = planner_config(spec)  # the derived window: 300 s + 600 s warm-up = 90 intervals
+    keep = history_keep(cfg)
+    assert keep * cfg.interval_seconds > cfg.stabilization_seconds
+    h = History()
+    for k in range(200):
+        h = h.record(Load(float(k), 2000, 500, 0.6), decision())
+    back, _ = history_from_json(history_to_json(h, 0.0, keep))
+    assert len(back.loads) == len(back.decisions) == keep and back.loads[-1].rate_rps == 199
+    # a memory written before the burst peak was kept
+    old = '{"version":1,"lastPlanAtSeconds":5,"loads":[[1,2,3,0.5]],"decisions":[]}'
+    assert history_from_json(old)[0].loads == (Load(1, 2, 3, 0.5),)
 
 
 def test_unreadable_history_is_forgotten_not_fatal():
