@@ -285,3 +285,19 @@ def test_stabilisation_window_defaults_to_hpa_plus_warm_up() -> None:
     warm = MODEL.profile.warmup.new_node_seconds
     assert cfg().stabilization_seconds == 300.0 + warm
     assert cfg(stabilization_window_seconds=60).stabilization_seconds == 60.0
+
+
+def test_decode_can_hedge_more_of_the_rises_than_prefill() -> None:
+    # a series that steps every 10 intervals (ServeGen's 10-minute windows), by little except
+    # once by half again
+    levels = [20.0, 21.0] * 7 + [30.0] + [20.0, 21.0] * 8
+    h = History()
+    for k, level in enumerate(x for x in levels for _ in range(10)):
+        h = h.record(Load(level, 8000, 300, 0.4), Decision(k * 60.0, 4, 4, 1, 0.03, 1, "", desired=(4, 4)))
+    c = cfg(nodes=500, decode_rise_quantile=None)  # decode as prefill
+    same = plan(obs(21.0, 4, 4), config=c, history=h, now=18600.0)
+    hedged = plan(obs(21.0, 4, 4), config=replace(c, decode_rise_quantile=1.0), history=h, now=18600.0)
+    # the highest rise seen sizes decode; prefill keeps the 0.9 quantile
+    assert hedged.decode > same.decode
+    assert max(p for p, _ in hedged.plan) == max(p for p, _ in same.plan)
+    assert max(d for _, d in hedged.plan) > max(d for _, d in same.plan)
