@@ -148,6 +148,8 @@ def main() -> None:
                     help="cases to run, comma-separated; servegen-day (the series at its own "
                          "rate over a real day, 1.4M requests) is not run by default")
     ap.add_argument("--nodes", type=int, default=200)
+    ap.add_argument("--policies", default=None,
+                    help="policies to run, comma-separated (default: all, or the case's own)")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -168,7 +170,7 @@ def main() -> None:
                       f"{trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
                       f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s")
         reps = {}
-        for pol in c.get("policies", POLICIES):
+        for pol in args.policies.split(",") if args.policies else c.get("policies", POLICIES):
             t = time.perf_counter()
             rep = trimmed(run_policy(setup, pol))
             reps[pol] = rep
