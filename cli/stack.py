@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ class Stack:
             self.say(f"using the cluster of KUBECONFIG={existing}")
         else:
             self.say("starting the local control plane")
+            # This cluster belongs to this run: a previous run's etcd data would still hold its
+            # Helm release and PDCluster, and the install would refuse to reuse the name.
+            shutil.rmtree(self.workdir / "cluster", ignore_errors=True)
             self.local = LocalCluster(workdir=self.workdir / "cluster")
             self.local.start(progress=self.progress)
             self.kubeconfig = self.local.kubeconfig

@@ -99,3 +99,13 @@ def test_a_relative_workdir_becomes_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert LocalCluster(workdir=Path("out/demo/cluster")).workdir == tmp_path / "out/demo/cluster"
     assert Stack(workdir=Path("out/demo/stack")).workdir == tmp_path / "out/demo/stack"
+
+
+def test_a_second_run_in_the_same_workdir_starts_clean(tmp_path):
+    # `make demo` twice: the second run found the first one's etcd data, and with it the Helm
+    # release, and the install refused to reuse the name.
+    from pdscale.stack import Stack
+
+    for _ in range(2):
+        with Stack(workdir=tmp_path / "stack", nodes=1, profile="demo-sim", progress=False) as stack:
+            assert stack.helm("list", "-n", stack.release_namespace, "-q").split() == [stack.release]
