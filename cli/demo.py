@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -282,7 +283,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.live import Live
     from rich.table import Table
 
-    console = Console()
+    # piped (a log file, CI) rich assumes 80 columns and folds the "why" column into a word per
+    # line; a log has room
+    console = Console(width=None if sys.stdout.isatty() else 160)
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds the stack: every process started is stopped
