@@ -329,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "demo.json").write_text(json.dumps(
         {"summary": summary, "phases": result.phases,
          "samples": [asdict(s) for s in result.samples]}, indent=2))
+    console.print()  # a piped Live leaves the cursor at the end of the table
     console.print(summary_paragraph(summary))
     console.print(f"plot: {plot_path}   data: {args.out / 'demo.json'}   logs: {args.out / 'stack'}")
     return 0 if summary["failed"] == 0 else 1
