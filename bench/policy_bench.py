@@ -13,7 +13,8 @@ hindsight (it spends the 1% of misses at the peak), has >= 16; the script warns 
   rate (rate-scale 0.3 x the compression's 2; 0.2 left static:best at 7P5D = 12); TTFT SLO
   15 s.
 - A steady hour (constant 12 req/s, Mooncake lengths): role changes must be zero.
-- ``servegen-day`` (only with ``--only servegen-day``; 1.4M requests, about 25 minutes): the
+- ``servegen-day`` (only with ``--only servegen-day``; 1.4M requests; measured here: about 90 s
+  per dynamic policy, 20 minutes for static:best's search, 10 more per ``@matched``): the
   same series at its own rate over a real day.
 
 A baseline (reactive, sla-interp) that spends fewer GPU-hours than pdscale is also re-run with
