@@ -511,6 +511,8 @@ class EngineConfig:
     bootstrap_timeout_seconds: float = 300.0
     #: simulated warm-up: /health answers 503 for this long after start (wall seconds)
     startup_seconds: float = 0.0
+    #: or: warm until this wall-clock moment (Unix seconds), the moment its pod turns Ready
+    ready_at_unix_seconds: float | None = None
     #: a drain that wants to exit gives up waiting for in-flight work after this long
     drain_timeout_seconds: float = 600.0
     #: reported as ``model_path``; the router loads a tokenizer from it, from the Hugging Face
@@ -610,7 +612,11 @@ class SimEngine:
 
     @property
     def ready(self) -> bool:
-        return not self.draining and time.monotonic() - self.started >= self.config.startup_seconds
+        if self.draining:
+            return False
+        if self.config.ready_at_unix_seconds is not None:
+            return time.time() >= self.config.ready_at_unix_seconds
+        return time.monotonic() - self.started >= self.config.startup_seconds
 
     def inflight(self) -> int:
         """Requests not finished: being served, plus prefilled KV not yet collected by decode."""
@@ -1145,6 +1151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--waiting-timeout-seconds", type=float, default=300.0)
     p.add_argument("--bootstrap-timeout-seconds", type=float, default=300.0)
     p.add_argument("--startup-seconds", type=float, default=0.0)
+    p.add_argument("--ready-at", type=float, default=None, dest="ready_at_unix_seconds",
+                   help="warm until this Unix time instead (overrides --startup-seconds)")
     p.add_argument("--drain-timeout-seconds", type=float, default=600.0)
     p.add_argument("--model-path", help="directory reported to the router as model_path; a "
                    "word-level tokenizer.json is written there so the router loads it locally "
@@ -1164,7 +1172,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_running_requests=args.max_running_requests,
         waiting_timeout_seconds=args.waiting_timeout_seconds,
         bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
-        startup_seconds=args.startup_seconds, drain_timeout_seconds=args.drain_timeout_seconds,
+        startup_seconds=args.startup_seconds, ready_at_unix_seconds=args.ready_at_unix_seconds,
+        drain_timeout_seconds=args.drain_timeout_seconds,
         model_path=args.model_path, dialect=args.dialect,
     )  # fmt: skip
 

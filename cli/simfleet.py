@@ -41,6 +41,21 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
 READY_DELAY_ANNOTATION = "pdscale.io/simulated-ready-delay-seconds"
 
+
+def engine_ready_at(pod: client.V1Pod, now: float | None = None) -> float:
+    """The Unix time kwok turns ``pod`` Ready: its delay annotation after the pod's
+    Initialized transition (kwok-pod-ready.yaml), or after ``now`` if that is unknown.
+    Timestamps carry whole seconds, so this is up to a second early: an engine ready a moment
+    before its pod is harmless, after it is a 503 to whoever the router sends."""
+    delay = float((pod.metadata.annotations or {}).get(READY_DELAY_ANNOTATION, "0"))
+    initialized = next((c.last_transition_time for c in (pod.status.conditions or [])
+                        if c.type == "Initialized" and c.status == "True"
+                        and c.last_transition_time is not None), None)
+    start = initialized.timestamp() if initialized is not None else (
+        time.time() if now is None else now)
+    return start + delay
+
+
 @dataclass
 class Running:
     pod: str
@@ -151,9 +166,11 @@ class SimFleet:
             port = ports.get("http") or next(iter(ports.values()), 8000)
             cmd = [sys.executable, "-m", "pdscale.simengine", "--role", role, "--host", ip,
                    "--port", str(port), "--time-compression", str(self.time_compression),
-                   # The pod turns Ready after this delay (kwok); the engine answers /health
-                   # from the same moment.
-                   "--startup-seconds", annotations.get(READY_DELAY_ANNOTATION, "0"),
+                   # kwok turns the pod Ready this long after it was Initialized; the engine
+                   # serves from that moment, not that long after this process noticed the
+                   # pod (seconds later under load: the router, told the pod was Ready, got
+                   # 503 "warming up" in between)
+                   "--ready-at", str(engine_ready_at(pod)),
                    "--drain-timeout-seconds", "600",
                    # A local model folder with a tokenizer.json: the router loads the
                    # tokenizer from it instead of asking the Hugging Face hub.
