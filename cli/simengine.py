@@ -566,7 +566,9 @@ class SimEngine:
         self.timing = timing
         self.metrics = Metrics()
         self.cache = PrefixCache(config.prefix_cache_tokens, config.block_tokens)
-        self.started = time.monotonic()
+        # one warm-up clock: a given moment (its pod's Ready), else startup_seconds from now
+        self.ready_at = (config.ready_at_unix_seconds if config.ready_at_unix_seconds is not None
+                         else time.time() + config.startup_seconds)
         self.draining = False
         self.exit_requested = asyncio.Event()
         self._handlers = 0  # HTTP requests being served (prefill and decode)
@@ -612,11 +614,7 @@ class SimEngine:
 
     @property
     def ready(self) -> bool:
-        if self.draining:
-            return False
-        if self.config.ready_at_unix_seconds is not None:
-            return time.time() >= self.config.ready_at_unix_seconds
-        return time.monotonic() - self.started >= self.config.startup_seconds
+        return not self.draining and time.time() >= self.ready_at
 
     def inflight(self) -> int:
         """Requests not finished: being served, plus prefilled KV not yet collected by decode."""

@@ -254,8 +254,8 @@ def plan(
                 for k, r in enumerate(rates)]
 
     rates_p = margined(cfg.rise_quantile)
-    dq = cfg.rise_quantile if cfg.decode_rise_quantile is None else cfg.decode_rise_quantile
-    rates_d = rates_p if dq == cfg.rise_quantile else margined(dq)
+    rates_d = margined(cfg.rise_quantile if cfg.decode_rise_quantile is None
+                       else cfg.decode_rise_quantile)
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
     recent = [x for x in loads[-cfg.length_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
@@ -272,13 +272,13 @@ def plan(
         if x is not None and x.peak_rate_rps is not None
     ]
     peak = float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None
+
     def loads_for(rs: list[float]) -> list[Load]:
         return [Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r))
                 for r in rs]
 
-    future = loads_for(rates_p)
-    future_decode = None if rates_d is rates_p else loads_for(rates_d)
-    return _plan_for(observation, cfg, history, now, load, future, future_decode)
+    # equal loads cost nothing twice: _plan_for sizes each distinct load once
+    return _plan_for(observation, cfg, history, now, load, loads_for(rates_p), loads_for(rates_d))
 
 
 def _plan_for(
