@@ -64,9 +64,12 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         max_decode=spec.decode.max_replicas,
         stabilization_window_seconds=p.stabilization_window_seconds,
         decode_drain_seconds=float(spec.decode.pre_stop_drain_seconds),
-        # A live fleet counts completions: a prefill backlog must read as load (one interval
-        # to clear it), and a stall with no completions must not hold the plan.
-        backlog_seconds=float(p.interval_seconds),
+        # A live fleet counts completions: a prefill backlog must read as load, and a stall
+        # with no completions must not hold the plan. The backlog is cleared over one interval
+        # after a new node's warm-up, the soonest that capacity ordered now can work on it
+        # (over one interval alone, the demo's long documents bought 16 prefill nodes for a
+        # queue that had mostly cleared before they were ready).
+        backlog_seconds=float(p.interval_seconds) + warmup_seconds,
         # Lengths smoothed over 3 intervals, not the replay default of 15: a change of load
         # shape (chat -> long documents) must reach the split within a few intervals. Measured
         # on the demo's phases: 15 kept prefill at 1-2 for 4 intervals of long documents.

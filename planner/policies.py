@@ -21,7 +21,14 @@ from .forecast import forecast
 from .model import Load, PerformanceModel, Slo, calibrate, calibrate_slo
 from .observe import Observation
 from .simulate import Controller
-from .solve import HPA_SCALE_DOWN_WINDOW_SECONDS, History, PlannerConfig, current_load, plan
+from .solve import (
+    HPA_SCALE_DOWN_WINDOW_SECONDS,
+    History,
+    PlannerConfig,
+    current_load,
+    plan,
+    remember,
+)
 
 POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle")
 
@@ -90,7 +97,7 @@ class PdscaleController:
                 hit = prev.prefix_hit_rate if prev else None
             future = [replace(f, prefix_hit_rate=hit or 0.0) for f in future] or None
         d = plan(obs, config=cfg, history=self.history, now=now, future_loads=future)
-        self.history = self.history.record(current_load(obs, cfg.max_age_seconds), d)
+        self.history = remember(self.history, obs, d, cfg)
         self.decisions.append(d.explanation)
         return d.prefill, d.decode, d.switch_to_prefill, d.switch_to_decode
 

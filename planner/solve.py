@@ -109,7 +109,8 @@ class PlannerConfig:
     max_age_seconds: float = 180.0
     #: live fleets: requests queued at prefill count as arrivals to serve within this many
     #: seconds, and unknown lengths fall back to the last known ones (see current_load);
-    #: None for replays, whose observations are exact
+    #: None for replays, whose observations are exact. Only the interval planned sees the
+    #: backlog: the history remembers loads as observed (``current_load`` without it)
     backlog_seconds: float | None = None
     #: expected drain of a decode instance being removed; None = from the load (2x mean output
     #: at the TPOT target)
@@ -182,6 +183,15 @@ def current_load(
         rate, isl or 0.0, osl or 0.0, 0.0 if hit is None else min(max(hit, 0.0), 1.0),
         peak_rate_rps=None if peak is None else max(peak, rate),
     )
+
+
+def remember(history: History, obs: Observation, decision: Decision, config: PlannerConfig) -> History:
+    """``history`` with this interval's load and decision: the load as observed.
+
+    A prefill backlog is work to clear once, which ``plan`` adds to the interval it plans
+    (``backlog_seconds``); remembered as a rate it would hold the forecast's recent maximum up
+    for ``forecast_window`` intervals after the queue had gone, and buy nodes for it."""
+    return history.record(current_load(obs, config.max_age_seconds), decision)
 
 
 def _intervals(seconds: float, interval: float) -> int:

@@ -301,3 +301,29 @@ def test_decode_can_hedge_more_of_the_rises_than_prefill() -> None:
     assert hedged.decode > same.decode
     assert max(p for p, _ in hedged.plan) == max(p for p, _ in same.plan)
     assert max(d for _, d in hedged.plan) > max(d for _, d in same.plan)
+
+
+def test_a_prefill_backlog_is_planned_once_not_remembered_as_load() -> None:
+    """A live fleet's queue counts as load for the interval planned; once cleared it must not
+    keep buying nodes through the forecast's recent maximum."""
+    from pdscale.planner.solve import remember
+
+    c = cfg(backlog_seconds=60.0, nodes=200)
+
+    def queued(o: Observation, depth: float | None) -> Observation:
+        q = None if depth is None else Reading(depth, o.now_seconds)
+        return replace(o, prefill=replace(o.prefill, queue_depth=q))
+
+    h = History()
+    for k in range(5):
+        now = 60.0 * k
+        o = queued(obs(10.0, 6, 6, now=now), 0.0)
+        h = remember(h, o, plan(o, config=c, history=h, now=now), c)
+    calm = plan(queued(obs(10.0, 6, 6, now=300.0), 0.0), config=c, history=h, now=300.0)
+    busy_obs = queued(obs(10.0, 6, 6, now=300.0), 600.0)  # 10 req/s more for one interval
+    busy = plan(busy_obs, config=c, history=h, now=300.0)
+    assert busy.desired[0] > calm.desired[0]
+    h = remember(h, busy_obs, busy, c)
+    after = plan(queued(obs(10.0, 6, 6, now=360.0), 0.0), config=c, history=h, now=360.0)
+    assert after.desired == calm.desired
+    assert h.loads[-1] is not None and h.loads[-1].rate_rps == 10.0
