@@ -37,7 +37,7 @@ from pdscale.planner.prometheus import (
     read_metrics,
     render_queries,
 )
-from pdscale.planner.solve import plan, remember
+from pdscale.planner.solve import step
 from pdscale.routersync import RouterClient, RouterError, SyncPlan, WorkerSpec, normalize_url
 
 from . import conditions, names, router
@@ -264,8 +264,7 @@ class PlannerLoop:
             role_state(pods["prefill"], now, spec.prefill.warmup_seconds),
             role_state(pods["decode"], now, spec.decode.warmup_seconds),
         )
-        decision = plan(obs, config=config, history=history, now=now)
-        history = remember(history, obs, decision, config)
+        decision, history = step(obs, config=config, history=history, now=now)
         self._save_memory(body, history_to_json(history, now, history_keep(config)))
         PLAN_SECONDS.labels(ns, name).observe(time.monotonic() - started)
         self._report(body, spec, decision, previous, snapshot, obs)

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from pdscale.planner.decision import Decision
-from pdscale.planner.model import Load, PerformanceModel, Slo
+from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.profile import Profile, load_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History, PlannerConfig
@@ -127,8 +127,10 @@ def history_to_json(history: History, last_plan_at_seconds: float | None,
     loads = [None if x is None else [x.rate_rps, x.mean_input_tokens, x.mean_output_tokens,
                                      x.prefix_hit_rate, x.peak_rate_rps] for x in history.loads[-keep:]]
     decisions = [_decision_dict(d) for d in history.decisions[-keep:]]
+    cal = None if history.calibration is None else asdict(history.calibration)
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
-                       "loads": loads, "decisions": decisions}, separators=(",", ":"))
+                       "loads": loads, "decisions": decisions, "calibration": cal},
+                      separators=(",", ":"))
 
 
 def history_from_json(text: str | None) -> tuple[History, float | None]:
@@ -141,7 +143,12 @@ def history_from_json(text: str | None) -> tuple[History, float | None]:
         loads = tuple(None if x is None else _load_from(x) for x in data["loads"])
         decisions = tuple(_decision_from(d) for d in data["decisions"])
         last = data.get("lastPlanAtSeconds")
-        return History(loads=loads, decisions=decisions), None if last is None else float(last)
+        # memories written before calibration was kept have none: the profile's, as at start
+        cal = data.get("calibration")
+        calibration = None if cal is None else Calibration(**{
+            k: v for k, v in cal.items() if k in Calibration.__dataclass_fields__})
+        history = History(loads=loads, decisions=decisions, calibration=calibration)
+        return history, None if last is None else float(last)
     except (ValueError, KeyError, TypeError):
         return History(), None
 

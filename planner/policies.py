@@ -18,17 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .forecast import forecast
-from .model import Load, PerformanceModel, Slo, calibrate, calibrate_slo
+from .model import Load, PerformanceModel, Slo
 from .observe import Observation
 from .simulate import Controller
-from .solve import (
-    HPA_SCALE_DOWN_WINDOW_SECONDS,
-    History,
-    PlannerConfig,
-    current_load,
-    plan,
-    remember,
-)
+from .solve import HPA_SCALE_DOWN_WINDOW_SECONDS, History, PlannerConfig, current_load, step
 
 POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle")
 
@@ -45,7 +38,8 @@ def parse_static(name: str) -> tuple[int, int]:
 
 @dataclass
 class PdscaleController:
-    """Our planner in a loop: calibrate, plan, remember (the only state is the history)."""
+    """Our planner in a loop, as the operator runs it (``solve.step``: calibrate, plan,
+    remember); the only state is the history."""
 
     config: PlannerConfig
     history: History = field(default_factory=History)
@@ -56,35 +50,6 @@ class PdscaleController:
     def __call__(self, obs: Observation) -> tuple[int, int, int, int]:
         now = obs.now_seconds
         cfg = self.config
-        model = calibrate(
-            cfg.model,
-            observed_tpot_seconds=_get(obs.tpot_p50_seconds, now),
-            decode_batch=(
-                None if obs.decode.ready == 0 or _get(obs.decode.running_requests, now) is None
-                else (_get(obs.decode.running_requests, now) or 0.0) / obs.decode.ready
-            ),
-            decode_context_tokens=None,  # the simulator does not report context: skip decode
-            observed_prefill_seconds=None,
-            prefill_input_tokens=None,
-            prefill_cached_tokens=None,
-            instances_warming_up=obs.decode.recently_ready + len(obs.decode.warming),
-        )
-        last = self.history.decisions[-1] if self.history.decisions else None
-        settled = (
-            not obs.prefill.warming and not obs.decode.warming
-            and obs.prefill.recently_ready == 0 and obs.decode.recently_ready == 0
-            and last is not None and not last.shortfall and not last.held
-        )
-        model = calibrate_slo(
-            model,
-            ttft_p99_seconds=_get(obs.ttft_p99_seconds, now),
-            tpot_p99_seconds=_get(obs.tpot_p99_seconds, now),
-            slo=cfg.slo,
-            settled=settled,
-        )
-        if model is not cfg.model:
-            cfg = replace(cfg, model=model)
-            self.config = cfg
         future = None
         if self.future is not None:
             k = round(now / cfg.interval_seconds)
@@ -96,8 +61,7 @@ class PdscaleController:
                 prev = self.history.loads[-1]
                 hit = prev.prefix_hit_rate if prev else None
             future = [replace(f, prefix_hit_rate=hit or 0.0) for f in future] or None
-        d = plan(obs, config=cfg, history=self.history, now=now, future_loads=future)
-        self.history = remember(self.history, obs, d, cfg)
+        d, self.history = step(obs, config=cfg, history=self.history, now=now, future_loads=future)
         self.decisions.append(d.explanation)
         return d.prefill, d.decode, d.switch_to_prefill, d.switch_to_decode
 

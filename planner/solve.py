@@ -30,7 +30,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .decision import Decision
 from .forecast import forecast, rise_margin
-from .model import Load, PerformanceModel, Slo
+from .model import Calibration, Load, PerformanceModel, Slo, calibrate, calibrate_slo
 from .observe import Observation, Reading
 
 #: HPA's default scale-down stabilization window, for engines that start in seconds
@@ -132,6 +132,9 @@ class History:
 
     loads: tuple[Load | None, ...] = ()
     decisions: tuple[Decision, ...] = ()
+    #: the model's online correction learned from past intervals' metrics (None: not yet,
+    #: the configured model's own)
+    calibration: Calibration | None = None
     #: keep at most this many entries
     max_len: int = 4096
 
@@ -192,6 +195,60 @@ def remember(history: History, obs: Observation, decision: Decision, config: Pla
     (``backlog_seconds``); remembered as a rate it would hold the forecast's recent maximum up
     for ``forecast_window`` intervals after the queue had gone, and buy nodes for it."""
     return history.record(current_load(obs, config.max_age_seconds), decision)
+
+
+def step(
+    observation: Observation,
+    *,
+    config: PlannerConfig,
+    history: History,
+    now: float,
+    future_loads: Sequence[Load] | None = None,
+) -> tuple[Decision, History]:
+    """One planning interval as the operator and the replay both run it: learn the model's
+    correction from the observation, plan with it, remember. Pure; the history is the only
+    state carried from one interval to the next."""
+    calibration = recalibrate(observation, config, history)
+    model = replace(config.model, calibration=calibration)
+    decision = plan(observation, config=replace(config, model=model), history=history, now=now,
+                    future_loads=future_loads)
+    return decision, replace(remember(history, observation, decision, config), calibration=calibration)
+
+
+def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Calibration:
+    """The history's calibration moved by this interval's metrics (see ``model.calibrate``
+    and ``model.calibrate_slo``). A latency miss teaches something only when the fleet is
+    settled: nothing warming or just ready, and the last plan neither short nor held."""
+    now = obs.now_seconds
+
+    def get(r: Reading | None) -> float | None:
+        return None if r is None else r.fresh(now, config.max_age_seconds)
+
+    running = get(obs.decode.running_requests)
+    model = calibrate(
+        replace(config.model, calibration=history.calibration or config.model.calibration),
+        observed_tpot_seconds=get(obs.tpot_p50_seconds),
+        decode_batch=None if obs.decode.ready == 0 or running is None else running / obs.decode.ready,
+        decode_context_tokens=None,  # not measured: the decode factor stays at the profile's
+        observed_prefill_seconds=None,
+        prefill_input_tokens=None,
+        prefill_cached_tokens=None,
+        instances_warming_up=obs.decode.recently_ready + len(obs.decode.warming),
+    )
+    last = history.decisions[-1] if history.decisions else None
+    settled = (
+        not obs.prefill.warming and not obs.decode.warming
+        and obs.prefill.recently_ready == 0 and obs.decode.recently_ready == 0
+        and last is not None and not last.shortfall and not last.held
+    )
+    model = calibrate_slo(
+        model,
+        ttft_p99_seconds=get(obs.ttft_p99_seconds),
+        tpot_p99_seconds=get(obs.tpot_p99_seconds),
+        slo=config.slo,
+        settled=settled,
+    )
+    return model.calibration
 
 
 def _intervals(seconds: float, interval: float) -> int:

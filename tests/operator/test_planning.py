@@ -18,7 +18,7 @@ from pdscale.operator.planning import (
     planner_config,
 )
 from pdscale.planner.decision import Decision
-from pdscale.planner.model import Load
+from pdscale.planner.model import Calibration, Load
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History, plan
@@ -83,10 +83,12 @@ def test_events_only_when_something_changed():
 
 def test_history_survives_a_round_trip():
     h = History(loads=(Load(10, 2000, 500, 0.6), Load(10, 2000, 500, 0.6, peak_rate_rps=42.0), None),
-                decisions=(decision(ttft=math.inf),))
+                decisions=(decision(ttft=math.inf),),
+                calibration=Calibration(decode_headroom=1.3, samples=4))
     back, last = history_from_json(history_to_json(h, 120.0))
     assert last == 120.0
     assert back.loads == h.loads
+    assert back.calibration == h.calibration  # a restarted operator keeps what it learned
     assert back.decisions[0].prefill == 4 and math.isinf(back.decisions[0].predicted_ttft_seconds)
     assert back.decisions[0].plan == ((4, 8), (5, 8))
 
@@ -105,6 +107,7 @@ def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
     # a memory written before the burst peak was kept
     old = '{"version":1,"lastPlanAtSeconds":5,"loads":[[1,2,3,0.5]],"decisions":[]}'
     assert history_from_json(old)[0].loads == (Load(1, 2, 3, 0.5),)
+    assert history_from_json(old)[0].calibration is None  # ... and before calibration was
 
 
 def test_unreadable_history_is_forgotten_not_fatal():

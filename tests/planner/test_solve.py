@@ -327,3 +327,37 @@ def test_a_prefill_backlog_is_planned_once_not_remembered_as_load() -> None:
     after = plan(queued(obs(10.0, 6, 6, now=360.0), 0.0), config=c, history=h, now=360.0)
     assert after.desired == calm.desired
     assert h.loads[-1] is not None and h.loads[-1].rate_rps == 10.0
+
+
+def test_step_learns_headroom_from_settled_misses_and_plans_with_it() -> None:
+    """The operator and the replay run one step: a p99 TPOT miss on a settled fleet raises
+    decode headroom, which the history carries into the next plan (more decode for the same
+    load); while instances warm up, a miss teaches nothing."""
+    from pdscale.planner.solve import step
+
+    c = cfg(nodes=200)
+
+    def missing(o: Observation) -> Observation:
+        return replace(o, tpot_p99_seconds=Reading(0.2, o.now_seconds))  # 4x the 50 ms target
+
+    o = obs(20.0, 4, 4, now=0.0)
+    first, h = step(o, config=c, history=History(), now=0.0)
+    assert h.calibration == MODEL.calibration  # nothing to learn from before a first plan
+    def ready(d: Decision, now: float) -> Observation:  # the same load; the fleet followed d
+        return obs(20.0, d.prefill, d.decode, now=now)
+
+    learned, last = h, first
+    for k in range(1, 6):
+        now = 60.0 * k
+        last, learned = step(missing(ready(last, now)), config=c, history=learned, now=now)
+        assert not last.held
+    assert learned.calibration is not None and learned.calibration.decode_headroom > 1.3  # more than once
+    fresh = ready(first, 360.0)
+    with_headroom, _ = step(fresh, config=c, history=learned, now=360.0)
+    without, _ = step(fresh, config=c, history=replace(learned, calibration=None), now=360.0)
+    assert with_headroom.decode > without.decode
+    # the same misses while a decode instance warms up leave the calibration alone
+    settled = ready(first, 60.0)
+    warming = replace(settled, decode=RoleState(ready=first.decode, warming=(Warming(900.0),)))
+    _, untaught = step(missing(warming), config=c, history=h, now=60.0)
+    assert untaught.calibration == h.calibration
