@@ -699,6 +699,11 @@ def _explain(
     if peak > load.rate_rps * 1.05:
         parts.append(f"forecast peak {peak:.1f} req/s within {len(future) * interval / 60:.0f} min")
     parts.append(f"needs {desired[0]}P{desired[1]}D now, up to {int(need[0].max())}P{int(need[1].max())}D")
+    cal = cfg.model.calibration
+    learned = [f"{n} x{h:.2f}" for n, h in zip(names, (cal.prefill_headroom, cal.decode_headroom),
+                                               strict=True) if h > 1.0 + 1e-9]
+    if learned:
+        parts.append(f"headroom {', '.join(learned)} (learned from p99 misses on a settled fleet)")
     # which role binds: the one whose capacity is closest to its need (share of headroom)
     ratio = [float(serve[r, 0] / max(need[r, 0], 1e-9)) for r in (0, 1)]
     bound = names[int(np.argmin(ratio))]

@@ -356,6 +356,8 @@ def test_step_learns_headroom_from_settled_misses_and_plans_with_it() -> None:
     with_headroom, _ = step(fresh, config=c, history=learned, now=360.0)
     without, _ = step(fresh, config=c, history=replace(learned, calibration=None), now=360.0)
     assert with_headroom.decode > without.decode
+    assert "headroom decode x1." in with_headroom.explanation
+    assert "headroom" not in without.explanation
     # the same misses while a decode instance warms up leave the calibration alone
     settled = ready(first, 60.0)
     warming = replace(settled, decode=RoleState(ready=first.decode, warming=(Warming(900.0),)))
