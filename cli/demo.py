@@ -72,7 +72,7 @@ class DemoResult:
             return r.ok and (r.ttft_seconds or 0) <= slo_ttft and (
                 r.tpot_seconds is None or r.tpot_seconds <= slo_tpot)
 
-        within = [r for r in ok if met(r)]
+        within = [r for r in self.records if met(r)]
         by_phase = {p["name"]: [r for r in self.records if r.phase == p["name"]] for p in self.phases}
         node_seconds = 0.0
         for a, b in zip(self.samples, self.samples[1:], strict=False):

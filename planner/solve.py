@@ -30,7 +30,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .decision import Decision
 from .forecast import forecast, rise_margin
-from .model import Calibration, Load, PerformanceModel, Slo, calibrate, calibrate_slo
+from .model import Calibration, Load, PerformanceModel, Slo, calibrate_slo
 from .observe import Observation, Reading
 
 #: HPA's default scale-down stabilization window, for engines that start in seconds
@@ -216,25 +216,16 @@ def step(
 
 
 def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Calibration:
-    """The history's calibration moved by this interval's metrics (see ``model.calibrate``
-    and ``model.calibrate_slo``). A latency miss teaches something only when the fleet is
-    settled: nothing warming or just ready, and the last plan neither short nor held."""
+    """The history's calibration moved by this interval's metrics (``model.calibrate_slo``).
+    A latency miss teaches something only when the fleet is settled: nothing warming or just
+    ready, and the last plan neither short nor held. (The compute factors of
+    ``model.calibrate`` need each role's mean context, which no engine metric gives, so they
+    stay at the profile's.)"""
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
         return None if r is None else r.fresh(now, config.max_age_seconds)
 
-    running = get(obs.decode.running_requests)
-    model = calibrate(
-        replace(config.model, calibration=history.calibration or config.model.calibration),
-        observed_tpot_seconds=get(obs.tpot_p50_seconds),
-        decode_batch=None if obs.decode.ready == 0 or running is None else running / obs.decode.ready,
-        decode_context_tokens=None,  # not measured: the decode factor stays at the profile's
-        observed_prefill_seconds=None,
-        prefill_input_tokens=None,
-        prefill_cached_tokens=None,
-        instances_warming_up=obs.decode.recently_ready + len(obs.decode.warming),
-    )
     last = history.decisions[-1] if history.decisions else None
     settled = (
         not obs.prefill.warming and not obs.decode.warming
@@ -242,7 +233,7 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
         and last is not None and not last.shortfall and not last.held
     )
     model = calibrate_slo(
-        model,
+        replace(config.model, calibration=history.calibration or config.model.calibration),
         ttft_p99_seconds=get(obs.ttft_p99_seconds),
         tpot_p99_seconds=get(obs.tpot_p99_seconds),
         slo=config.slo,
