@@ -258,6 +258,21 @@ def _pct(x: np.ndarray, q: float) -> float | None:
     return None if x.size == 0 else round(float(np.percentile(x, q)), 4)
 
 
+def misses(slo: Slo, r: SimResult) -> dict[str, int]:
+    """Requests that missed, by cause: rejected by the router, or served late only on TTFT
+    (a prefill queue, or a wait for a decode slot), only on TPOT (a decode batch past the
+    target), or on both. Where the misses come from says which role was short."""
+    served = ~r.rejected
+    late_first = served & (r.ttft_seconds > slo.ttft_seconds)
+    slow = served & (r.tpot_seconds > slo.tpot_seconds)
+    return {
+        "rejected": int(r.rejected.sum()),
+        "ttft_only": int(np.count_nonzero(late_first & ~slow)),
+        "tpot_only": int(np.count_nonzero(slow & ~late_first)),
+        "both": int(np.count_nonzero(late_first & slow)),
+    }
+
+
 def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
     """The replay JSON: the issue's fields plus per-interval series for plotting."""
     gpus = setup.model.profile.gpus_per_instance
@@ -290,6 +305,7 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
         "tpot_p90": _pct(r.tpot_seconds, 90),
         "tpot_p99": _pct(r.tpot_seconds, 99),
         "rejected": int(r.rejected.sum()),
+        "misses": misses(setup.slo, r),
         "gpu_hours": round(sum(inst_h.values()) * gpus, 3),
         "instance_hours_by_state": {k: round(v, 3) for k, v in inst_h.items()},
         "role_changes": r.role_changes,

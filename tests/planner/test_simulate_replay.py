@@ -15,7 +15,7 @@ MOONCAKE = Path("/work/shared/traces/mooncake/conversation_trace.jsonl")
 
 REQUIRED = {
     "policy", "requests", "slo_attainment", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
-    "tpot_p90", "tpot_p99", "rejected", "gpu_hours", "role_changes", "decisions",
+    "tpot_p90", "tpot_p99", "rejected", "misses", "gpu_hours", "role_changes", "decisions",
 }
 
 
@@ -79,6 +79,22 @@ def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> N
         run_policy(setup, "static:lots")
     with pytest.raises(ValueError, match="policy must be one of"):
         run_policy(setup, "magic")
+
+
+def test_misses_are_counted_by_cause(model: PerformanceModel, donor: Trace) -> None:
+    # one decode instance for 6 req/s of conversation: batches past the TPOT target
+    setup = ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
+                        slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20, early_rejection=True)
+    short_decode = run_policy(setup, "static:4P1D")
+    m = short_decode["misses"]
+    assert m["tpot_only"] + m["both"] > m["ttft_only"] + m["rejected"]
+    # one prefill instance: the router rejects what it cannot serve in time
+    short_prefill = run_policy(setup, "static:1P4D")["misses"]
+    assert short_prefill["rejected"] > short_prefill["tpot_only"] + short_prefill["both"]
+    # the causes add up to the misses behind the attainment
+    for rep in (short_decode, run_policy(setup, "static:1P4D")):
+        total = sum(rep["misses"].values())
+        assert total == round(rep["requests"] * (1 - rep["slo_attainment"]))
 
 
 @pytest.mark.slow
