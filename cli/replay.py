@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     for key in ("requests", "slo_attainment", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
                 "tpot_p90", "tpot_p99", "rejected", "gpu_hours", "role_changes"):
         table.add_row(key, _fmt(report[key]))
+    m = report["misses"]
+    table.add_row("missed: late first token / slow decode / both",
+                  f"{m['ttft_only']} / {m['tpot_only']} / {m['both']}")
     Console().print(table)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
