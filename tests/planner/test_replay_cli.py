@@ -1,0 +1,42 @@
+"""``pdscale replay`` as a user runs it: a trace in, a table out, the JSON and the plot on disk,
+and bad input refused with a message that names the file and the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdscale.main import main
+
+AZURE = "/work/shared/traces/azure2023/AzureLLMInferenceTrace_code.csv"
+
+
+def test_replay_writes_the_report_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "r" / "report.json", tmp_path / "plot.png"
+    code = main(["replay", "--trace", AZURE, "--policy", "static:10P2D", "--slo-ttft", "2",
+                 "--json", str(out), "--plot", str(png)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["policy"] == "static:10P2D" and report["requests"] == 8819
+    assert report["rate_scale"] == 1.0 and report["time_scale"] == 1.0
+    assert {d["prefill"] for d in report["decisions"]} == {10}
+    assert sum(report["misses"].values()) == round(8819 * (1 - report["slo_attainment"]))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "slo_attainment" in table and "gpu_hours" in table and "slow decode" in table
+
+
+def test_replay_refuses_a_bad_trace_naming_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "rates.csv"
+    bad.write_text("window_start_s,total_rate_rps\n0,1.5\n600,lots\n")
+    code = main(["replay", "--trace", str(bad), "--lengths", AZURE, "--policy", "pdscale"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3" in err.replace("\n", "") and "total_rate_rps" in err
+
+
+def test_replay_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--trace", AZURE, "--policy", "magic"]) == 2
+    assert "policy must be one of" in capsys.readouterr().err
