@@ -34,7 +34,8 @@ TPOT SLO 50 ms everywhere; node budget 200; interval 60 s; router predicted-TTFT
 rejection (the article's overload control; a rejected request counts as a miss) for every
 policy. Dynamic policies start with the fleet sized for the first warm-up window (as if the
 planner had been running before the trace); static:best is searched in hindsight.
-Writes out/policy_bench.json and prints the table with ratios against oracle and static:best.
+Writes out/policy_bench.json (``out/policy_bench_admission.json`` with ``--decode-admission``)
+and prints the table with ratios against oracle and static:best.
 
     .venv/bin/python bench/policy_bench.py [--only mooncake,azure,servegen,steady]
     .venv/bin/python bench/policy_bench.py --only heldout-mid-d1,heldout-small-d11
@@ -196,6 +197,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=200)
     ap.add_argument("--policies", default=None,
                     help="policies to run, comma-separated (default: all, or the case's own)")
+    ap.add_argument("--decode-admission", action="store_true",
+                    help="every policy's decode caps its batch at the TPOT target and drops what "
+                         "would wait past the TTFT target (a what-if: see the README)")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -213,7 +217,8 @@ def main() -> None:
             trace = load_trace(c["path"], rate_scale=c["rate_scale"], time_scale=c["time_scale"],
                                lengths_from=c.get("lengths"))
         setup = ReplaySetup(trace=trace, model=model, slo=Slo(ttft_seconds=c["ttft"], tpot_seconds=0.05),
-                            nodes=args.nodes, early_rejection=True)
+                            nodes=args.nodes, early_rejection=True,
+                            decode_admission=args.decode_admission)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
                       f"{trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
                       f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s")
@@ -239,7 +244,8 @@ def main() -> None:
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "policies": reps}
     table = Table(title=f"policies side by side (node budget {args.nodes}, TPOT SLO 50 ms, "
-                        "predicted-TTFT routing with early rejection)")
+                        "predicted-TTFT routing with early rejection"
+                        f"{', decode admission' if args.decode_admission else ''})")
     for col in ("trace (scale)", "policy", "attain.", "missed: rej/TTFT/TPOT/both", "TTFT p99",
                 "TPOT p99", "GPU-h",
                 "vs oracle", "vs static:best", "peak", "role chg"):
@@ -265,7 +271,7 @@ def main() -> None:
         mark = "[green]met[/green]" if c["met"] else "[red]NOT met[/red]"
         console.print(f"  {c['trace']:>9} {c['target']:<58} {c['value']:<40} {mark}")
     OUT.mkdir(exist_ok=True)
-    path = OUT / "policy_bench.json"
+    path = OUT / ("policy_bench_admission.json" if args.decode_admission else "policy_bench.json")
     old = json.loads(path.read_text()) if path.exists() else {}
     old.update(results)
     old["targets"] = [c for c in old.get("targets", []) if c["trace"] not in results] + checks

@@ -32,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=60.0, help="planning interval, seconds")
     parser.add_argument("--router", default="predicted-ttft",
                         choices=["random", "least-queue", "cache-aware", "predicted-ttft"])
-    parser.add_argument("--early-rejection", action="store_true")
+    parser.add_argument("--early-rejection", action="store_true",
+                        help="the router rejects a request whose predicted TTFT breaks the target")
+    parser.add_argument("--decode-admission", action="store_true",
+                        help="decode caps its batch at the TPOT target (--max-running-requests "
+                             "sized to the SLO) and drops what would wait past the TTFT target")
     parser.add_argument("--json", dest="json_out", help="write the report here")
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
 
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         trace=trace, model=PerformanceModel(profile),
         slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot),
         nodes=args.nodes, interval_seconds=args.interval, router=args.router,
-        early_rejection=args.early_rejection,
+        early_rejection=args.early_rejection, decode_admission=args.decode_admission,
     )
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "

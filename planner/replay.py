@@ -37,6 +37,9 @@ class ReplaySetup:
     interval_seconds: float = 60.0
     router: str = "predicted-ttft"
     early_rejection: bool = False
+    #: decode caps its batch at the TPOT target and drops what would wait past the TTFT target
+    #: (simulate.SimConfig.decode_admission); a property of the fleet, the same for every policy
+    decode_admission: bool = False
     #: static:best is the smallest fixed fleet reaching this attainment
     target_attainment: float = 0.99
     #: pdscale planner knobs (model, slo and nodes are overridden from this setup)
@@ -72,6 +75,10 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
 
 def planner_config(setup: ReplaySetup) -> PlannerConfig:
     base = setup.planner or PlannerConfig(model=setup.model)
+    if setup.decode_admission and setup.planner is None:
+        # The decode hedge (a higher rise quantile for decode) insures against the TPOT
+        # cliff; with admission a short decode fleet loses only its excess, as prefill does.
+        base = replace(base, decode_rise_quantile=None)
     return replace(
         base, model=setup.model, slo=setup.slo, nodes=setup.nodes,
         interval_seconds=setup.interval_seconds,
@@ -115,6 +122,7 @@ def _run(
 ) -> SimResult:
     cfg = SimConfig(
         router=setup.router, early_rejection=setup.early_rejection, slo=setup.slo,
+        decode_admission=setup.decode_admission,
         interval_seconds=setup.interval_seconds, initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
     )

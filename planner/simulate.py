@@ -21,6 +21,12 @@ Modelling choices (and why):
   batch grows later is slightly flattered.
 - A decode instance full (batch cap or KV capacity) makes the request wait for the next
   finishing sequence; the wait is part of its TTFT.
+- Without admission a decode instance takes every request, so one short by a fraction slows
+  every running sequence past the TPOT target (a cliff). With ``decode_admission`` it caps its
+  batch where the TPOT meets the target (what SGLang's ``--max-running-requests`` does, sized
+  to the SLO): a request waits for enough running sequences to finish, and is dropped, like an
+  early rejection, when that wait would already break the TTFT target. A short decode fleet
+  then loses only its excess, as a short prefill fleet does under early rejection.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ class SimConfig:
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
     nodes: int = 10**6
+    #: decode instances cap their batch at the TPOT target and drop what would wait past the
+    #: TTFT target (see the module notes); off: every request joins the batch
+    decode_admission: bool = False
     #: skip decode and KV transfer: TTFT = prefill queue + compute (the article's routing sim)
     prefill_only: bool = False
     #: initial instances start ready (True) or cold (False)
@@ -145,6 +154,7 @@ def simulate(
     block = trace.block_tokens
     cap_blocks = config.cache_blocks or max(1, prof.prefill.prefix_cache_tokens // block)
     slo_ttft = config.slo.ttft_seconds
+    slo_tpot = config.slo.tpot_seconds
     rng = random.Random(config.seed)
     switch_seconds = prof.warmup.role_switch_seconds
     new_seconds = prof.warmup.new_node_seconds
@@ -345,9 +355,20 @@ def simulate(
             f, c = heapq.heappop(h)
             ctx_sum[i] -= c
             start = max(start, f)
+        b, ctx_total = len(h) + 1, ctx_sum[i] + ctx
+        if config.decode_admission and model.tpot_seconds(b, ctx_total / b) > slo_tpot:
+            # start once enough of the running sequences (soonest first) have finished for
+            # the batch, this one included, to meet the TPOT target; the others keep running
+            # (they stay in the heap, so later arrivals see them)
+            for f, c in sorted(h):
+                b, ctx_total, start = b - 1, ctx_total - c, max(start, f)
+                if model.tpot_seconds(b, ctx_total / b) <= slo_tpot:
+                    break
+            if start - arr[r] > slo_ttft:
+                rejected[r] = True
+                return
         ctx_sum[i] += ctx
-        b = len(h) + 1
-        t_tok = model.tpot_seconds(b, ctx_sum[i] / b)
+        t_tok = model.tpot_seconds(b, ctx_total / b)
         heapq.heappush(h, (start + outs[r] * t_tok, ctx))
         tpot[r] = t_tok
         first = start - arr[r]

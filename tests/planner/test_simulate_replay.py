@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,27 @@ def test_misses_are_counted_by_cause(model: PerformanceModel, donor: Trace) -> N
     for rep in (short_decode, run_policy(setup, "static:1P4D")):
         total = sum(rep["misses"].values())
         assert total == round(rep["requests"] * (1 - rep["slo_attainment"]))
+
+
+def test_decode_admission_turns_the_tpot_cliff_into_shed_excess(model: PerformanceModel, donor: Trace) -> None:
+    def replay(admission: bool) -> dict:
+        setup = ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
+                            slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20,
+                            early_rejection=True, decode_admission=admission)
+        return run_policy(setup, "static:4P1D")  # one decode instance: short
+
+    cliff, shed = replay(False), replay(True)
+    assert cliff["misses"]["tpot_only"] > 0.5 * cliff["requests"]  # nearly every sequence slowed
+    # with admission no admitted sequence runs past the target; the excess is dropped instead
+    assert shed["misses"]["tpot_only"] + shed["misses"]["both"] == 0
+    assert shed["tpot_p99"] <= 0.05
+    assert shed["rejected"] > cliff["rejected"]
+    assert shed["slo_attainment"] > cliff["slo_attainment"]
+    # a fleet with enough decode is not touched by it
+    roomy = ReplaySetup(trace=steady(donor, 3.0, 300), model=model,
+                        slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20, early_rejection=True)
+    assert (run_policy(roomy, "static:4P4D")["misses"]
+            == run_policy(replace(roomy, decode_admission=True), "static:4P4D")["misses"])
 
 
 @pytest.mark.slow
