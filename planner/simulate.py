@@ -94,10 +94,6 @@ class SimResult:
     ticks: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     end_seconds: float = 0.0
 
-    @property
-    def gpu_hours(self) -> float:
-        return 0.0  # filled by replay with gpus_per_instance; kept for symmetry
-
     def attainment(self, slo: Slo, *, ttft_only: bool = False) -> float:
         """Share of all requests (rejected count as misses) meeting TTFT and TPOT targets."""
         n = len(self.arrival_seconds)
