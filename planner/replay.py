@@ -284,6 +284,7 @@ def misses(slo: Slo, r: SimResult) -> dict[str, int]:
 def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
     """The replay JSON: the issue's fields plus per-interval series for plotting."""
     gpus = setup.model.profile.gpus_per_instance
+    missed = misses(setup.slo, r)
     inst_h = {k: v / 3600.0 for k, v in r.instance_seconds.items()}
     t0 = float(r.arrival_seconds[0]) if len(r.arrival_seconds) else 0.0
     dt = setup.interval_seconds
@@ -312,8 +313,8 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
         "tpot_p50": _pct(r.tpot_seconds, 50),
         "tpot_p90": _pct(r.tpot_seconds, 90),
         "tpot_p99": _pct(r.tpot_seconds, 99),
-        "rejected": int(r.rejected.sum()),
-        "misses": misses(setup.slo, r),
+        "rejected": missed["rejected"],
+        "misses": missed,
         "gpu_hours": round(sum(inst_h.values()) * gpus, 3),
         "instance_hours_by_state": {k: round(v, 3) for k, v in inst_h.items()},
         "role_changes": r.role_changes,

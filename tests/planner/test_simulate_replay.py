@@ -82,28 +82,33 @@ def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> N
         run_policy(setup, "magic")
 
 
+def conversation_at_6rps(donor: Trace, model: PerformanceModel, admission: bool = False) -> ReplaySetup:
+    """Five minutes of conversation at 6 req/s: one decode (or one prefill) instance is short."""
+    return ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
+                       slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20,
+                       early_rejection=True, decode_admission=admission)
+
+
 def test_misses_are_counted_by_cause(model: PerformanceModel, donor: Trace) -> None:
-    # one decode instance for 6 req/s of conversation: batches past the TPOT target
-    setup = ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
-                        slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20, early_rejection=True)
+    setup = conversation_at_6rps(donor, model)
+    # one decode instance: batches past the TPOT target
     short_decode = run_policy(setup, "static:4P1D")
     m = short_decode["misses"]
     assert m["tpot_only"] + m["both"] > m["ttft_only"] + m["rejected"]
     # one prefill instance: the router rejects what it cannot serve in time
-    short_prefill = run_policy(setup, "static:1P4D")["misses"]
-    assert short_prefill["rejected"] > short_prefill["tpot_only"] + short_prefill["both"]
+    short_prefill = run_policy(setup, "static:1P4D")
+    m = short_prefill["misses"]
+    assert m["rejected"] > m["tpot_only"] + m["both"]
     # the causes add up to the misses behind the attainment
-    for rep in (short_decode, run_policy(setup, "static:1P4D")):
+    for rep in (short_decode, short_prefill):
         total = sum(rep["misses"].values())
         assert total == round(rep["requests"] * (1 - rep["slo_attainment"]))
 
 
 def test_decode_admission_turns_the_tpot_cliff_into_shed_excess(model: PerformanceModel, donor: Trace) -> None:
     def replay(admission: bool) -> dict:
-        setup = ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
-                            slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20,
-                            early_rejection=True, decode_admission=admission)
-        return run_policy(setup, "static:4P1D")  # one decode instance: short
+        # one decode instance: short
+        return run_policy(conversation_at_6rps(donor, model, admission), "static:4P1D")
 
     cliff, shed = replay(False), replay(True)
     assert cliff["misses"]["tpot_only"] > 0.5 * cliff["requests"]  # nearly every sequence slowed
