@@ -9,7 +9,9 @@ The release order (control-plane article, rule 6) made concrete, for one instanc
 
 1. mark it draining (annotation) and give it the lowest pod-deletion-cost;
 2. the router sync drops it from the router's worker list (draining pods are never workers);
-3. wait until its engine reports no request in flight (or the drain timeout passes);
+3. wait until its engine reports no request in flight (or the drain timeout passes); a decode
+   behind vllm-router also waits until no request held at a prefill can still be sent to it
+   (``awaited_by_prefill``; the drain timeout passes this too);
 4. lower the Deployment's replicas by one: the ReplicaSet removes the pod with the lowest
    deletion cost, which is exactly this one, because every other pod of the role is Ready
    (the ReplicaSet removes not-ready pods before looking at deletion costs, so a drain is not
@@ -50,6 +52,9 @@ class PodView:
     in_flight: int | None = None
     #: some router still lists this pod as a worker (or could not be asked)
     in_router: bool = False
+    #: a decode that requests still at a prefill engine may be sent to (vllm-router picks the
+    #: decode when a request arrives, and calls it once the prefill answers)
+    awaited_by_prefill: bool = False
 
     @property
     def draining(self) -> bool:
@@ -160,6 +165,9 @@ def plan_role_actions(
         since = p.draining_since_seconds or now_seconds
         idle = p.in_flight == 0
         timed_out = now_seconds - since >= drain_timeout_seconds
+        if p.awaited_by_prefill and not timed_out:
+            waiting.append(f"{p.name} drains; requests queued at prefill may still be sent to it")
+            continue
         if not (idle or timed_out):
             waiting.append(f"{p.name} drains ({p.in_flight if p.in_flight is not None else 'unknown'} in flight)")
             continue

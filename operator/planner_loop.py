@@ -66,7 +66,7 @@ from .planning import (
 )
 from .reconcile import Event, now_rfc3339, post_event, reconcile
 from .status import overdue_pods
-from .vllm_discovery import Announcer
+from .vllm_discovery import Announcer, PrefillBacklog, PrefillCount, vllm_totals
 
 log = logging.getLogger(__name__)
 
@@ -133,21 +133,19 @@ def engine_in_flight(ip: str | None, port: int, timeout_seconds: float = 2.0) ->
         return sum(int(e.get("num_reqs", 0)) for e in entries)
     except (OSError, ValueError, AttributeError):
         pass
+    totals = engine_vllm_totals(ip, port, timeout_seconds)
+    if totals is None or not {"vllm:num_requests_running", "vllm:num_requests_waiting"} & totals.keys():
+        return None
+    return round(totals.get("vllm:num_requests_running", 0.0) + totals.get("vllm:num_requests_waiting", 0.0))
+
+
+def engine_vllm_totals(ip: str, port: int, timeout_seconds: float = 2.0) -> dict[str, float] | None:
+    """A vLLM engine's ``/metrics``, each metric summed over its labels; None: no answer."""
     try:
-        with urllib.request.urlopen(f"{base}/metrics", timeout=timeout_seconds) as r:
-            text = r.read().decode(errors="replace")
+        with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=timeout_seconds) as r:
+            return vllm_totals(r.read().decode(errors="replace"))
     except OSError:
         return None
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-            except (IndexError, ValueError):
-                return None
-    return round(total) if seen else None
 
 
 class PlannerLoop:
@@ -162,6 +160,11 @@ class PlannerLoop:
         #: announces workers to vLLM routers (they have no worker API); runs in its own thread
         self.announcer = Announcer(side_channel_port=NIXL_SIDE_CHANNEL_PORT)
         self.routers_seen: set[str] = set()
+        #: per draining decode (namespace, pod) behind a vLLM router: the prefill requests it
+        #: waits out. Memory only: after a restart it is taken again, later, which is safe
+        #: (every request the first one would have waited for is done or still held then).
+        self.prefill_backlogs: dict[tuple[str, str], PrefillBacklog] = {}
+        self.backlogs_seen: set[tuple[str, str]] = set()
 
     def tick_all(self) -> None:
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
@@ -174,6 +177,7 @@ class PlannerLoop:
                    labels.get(names.LABEL_ROLE, ""))
             pods.setdefault(key, []).append(pod)
         self.routers_seen = set()
+        self.backlogs_seen = set()
         for body in self.kube.list_pdclusters():
             if body["metadata"].get("deletionTimestamp"):
                 continue
@@ -185,6 +189,7 @@ class PlannerLoop:
             except Exception:  # one PDCluster's failure must not stop the others'
                 log.exception("planner tick of %s failed", key)
         self.announcer.forget(self.routers_seen)
+        self.prefill_backlogs = {k: v for k, v in self.prefill_backlogs.items() if k in self.backlogs_seen}
 
     # ------------------------------------------------------------------------------------
     def tick(self, body: dict[str, Any], now: float,
@@ -201,8 +206,7 @@ class PlannerLoop:
         router_pods = listed_pods.get((ns, instance, "router"), [])
         vllm = router.kind(spec) is RouterKind.VLLM
         routers = self._discovery_addresses(router_pods, spec) if vllm else self._router_urls(router_pods, spec)
-        listed = (self._announced(routers, minimum_transfer_timeout_seconds(spec)) if vllm
-                  else self._listed(routers))
+        listed = self._announced(routers) if vllm else self._listed(routers)
 
         def sync_routers(leaving: frozenset[str] = frozenset()) -> None:
             # The routers list exactly the Ready, non-draining pods (minus those about to drain:
@@ -281,11 +285,11 @@ class PlannerLoop:
         return [f"{p.status.pod_ip}:{spec.router.discovery_port}" for p in pods
                 if p.status.pod_ip and p.metadata.deletion_timestamp is None]
 
-    def _announced(self, addresses: list[str], slowest_prefill_seconds: float) -> set[str] | None:
-        """Worker URLs some vLLM router may still send work to (see vllm_discovery)."""
+    def _announced(self, addresses: list[str]) -> set[str] | None:
+        """Worker URLs some vLLM router may still send new requests to (see vllm_discovery)."""
         urls: set[str] = set()
         for address in addresses:
-            listed = self.announcer.listed(address, slowest_prefill_seconds)
+            listed = self.announcer.listed(address)
             if listed is None:
                 return None
             urls |= listed
@@ -389,6 +393,7 @@ class PlannerLoop:
         ns, name = meta["namespace"], meta["name"]
         replicas: dict[str, int] = {}
         leaving: set[str] = set()
+        vllm = router.kind(spec) is RouterKind.VLLM
         for role in ROLES:
             TARGET.labels(ns, name, role).set(targets[role])
             deployment = self.apps.read_namespaced_deployment(names.child_name(name, role), ns)
@@ -400,6 +405,8 @@ class PlannerLoop:
                 if p.draining else p
                 for p in pods[role]
             ]
+            if vllm and role == "decode":
+                views = self._await_prefill(ns, spec, views, pods["prefill"], now)
             actions = plan_role_actions(
                 role, targets[role], views, current, now_seconds=now,
                 drain_timeout_seconds=float(spec.decode.pre_stop_drain_seconds if role == "decode"
@@ -425,6 +432,39 @@ class PlannerLoop:
             fresh = self.kube.get("PDCluster", ns, name)
             if fresh is not None:
                 reconcile(self.kube, fresh, now_rfc3339())
+
+    def _await_prefill(self, ns: str, spec: PDClusterSpec, decode: list[PodView],
+                       prefill: list[PodView], now: float) -> list[PodView]:
+        """Marks each draining decode that has left the vLLM router but may still be sent
+        requests held at a prefill engine (see vllm_discovery.PrefillBacklog)."""
+        leaving = [p for p in decode if p.draining and not p.in_router]
+        if not leaving:
+            return decode
+        counts: dict[str, PrefillCount | None] = {}
+        for p in prefill:
+            if p.ip:
+                totals = engine_vllm_totals(p.ip, spec.engine.port)
+                counts[p.name] = None if totals is None else PrefillCount.from_totals(totals)
+        serving = [p.name for p in prefill if p.ready and p.ip]
+        linger = minimum_transfer_timeout_seconds(spec)
+        awaited: set[str] = set()
+        for pod in leaving:
+            key = (ns, pod.name)
+            self.backlogs_seen.add(key)
+            backlog = self.prefill_backlogs.get(key)
+            if backlog is None:
+                taken = {name: counts.get(name) for name in serving}
+                if any(c is None for c in taken.values()):
+                    awaited.add(pod.name)  # a serving prefill did not answer: next tick
+                    continue
+                backlog = PrefillBacklog({n: c for n, c in taken.items() if c is not None})
+                log.info("decode %s/%s left the router; waits out %d requests held at prefill",
+                         ns, pod.name, backlog.waiting_on())
+            backlog = backlog.follow(counts, now)
+            self.prefill_backlogs[key] = backlog
+            if backlog.pending(now, linger):
+                awaited.add(pod.name)
+        return [replace(p, awaited_by_prefill=True) if p.name in awaited else p for p in decode]
 
     def _mark(self, ns: str, pod: str, *, draining_since: float | None) -> None:
         annotations: dict[str, str | None] = {

@@ -13,14 +13,20 @@ to each router, and it stops announcing a pod once it drains. The router lets go
 ``PING_TIMEOUT_SECONDS`` later; until then the pod counts as listed (``listed``), so a drain
 never finishes while the router may still send it work. After an operator restart nothing is
 known for one timeout: every pod counts as listed.
+
+Leaving the router is not enough for a decode. vllm-router picks a request's decode worker
+when the request arrives and calls it only after the prefill answers, so every request that a
+prefill engine held when the decode left may still be sent to it: with a prefill backlog, for
+far longer than one prefill. ``PrefillBacklog`` follows those requests out through each
+prefill engine's own counters (read from the engine, as the drain's in-flight count is).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 import msgpack
 import zmq
@@ -46,17 +52,81 @@ def announcement(worker: WorkerSpec, side_channel_port: int) -> bytes:
     })
 
 
-def still_listed(last_sent: dict[str, float], now: float, started: float,
-                 linger_seconds: float = 0.0) -> set[str] | None:
-    """URLs a router may still send work to (pure): announced within the timeout, plus
-    ``linger_seconds``. vllm-router picks a request's decode worker when the request arrives
-    and calls it only after the prefill answers, so a decode it has dropped still receives
-    requests for up to the slowest prefill. None while the announcer is younger than that
-    window: what an earlier operator announced is unknown."""
-    window = PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS + linger_seconds
+def still_listed(last_sent: dict[str, float], now: float, started: float) -> set[str] | None:
+    """URLs a router may still send new requests to (pure): those announced within the
+    timeout. None while the announcer is younger than that window: what an earlier operator
+    announced is unknown."""
+    window = PING_TIMEOUT_SECONDS + LEAVE_MARGIN_SECONDS
     if now - started < window:
         return None
     return {url for url, at in last_sent.items() if now - at < window}
+
+
+def vllm_totals(metrics_text: str) -> dict[str, float] | None:
+    """Each metric of a vLLM ``/metrics`` page summed over its labels (pure); None when a
+    sample line does not parse (a page we cannot read is unknown, not zero)."""
+    totals: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            return None
+    return totals
+
+
+@dataclass(frozen=True)
+class PrefillCount:
+    """One prefill engine at one moment: requests it has finished (``request_success_total``,
+    every finish reason, aborts included) and requests it holds (running + waiting)."""
+
+    finished: float
+    held: float
+
+    @staticmethod
+    def from_totals(totals: Mapping[str, float]) -> PrefillCount | None:
+        if "vllm:request_success_total" not in totals or "vllm:num_requests_running" not in totals:
+            return None
+        return PrefillCount(totals["vllm:request_success_total"],
+                            totals["vllm:num_requests_running"] + totals.get("vllm:num_requests_waiting", 0.0))
+
+
+@dataclass(frozen=True)
+class PrefillBacklog:
+    """The requests the prefill engines held once a decode had left the vLLM router, followed
+    until none of them can still be sent to that decode (pure).
+
+    vLLM admits waiting requests first come, first served, so once an engine has finished as
+    many requests as it held, each request it held has entered its batch; one may still be
+    mid-prefill behind shorter, later ones, for at most the slowest prefill (``linger``).
+    ``at_leave`` is keyed by prefill pod name: a pod gone since took its requests with it, and
+    a counter that went down is an engine restarted (its requests failed with it)."""
+
+    at_leave: Mapping[str, PrefillCount]
+    cleared_at: float | None = None
+
+    def follow(self, counts: Mapping[str, PrefillCount | None], now: float) -> PrefillBacklog:
+        """The backlog after reading the prefill engines' counters now (None: no answer)."""
+        if self.cleared_at is not None:
+            return self
+        for pod, then in self.at_leave.items():
+            if pod not in counts:
+                continue
+            current = counts[pod]
+            if current is None:
+                return self  # unknown: not cleared
+            if current.finished >= then.finished and current.finished - then.finished < then.held:
+                return self
+        return replace(self, cleared_at=now)
+
+    def pending(self, now: float, linger_seconds: float) -> bool:
+        return self.cleared_at is None or now - self.cleared_at < linger_seconds
+
+    def waiting_on(self) -> int:
+        """Requests the prefill engines held when it was taken (for the explanation)."""
+        return round(sum(c.held for c in self.at_leave.values()))
 
 
 @dataclass
@@ -90,10 +160,10 @@ class Announcer:
             for address in [a for a in self._desired if a not in keep]:
                 del self._desired[address]
 
-    def listed(self, address: str, linger_seconds: float = 0.0) -> set[str] | None:
+    def listed(self, address: str) -> set[str] | None:
         with self._lock:
             sent = dict(self._last_sent.get(address, {}))
-        return still_listed(sent, self.clock(), self.started, linger_seconds)
+        return still_listed(sent, self.clock(), self.started)
 
     def announce_once(self) -> None:
         with self._lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,6 +65,15 @@ def test_a_drain_never_finishes_while_the_router_lists_the_pod():
     a = step(1, [pod("a"), listed], now=1000.0, timeout=60)  # idle and long past the timeout
     assert a.finish_drain == () and a.replicas is None
     assert any("still listed by the router" in w for w in a.waiting)
+
+
+def test_an_idle_decode_awaited_by_prefill_waits_until_the_drain_timeout():
+    awaited = replace(pod("b", draining_since=50.0, in_flight=0), awaited_by_prefill=True)
+    a = step(1, [pod("a"), awaited], now=100.0, timeout=60)  # idle: it would go without the flag
+    assert a.finish_drain == () and a.replicas is None
+    assert any("queued at prefill" in w for w in a.waiting)
+    # a prefill that never clears must not hold the fleet forever: the timeout passes it
+    assert step(1, [pod("a"), awaited], now=110.0, timeout=60).finish_drain == ("b",)
 
 
 def test_a_drained_pod_waits_while_another_pod_warms():
