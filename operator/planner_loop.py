@@ -460,8 +460,10 @@ class PlannerLoop:
                 backlog = PrefillBacklog({n: c for n, c in taken.items() if c is not None})
                 log.info("decode %s/%s left the router; waits out %d requests held at prefill",
                          ns, pod.name, backlog.waiting_on())
-            backlog = backlog.follow(counts, now)
-            self.prefill_backlogs[key] = backlog
+            followed = backlog.follow(counts, now)
+            if followed.cleared_at is not None and backlog.cleared_at is None:
+                log.info("decode %s/%s: the prefill requests it waited for are done", ns, pod.name)
+            self.prefill_backlogs[key] = backlog = followed
             if backlog.pending(now, linger):
                 awaited.add(pod.name)
         return [replace(p, awaited_by_prefill=True) if p.name in awaited else p for p in decode]
