@@ -34,7 +34,7 @@ TPOT SLO 50 ms everywhere; node budget 200; interval 60 s; router predicted-TTFT
 rejection (the article's overload control; a rejected request counts as a miss) for every
 policy. Dynamic policies start with the fleet sized for the first warm-up window (as if the
 planner had been running before the trace); static:best is searched in hindsight.
-Writes out/policy_bench.json (``out/policy_bench_admission.json`` with ``--decode-admission``)
+Writes out/policy_bench.json (``out/policy_bench_admission_MODE.json`` with ``--decode-admission``)
 and prints the table with ratios against oracle and static:best.
 
     .venv/bin/python bench/policy_bench.py [--only mooncake,azure,servegen,steady]
@@ -197,9 +197,10 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=200)
     ap.add_argument("--policies", default=None,
                     help="policies to run, comma-separated (default: all, or the case's own)")
-    ap.add_argument("--decode-admission", action="store_true",
-                    help="every policy's decode caps its batch at the TPOT target and drops what "
-                         "would wait past the TTFT target (a what-if: see the README)")
+    ap.add_argument("--decode-admission", choices=["off", "queue", "shed"], default="off",
+                    help="every policy's decode caps its batch at the TPOT target (queue) and "
+                         "drops what would wait past the TTFT target (shed): a what-if, see the "
+                         "README")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -245,7 +246,8 @@ def main() -> None:
                          "policies": reps}
     table = Table(title=f"policies side by side (node budget {args.nodes}, TPOT SLO 50 ms, "
                         "predicted-TTFT routing with early rejection"
-                        f"{', decode admission' if args.decode_admission else ''})")
+                        + ("" if args.decode_admission == "off"
+                           else f", decode admission: {args.decode_admission}") + ")")
     for col in ("trace (scale)", "policy", "attain.", "missed: rej/TTFT/TPOT/both", "TTFT p99",
                 "TPOT p99", "GPU-h",
                 "vs oracle", "vs static:best", "peak", "role chg"):
@@ -271,7 +273,8 @@ def main() -> None:
         mark = "[green]met[/green]" if c["met"] else "[red]NOT met[/red]"
         console.print(f"  {c['trace']:>9} {c['target']:<58} {c['value']:<40} {mark}")
     OUT.mkdir(exist_ok=True)
-    path = OUT / ("policy_bench_admission.json" if args.decode_admission else "policy_bench.json")
+    path = OUT / ("policy_bench.json" if args.decode_admission == "off"
+                  else f"policy_bench_admission_{args.decode_admission}.json")
     old = json.loads(path.read_text()) if path.exists() else {}
     old.update(results)
     old["targets"] = [c for c in old.get("targets", []) if c["trace"] not in results] + checks

@@ -34,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["random", "least-queue", "cache-aware", "predicted-ttft"])
     parser.add_argument("--early-rejection", action="store_true",
                         help="the router rejects a request whose predicted TTFT breaks the target")
-    parser.add_argument("--decode-admission", action="store_true",
-                        help="decode caps its batch at the TPOT target (--max-running-requests "
-                             "sized to the SLO) and drops what would wait past the TTFT target")
+    parser.add_argument("--decode-admission", choices=["off", "queue", "shed"], default="off",
+                        help="off: decode takes every request; queue: decode caps its batch at the "
+                             "TPOT target (--max-running-requests sized to the SLO) and the rest "
+                             "wait; shed: and drops what would wait past the TTFT target "
+                             "(default: off)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
 

@@ -37,9 +37,10 @@ class ReplaySetup:
     interval_seconds: float = 60.0
     router: str = "predicted-ttft"
     early_rejection: bool = False
-    #: decode caps its batch at the TPOT target and drops what would wait past the TTFT target
-    #: (simulate.SimConfig.decode_admission); a property of the fleet, the same for every policy
-    decode_admission: bool = False
+    #: "off", "queue" (decode caps its batch at the TPOT target) or "shed" (and drops what
+    #: would wait past the TTFT target): simulate.SimConfig.decode_admission; a property of the
+    #: fleet, the same for every policy
+    decode_admission: str = "off"
     #: static:best is the smallest fixed fleet reaching this attainment
     target_attainment: float = 0.99
     #: pdscale planner knobs (model, slo and nodes are overridden from this setup)
@@ -75,9 +76,10 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
 
 def planner_config(setup: ReplaySetup) -> PlannerConfig:
     base = setup.planner or PlannerConfig(model=setup.model)
-    if setup.decode_admission and setup.planner is None:
+    if setup.decode_admission == "shed" and setup.planner is None:
         # The decode hedge (a higher rise quantile for decode) insures against the TPOT
-        # cliff; with admission a short decode fleet loses only its excess, as prefill does.
+        # cliff; with shedding a short decode fleet loses only its excess, as prefill does.
+        # A queue is no such insurance: what waits piles up (README, decode admission).
         base = replace(base, decode_rise_quantile=None)
     return replace(
         base, model=setup.model, slo=setup.slo, nodes=setup.nodes,

@@ -21,12 +21,13 @@ Modelling choices (and why):
   batch grows later is slightly flattered.
 - A decode instance full (batch cap or KV capacity) makes the request wait for the next
   finishing sequence; the wait is part of its TTFT.
-- Without admission a decode instance takes every request, so one short by a fraction slows
-  every running sequence past the TPOT target (a cliff). With ``decode_admission`` it caps its
-  batch where the TPOT meets the target (what SGLang's ``--max-running-requests`` does, sized
-  to the SLO): a request waits for enough running sequences to finish, and is dropped, like an
-  early rejection, when that wait would already break the TTFT target. A short decode fleet
-  then loses only its excess, as a short prefill fleet does under early rejection.
+- Without admission (``decode_admission="off"``) a decode instance takes every request, so
+  one short by a fraction slows every running sequence past the TPOT target (a cliff). With
+  ``"queue"`` it caps its batch where the TPOT meets the target (what SGLang's
+  ``--max-running-requests`` does, sized to the SLO): a request waits for enough running
+  sequences to finish. ``"shed"`` also drops it, like an early rejection, when that wait would
+  already break the TTFT target; a short decode fleet then loses only its excess, as a short
+  prefill fleet does under early rejection. No engine or router sheds so today.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .observe import Observation, Reading, RoleState, Warming
 from .traces import Trace
 
 ROUTERS = ("random", "least-queue", "cache-aware", "predicted-ttft")
+DECODE_ADMISSIONS = ("off", "queue", "shed")
 
 WARMING, READY, DRAINING, STOPPED = 0, 1, 2, 3
 
@@ -66,9 +68,9 @@ class SimConfig:
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
     nodes: int = 10**6
-    #: decode instances cap their batch at the TPOT target and drop what would wait past the
-    #: TTFT target (see the module notes); off: every request joins the batch
-    decode_admission: bool = False
+    #: "off": every request joins the decode batch; "queue": decode caps its batch at the TPOT
+    #: target and the rest wait; "shed": and drops what would wait past the TTFT target
+    decode_admission: str = "off"
     #: skip decode and KV transfer: TTFT = prefill queue + compute (the article's routing sim)
     prefill_only: bool = False
     #: initial instances start ready (True) or cold (False)
@@ -141,6 +143,11 @@ def simulate(
     """
     if config.router not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {config.router!r}")
+    if config.decode_admission not in DECODE_ADMISSIONS:
+        raise ValueError(f"decode_admission must be one of {DECODE_ADMISSIONS}, "
+                         f"got {config.decode_admission!r}")
+    capped = config.decode_admission != "off"
+    shed = config.decode_admission == "shed"
     prof = model.profile
     n_req = len(trace)
     arr = trace.arrival_seconds
@@ -352,7 +359,7 @@ def simulate(
             ctx_sum[i] -= c
             start = max(start, f)
         b, ctx_total = len(h) + 1, ctx_sum[i] + ctx
-        if config.decode_admission and model.tpot_seconds(b, ctx_total / b) > slo_tpot:
+        if capped and model.tpot_seconds(b, ctx_total / b) > slo_tpot:
             # start once enough of the running sequences (soonest first) have finished for
             # the batch, this one included, to meet the TPOT target; the others keep running
             # (they stay in the heap, so later arrivals see them)
@@ -360,7 +367,7 @@ def simulate(
                 b, ctx_total, start = b - 1, ctx_total - c, max(start, f)
                 if model.tpot_seconds(b, ctx_total / b) <= slo_tpot:
                     break
-            if start - arr[r] > slo_ttft:
+            if shed and start - arr[r] > slo_ttft:
                 rejected[r] = True
                 return
         ctx_sum[i] += ctx

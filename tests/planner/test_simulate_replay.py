@@ -82,7 +82,7 @@ def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> N
         run_policy(setup, "magic")
 
 
-def conversation_at_6rps(donor: Trace, model: PerformanceModel, admission: bool = False) -> ReplaySetup:
+def conversation_at_6rps(donor: Trace, model: PerformanceModel, admission: str = "off") -> ReplaySetup:
     """Five minutes of conversation at 6 req/s: one decode (or one prefill) instance is short."""
     return ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
                        slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20,
@@ -105,23 +105,35 @@ def test_misses_are_counted_by_cause(model: PerformanceModel, donor: Trace) -> N
         assert total == round(rep["requests"] * (1 - rep["slo_attainment"]))
 
 
-def test_decode_admission_turns_the_tpot_cliff_into_shed_excess(model: PerformanceModel, donor: Trace) -> None:
-    def replay(admission: bool) -> dict:
+def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
+    model: PerformanceModel, donor: Trace
+) -> None:
+    def replay(admission: str) -> dict:
         # one decode instance: short
         return run_policy(conversation_at_6rps(donor, model, admission), "static:4P1D")
 
-    cliff, shed = replay(False), replay(True)
+    cliff, queue, shed = replay("off"), replay("queue"), replay("shed")
     assert cliff["misses"]["tpot_only"] > 0.5 * cliff["requests"]  # nearly every sequence slowed
-    # with admission no admitted sequence runs past the target; the excess is dropped instead
-    assert shed["misses"]["tpot_only"] + shed["misses"]["both"] == 0
-    assert shed["tpot_p99"] <= 0.05
+    # capped, no admitted sequence runs past the target: the excess waits, or is dropped
+    for capped in (queue, shed):
+        assert capped["misses"]["tpot_only"] + capped["misses"]["both"] == 0
+        assert capped["tpot_p99"] <= 0.05
+    # a queue drops nothing more than the router did, and what waits misses its TTFT
+    assert queue["rejected"] == cliff["rejected"]
+    assert queue["misses"]["ttft_only"] > 0.5 * queue["requests"]
+    assert queue["ttft_p99"] > 15
+    # shedding keeps the wait within the target for everything it admits
     assert shed["rejected"] > cliff["rejected"]
-    assert shed["slo_attainment"] > cliff["slo_attainment"]
-    # a fleet with enough decode is not touched by it
+    assert shed["misses"]["ttft_only"] < 0.01 * shed["requests"]
+    assert shed["slo_attainment"] > max(cliff["slo_attainment"], queue["slo_attainment"])
+    # a fleet with enough decode is not touched by either
     roomy = ReplaySetup(trace=steady(donor, 3.0, 300), model=model,
                         slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20, early_rejection=True)
-    assert (run_policy(roomy, "static:4P4D")["misses"]
-            == run_policy(replace(roomy, decode_admission=True), "static:4P4D")["misses"])
+    base = run_policy(roomy, "static:4P4D")["misses"]
+    for admission in ("queue", "shed"):
+        assert run_policy(replace(roomy, decode_admission=admission), "static:4P4D")["misses"] == base
+    with pytest.raises(ValueError, match="decode_admission must be one of"):
+        run_policy(replace(roomy, decode_admission="yes"), "static:4P4D")
 
 
 @pytest.mark.slow
