@@ -66,7 +66,7 @@ from .planning import (
 )
 from .reconcile import Event, now_rfc3339, post_event, reconcile
 from .status import overdue_pods
-from .vllm_discovery import Announcer, PrefillBacklog, PrefillCount, vllm_totals
+from .vllm_discovery import RUNNING, WAITING, Announcer, PrefillBacklog, PrefillCount, vllm_totals
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +134,9 @@ def engine_in_flight(ip: str | None, port: int, timeout_seconds: float = 2.0) ->
     except (OSError, ValueError, AttributeError):
         pass
     totals = engine_vllm_totals(ip, port, timeout_seconds)
-    if totals is None or not {"vllm:num_requests_running", "vllm:num_requests_waiting"} & totals.keys():
+    if totals is None or not {RUNNING, WAITING} & totals.keys():
         return None
-    return round(totals.get("vllm:num_requests_running", 0.0) + totals.get("vllm:num_requests_waiting", 0.0))
+    return round(totals.get(RUNNING, 0.0) + totals.get(WAITING, 0.0))
 
 
 def engine_vllm_totals(ip: str, port: int, timeout_seconds: float = 2.0) -> dict[str, float] | None:

@@ -62,14 +62,22 @@ def still_listed(last_sent: dict[str, float], now: float, started: float) -> set
     return {url for url, at in last_sent.items() if now - at < window}
 
 
-def vllm_totals(metrics_text: str) -> dict[str, float] | None:
-    """Each metric of a vLLM ``/metrics`` page summed over its labels (pure); None when a
-    sample line does not parse (a page we cannot read is unknown, not zero)."""
+#: what the drains read from a vLLM engine's ``/metrics``
+RUNNING, WAITING, FINISHED = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                              "vllm:request_success_total")
+
+
+def vllm_totals(metrics_text: str, names: Iterable[str] = (RUNNING, WAITING, FINISHED)
+                ) -> dict[str, float] | None:
+    """The metrics ``names`` of a vLLM ``/metrics`` page, each summed over its labels (pure);
+    a name absent from the page is absent from the result. None when one of their samples
+    does not parse (unknown, not zero); other lines are not read."""
+    wanted = set(names)
     totals: dict[str, float] = {}
     for line in metrics_text.splitlines():
-        if not line or line.startswith("#"):
-            continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in wanted:
+            continue
         try:
             totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         except (IndexError, ValueError):
@@ -87,10 +95,9 @@ class PrefillCount:
 
     @staticmethod
     def from_totals(totals: Mapping[str, float]) -> PrefillCount | None:
-        if "vllm:request_success_total" not in totals or "vllm:num_requests_running" not in totals:
+        if FINISHED not in totals or RUNNING not in totals:
             return None
-        return PrefillCount(totals["vllm:request_success_total"],
-                            totals["vllm:num_requests_running"] + totals.get("vllm:num_requests_waiting", 0.0))
+        return PrefillCount(totals[FINISHED], totals[RUNNING] + totals.get(WAITING, 0.0))
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ def test_a_prefill_count_sums_every_finish_reason_and_both_queues():
     count = PrefillCount.from_totals(vllm_totals(METRICS) or {})
     assert count == PrefillCount(finished=43.0, held=7.0)
     assert vllm_totals("vllm:num_requests_running{a=\"b\"} not-a-number") is None
+    # a line of some other metric that does not parse is not ours to judge
+    assert vllm_totals(METRICS + "vllm:other{x=\"y\"} ???\n") == vllm_totals(METRICS)
     assert PrefillCount.from_totals(vllm_totals("# nothing\n") or {}) is None  # not vLLM: unknown
 
 
