@@ -73,3 +73,13 @@ def test_the_planner_reads_vllm_metrics_and_moves_the_split(run):
             if s.phase == "long-documents" and s.prefill_target]
     assert chat and docs and max(docs) > chat[-1], f"prefill did not grow: {chat[-1:]} -> {docs}"
     assert [e for e in events if e.reason == "PlannerDecision"]
+
+
+def test_a_drain_says_in_status_what_it_waits_for(run):
+    # status.planner.waiting: why the fleet is not yet at the target, one line per pod
+    _, planners, events, _ = run
+    drained = {e.message.split()[2].rstrip(":") for e in events
+               if e.reason == "DrainStarted" and e.message.startswith("decode")}
+    assert drained, "no decode drain in a run that moves the split toward prefill"
+    lines = {line for p in planners for line in p.get("waiting") or []}
+    assert any(line.startswith(pod) for pod in drained for line in lines), (drained, lines)

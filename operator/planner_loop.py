@@ -392,6 +392,7 @@ class PlannerLoop:
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         replicas: dict[str, int] = {}
+        waiting: list[str] = []
         leaving: set[str] = set()
         vllm = router.kind(spec) is RouterKind.VLLM
         for role in ROLES:
@@ -425,10 +426,13 @@ class PlannerLoop:
                 post_event(self.kube, body, Event("Normal", "DrainFinished",
                                                   f"{role} pod {pod}: drained, removing"), now_rfc3339())
             replicas[role] = current if actions.replicas is None else actions.replicas
-        planned = (body.get("status") or {}).get("planner", {}).get("replicas")
-        if planned != replicas:
+            waiting += actions.waiting
+        status = (body.get("status") or {}).get("planner", {})
+        if status.get("replicas") != replicas or status.get("waiting", []) != waiting:
+            # ``waiting`` tells a user why the fleet is not yet at the target.
+            self.kube.patch_status(ns, name, {"planner": {"replicas": replicas, "waiting": waiting}})
+        if status.get("replicas") != replicas:
             # The reconcile applies these to the Deployments (one writer, one field manager).
-            self.kube.patch_status(ns, name, {"planner": {"replicas": replicas}})
             fresh = self.kube.get("PDCluster", ns, name)
             if fresh is not None:
                 reconcile(self.kube, fresh, now_rfc3339())
