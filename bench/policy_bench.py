@@ -55,6 +55,7 @@ from rich.table import Table
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
 from pdscale.planner.replay import ReplaySetup, run_policy
+from pdscale.planner.simulate import DECODE_ADMISSIONS
 from pdscale.planner.traces import (
     Trace,
     load_trace,
@@ -197,7 +198,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=200)
     ap.add_argument("--policies", default=None,
                     help="policies to run, comma-separated (default: all, or the case's own)")
-    ap.add_argument("--decode-admission", choices=["off", "queue", "shed"], default="off",
+    ap.add_argument("--decode-admission", choices=DECODE_ADMISSIONS, default="off",
                     help="every policy's decode caps its batch at the TPOT target (queue) and "
                          "drops what would wait past the TTFT target (shed): a what-if, see the "
                          "README")
