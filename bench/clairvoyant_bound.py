@@ -36,8 +36,8 @@ import numpy as np
 
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
-from pdscale.planner.replay import ReplaySetup, _run
-from pdscale.planner.traces import load_trace
+from pdscale.planner.replay.run import ReplaySetup, simulate_fleet
+from pdscale.planner.replay.traces import load_trace
 
 sys.path.insert(0, str(Path(__file__).parent))  # PYTHONSAFEPATH keeps the script's folder off
 from policy_bench import OUT, cases
@@ -52,7 +52,7 @@ def attainment_curves(setup: ReplaySetup, role: str, hi: int, other: int, share:
     target = np.full(n, share)
     for k in range(hi, 0, -1):
         start = (k, other) if role == "P" else (other, k)
-        r = _run(setup, start, None, None, prefill_only=(role == "P"))
+        r = simulate_fleet(setup, start, None, None, prefill_only=(role == "P"))
         if role == "P":
             ok = r.ttft_seconds <= setup.slo.ttft_seconds
         else:  # a request rejected at prefill is not decode's miss

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdscale.planner.forecast import METHODS, backtest
-from pdscale.planner.traces import read_azure, read_mooncake, read_rate_series
+from pdscale.planner.replay.traces import read_azure, read_mooncake, read_rate_series
 
 SHARED = Path("/work/shared/traces")
 OUT = Path(__file__).parents[1] / "out"

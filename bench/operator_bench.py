@@ -80,7 +80,7 @@ def _children_per_pdcluster(doc: dict[str, Any]) -> int:
 
 def _install(kubeconfig: pathlib.Path) -> None:
     from pdscale.operator import crd, rbac
-    from pdscale.testbed import api_client, h200_node
+    from pdscale.testbed.nodes import api_client, h200_node
 
     api = api_client(kubeconfig)
     ext = client.ApiextensionsV1Api(api)
@@ -167,8 +167,13 @@ def main() -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    from pdscale.localcluster import LocalCluster
-    from pdscale.testbed import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
+    from pdscale.testbed.localcluster import LocalCluster
+    from pdscale.testbed.nodes import (
+        api_client,
+        ensure_h200_nodes,
+        operator_kubeconfig,
+        wait_nodes_ready,
+    )
 
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="operator-bench-"))
     local = None

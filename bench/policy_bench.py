@@ -54,9 +54,9 @@ from rich.table import Table
 
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
-from pdscale.planner.replay import ReplaySetup, run_policy
-from pdscale.planner.simulate import DECODE_ADMISSIONS
-from pdscale.planner.traces import (
+from pdscale.planner.replay.run import ReplaySetup, run_policy
+from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
+from pdscale.planner.replay.traces import (
     Trace,
     load_trace,
     read_mooncake,

@@ -15,10 +15,10 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from pdscale.demo import DemoResult, Sample, drive
-from pdscale.loadgen import Phase
-from pdscale.stack import Stack
-from pdscale.testbed import api_client
+from pdscale.testbed.demo import DemoResult, Sample, drive
+from pdscale.testbed.loadgen import Phase
+from pdscale.testbed.nodes import api_client
+from pdscale.testbed.stack import Stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -162,7 +162,7 @@ def test_kubectl_get_pdc_shows_the_decision(run):
     *_, stack = run
     import subprocess
 
-    from pdscale.localcluster import DEFAULT_BIN_DIR
+    from pdscale.testbed.localcluster import DEFAULT_BIN_DIR
 
     out = subprocess.run([str(DEFAULT_BIN_DIR / "kubectl"), "--kubeconfig", str(stack.kubeconfig),
                           "get", "pdc", "e2e", "-o", "wide"], capture_output=True, text=True,

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
-from pdscale.demo import GROUP, PLURAL, VERSION, load_pdcluster, router_url
-from pdscale.loadgen import RequestRecord, RequestSpec, send_one
-from pdscale.stack import Stack
-from pdscale.testbed import api_client
-from pdscale.testing import wait_for
+from pdscale.testbed.demo import GROUP, PLURAL, VERSION, load_pdcluster, router_url
+from pdscale.testbed.fixtures import wait_for
+from pdscale.testbed.loadgen import RequestRecord, RequestSpec, send_one
+from pdscale.testbed.nodes import api_client
+from pdscale.testbed.stack import Stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

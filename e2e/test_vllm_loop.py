@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from pdscale.demo import DemoResult, drive, load_pdcluster
-from pdscale.loadgen import Phase
-from pdscale.stack import Stack
-from pdscale.testbed import api_client
+from pdscale.testbed.demo import DemoResult, drive, load_pdcluster
+from pdscale.testbed.loadgen import Phase
+from pdscale.testbed.nodes import api_client
+from pdscale.testbed.stack import Stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

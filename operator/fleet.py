@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdscale.operator.routersync import WorkerSpec
 from pdscale.planner.observe import RoleState, Warming
-from pdscale.routersync import WorkerSpec
 
 DRAINING_ANNOTATION = "pdscale.io/draining-since"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -30,6 +30,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from pdscale.operator.routersync import (
+    RouterClient,
+    RouterError,
+    SyncPlan,
+    WorkerSpec,
+    normalize_url,
+)
 from pdscale.planner.prometheus import (
     MetricsSnapshot,
     observation_from,
@@ -38,7 +45,6 @@ from pdscale.planner.prometheus import (
     render_queries,
 )
 from pdscale.planner.solve import step
-from pdscale.routersync import RouterClient, RouterError, SyncPlan, WorkerSpec, normalize_url
 
 from . import conditions, names, router
 from .builders import unready_allowance_seconds

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import msgpack
 import zmq
 
-from pdscale.routersync import WorkerSpec, normalize_url
+from pdscale.operator.routersync import WorkerSpec, normalize_url
 
 #: vllm-router drops an instance it has not heard from for this long (DEFAULT_PING_SECONDS)
 PING_TIMEOUT_SECONDS = 5.0

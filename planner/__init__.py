@@ -14,8 +14,8 @@ for callers that need only one part, e.g. the metrics reader):
   :func:`calibrate_slo`.
 - ``forecast``: :func:`forecast`, :func:`backtest`.
 - ``solve``: :func:`plan`, :class:`PlannerConfig`, :class:`History`.
-- ``traces``: :func:`load_trace`, readers, :func:`scale_trace`, :class:`TraceError`.
-- ``simulate``: :func:`simulate`, :class:`SimConfig` (discrete-event PD fleet).
-- ``policies`` / ``replay``: the policies compared in replay and :func:`run_policy`.
-- ``workloads``: the global-scheduling article's multi-turn chat workload.
+- ``prometheus``: the metrics reader, the runtime's only I/O module (HTTP to Prometheus).
+
+The replay harness (simulator, policies, traces) is the subpackage ``pdscale.planner.replay``;
+it imports this package, never the other way round.
 """

@@ -15,8 +15,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from pdscale.localcluster import DEFAULT_BIN_DIR
 from pdscale.operator import rbac
+from pdscale.testbed.localcluster import DEFAULT_BIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "pdscale"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.routersync import WorkerSpec
+from pdscale.operator.routersync import WorkerSpec
 
 # Timing every loop test uses (model seconds; no compression): quick, and far enough above
 # scheduling noise that TTFT and TPOT are measurable on a 2-core machine.
@@ -132,7 +132,7 @@ class Fleet:
         host = self.host()
         port = free_port(host)
         bootstrap = free_port(host) if role == "prefill" else None
-        argv = [sys.executable, "-m", "pdscale.simengine", "--role", role, "--host", host,
+        argv = [sys.executable, "-m", "pdscale.testbed.simengine", "--role", role, "--host", host,
                 "--port", str(port), "--block-tokens", str(BLOCK_TOKENS),
                 "--model-path", str(self.tmp / "sim-model")]  # fmt: skip
         if bootstrap:

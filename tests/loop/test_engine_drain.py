@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from pdscale.loadgen import RequestSpec, send_one
+from pdscale.testbed.loadgen import RequestSpec, send_one
 
 
 def long_request(tokens_out: int) -> RequestSpec:
@@ -69,7 +69,7 @@ def test_admin_drain_without_exit_keeps_the_process_and_reports_in_flight(fleet)
 
 def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
     # the planner's default profile, four times faster than modelled
-    from pdscale.simengine import planner_timing
+    from pdscale.testbed.simengine import planner_timing
 
     compression = 4.0
     engine = fleet.start_engine("decode", "--profile", "deepseek-fp8-8xh200-sglang",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdscale.loadgen import (
+from pdscale.testbed.loadgen import (
     SEED_PHASES,
     Phase,
     RequestRecord,
@@ -72,7 +72,7 @@ def test_only_loopback_targets():
 
 
 def test_cli_refuses_a_non_loopback_target_before_sending(capsys):
-    from pdscale.loadgen import main
+    from pdscale.testbed.loadgen import main
 
     assert main(["--url", "http://10.1.2.3:30000", "--phase-seconds", "1"]) == 2
     assert "loopback" in capsys.readouterr().err

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 from loop_harness import BLOCK_TOKENS, TIMING, Fleet
 
-from pdscale.loadgen import Phase, RequestSpec, plan_requests, run_load, send_one, summarize
-from pdscale.routersync import RouterClient, remove_worker_in_order
+from pdscale.operator.routersync import RouterClient, remove_worker_in_order
+from pdscale.testbed.loadgen import Phase, RequestSpec, plan_requests, run_load, send_one, summarize
 
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
 

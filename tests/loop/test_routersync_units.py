@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pdscale.routersync import RouterWorker, WorkerSpec, diff_workers, drain_and_stop
+from pdscale.operator.routersync import RouterWorker, WorkerSpec, diff_workers, drain_and_stop
 
 P1 = WorkerSpec("http://127.0.0.11:30000", "prefill", 8998)
 P2 = WorkerSpec("http://127.0.0.12:30000", "prefill", 8998)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdscale.simengine import (
+from pdscale.testbed.simengine import (
     LinearTiming,
     Metrics,
     PrefixCache,
@@ -132,7 +132,7 @@ def test_a_prefill_stays_in_flight_until_its_decode_collects_the_kv():
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from pdscale.simengine import EngineConfig, SimEngine
+    from pdscale.testbed.simengine import EngineConfig, SimEngine
 
     async def scenario():
         engine = SimEngine(EngineConfig("prefill", "127.0.0.1", 0, bootstrap_port=1),
@@ -171,7 +171,7 @@ def test_decode_batch_cap_queues_the_rest_and_tpot_grows_with_the_batch():
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from pdscale.simengine import EngineConfig, SimEngine
+    from pdscale.testbed.simengine import EngineConfig, SimEngine
 
     step, per_seq = 0.01, 0.005
     timing = LinearTiming(prefill_tokens_per_second=1e6, decode_step_seconds=step,

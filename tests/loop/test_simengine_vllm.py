@@ -17,11 +17,11 @@ import aiohttp
 import pytest
 from loop_harness import TIMING, Fleet, http_json
 
-from pdscale.loadgen import RequestSpec, send_one
 from pdscale.operator.planner_loop import engine_in_flight
 from pdscale.operator.vllm_discovery import Announcer
 from pdscale.planner.prometheus import VLLM_QUERIES
-from pdscale.simengine import (
+from pdscale.testbed.loadgen import RequestSpec, send_one
+from pdscale.testbed.simengine import (
     EngineConfig,
     LinearTiming,
     Metrics,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from kubernetes import client
 
-from pdscale.simengine import EngineConfig, LinearTiming, SimEngine
-from pdscale.simfleet import READY_DELAY_ANNOTATION, engine_ready_at
+from pdscale.testbed.simengine import EngineConfig, LinearTiming, SimEngine
+from pdscale.testbed.simfleet import READY_DELAY_ANNOTATION, engine_ready_at
 
 
 def pod(delay: str, initialized_at: datetime | None) -> client.V1Pod:

@@ -11,7 +11,6 @@ import time
 import aiohttp
 import pytest
 
-from pdscale.loadgen import RequestSpec, send_one
 from pdscale.operator.planner_loop import engine_in_flight, engine_vllm_totals
 from pdscale.operator.vllm_discovery import (
     LEAVE_MARGIN_SECONDS,
@@ -20,6 +19,7 @@ from pdscale.operator.vllm_discovery import (
     PrefillBacklog,
     PrefillCount,
 )
+from pdscale.testbed.loadgen import RequestSpec, send_one
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ def operator_installed(cluster) -> None:
     from kubernetes import client
 
     from pdscale.operator import crd, rbac
-    from pdscale.testbed import api_client, h200_node, wait_nodes_ready
+    from pdscale.testbed.nodes import api_client, h200_node, wait_nodes_ready
 
     api = api_client(cluster.kubeconfig)
     ext = client.ApiextensionsV1Api(api)

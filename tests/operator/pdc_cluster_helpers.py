@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pdscale.testing import wait_for
+from pdscale.testbed.fixtures import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 POOL = "operator"

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdscale.operator.fleet import PodView, plan_role_actions, role_state, router_workers
-from pdscale.routersync import WorkerSpec
+from pdscale.operator.routersync import WorkerSpec
 
 
 def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None,

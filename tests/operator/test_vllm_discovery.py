@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgpack
 
+from pdscale.operator.routersync import WorkerSpec
 from pdscale.operator.vllm_discovery import (
     LEAVE_MARGIN_SECONDS,
     PING_TIMEOUT_SECONDS,
@@ -14,7 +15,6 @@ from pdscale.operator.vllm_discovery import (
     still_listed,
     vllm_totals,
 )
-from pdscale.routersync import WorkerSpec
 
 
 def test_announcement_names_the_role_and_both_addresses():

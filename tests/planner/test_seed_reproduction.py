@@ -10,8 +10,8 @@ import pytest
 
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
-from pdscale.planner.simulate import SimConfig, simulate
-from pdscale.planner.workloads import multi_turn_chat
+from pdscale.planner.replay.simulate import SimConfig, simulate
+from pdscale.planner.replay.workloads import multi_turn_chat
 
 ARTICLE = load_profile("article-xpyd")
 

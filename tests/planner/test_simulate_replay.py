@@ -8,9 +8,9 @@ import pytest
 
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Observation
-from pdscale.planner.replay import ReplaySetup, run_policy
-from pdscale.planner.simulate import SimConfig, simulate
-from pdscale.planner.traces import Trace, read_mooncake, synthesize_from_rates
+from pdscale.planner.replay.run import ReplaySetup, run_policy
+from pdscale.planner.replay.simulate import SimConfig, simulate
+from pdscale.planner.replay.traces import Trace, read_mooncake, synthesize_from_rates
 
 MOONCAKE = Path("/work/shared/traces/mooncake/conversation_trace.jsonl")
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.planner.traces import (
+from pdscale.planner.replay.traces import (
     TraceError,
     load_trace,
     read_azure,

@@ -11,8 +11,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from pdscale.testbed import GPU_PRODUCT, GPU_RESOURCE, POOL_LABEL, api_client
-from pdscale.testing import wait_for
+from pdscale.testbed.fixtures import wait_for
+from pdscale.testbed.nodes import GPU_PRODUCT, GPU_RESOURCE, POOL_LABEL, api_client
 
 pytestmark = pytest.mark.cluster
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from pdscale.demo import DemoResult, summary_paragraph
-from pdscale.loadgen import Phase, RequestRecord
+from pdscale.testbed.demo import DemoResult, summary_paragraph
+from pdscale.testbed.loadgen import Phase, RequestRecord
 
 
 def record(i: int, phase: str, ttft: float | None, tpot: float | None, error: str | None = None) -> RequestRecord:

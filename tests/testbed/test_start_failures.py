@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.localcluster import ClusterError, LocalCluster
+from pdscale.testbed.localcluster import ClusterError, LocalCluster
 
 
 def _script(path: Path, body: str) -> None:
@@ -93,8 +93,8 @@ def test_apiserver_never_ready_stops_everything_started(tmp_path):
 def test_a_relative_workdir_becomes_absolute(tmp_path, monkeypatch):
     # `make demo` passes out/demo: the components run with another working directory, so a
     # relative certificate path made kube-apiserver fail with "no such file".
-    from pdscale.localcluster import LocalCluster
-    from pdscale.stack import Stack
+    from pdscale.testbed.localcluster import LocalCluster
+    from pdscale.testbed.stack import Stack
 
     monkeypatch.chdir(tmp_path)
     assert LocalCluster(workdir=Path("out/demo/cluster")).workdir == tmp_path / "out/demo/cluster"
@@ -104,7 +104,7 @@ def test_a_relative_workdir_becomes_absolute(tmp_path, monkeypatch):
 def test_a_second_run_in_the_same_workdir_starts_clean(tmp_path):
     # `make demo` twice: the second run found the first one's etcd data, and with it the Helm
     # release, and the install refused to reuse the name.
-    from pdscale.stack import Stack
+    from pdscale.testbed.stack import Stack
 
     for _ in range(2):
         with Stack(workdir=tmp_path / "stack", nodes=1, profile="demo-sim", progress=False) as stack:

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
+from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
+from ..solve import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -22,7 +23,6 @@ from .policies import (
     static_controller,
 )
 from .simulate import Controller, SimConfig, SimResult, simulate
-from .solve import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from .traces import Trace
 
 
@@ -114,7 +114,7 @@ def initial_fleet(setup: ReplaySetup) -> tuple[int, int]:
     return p, d
 
 
-def _run(
+def simulate_fleet(
     setup: ReplaySetup,
     start: tuple[int, int],
     controller: Controller | None,
@@ -122,6 +122,8 @@ def _run(
     *,
     prefill_only: bool = False,
 ) -> SimResult:
+    """Simulate ``setup`` from ``start`` = (prefill, decode) instances; ``controller`` None keeps
+    the fleet fixed, ``prefill_only`` skips decode (a prefill-side probe)."""
     cfg = SimConfig(
         router=setup.router, early_rejection=setup.early_rejection, slo=setup.slo,
         decode_admission=setup.decode_admission,
@@ -148,7 +150,7 @@ def static_best(
     p_ample = min(setup.nodes - 1, max(2, math.ceil(peak_p * 2)))
 
     def ok_p(p: int) -> bool:
-        r = _run(setup, (p, d_ample), None, None, prefill_only=True)
+        r = simulate_fleet(setup, (p, d_ample), None, None, prefill_only=True)
         a = r.attainment(setup.slo, ttft_only=True)
         tried.append((p, 0, a))
         if progress:
@@ -156,7 +158,7 @@ def static_best(
         return a >= target
 
     def ok_d(d: int) -> float:
-        r = _run(setup, (p_ample, d), None, None)
+        r = simulate_fleet(setup, (p_ample, d), None, None)
         a = r.attainment(setup.slo)
         tried.append((p_ample, d, a))
         if progress:
@@ -179,7 +181,7 @@ def static_best(
     for _ in range(6):
         if p + d > setup.nodes:
             break
-        r = _run(setup, (p, d), None, None)
+        r = simulate_fleet(setup, (p, d), None, None)
         a = r.attainment(setup.slo)
         tried.append((p, d, a))
         if progress:
@@ -251,7 +253,7 @@ def run_policy(
         )
     else:
         raise ValueError(f"policy must be one of {POLICIES} (static:xPyD e.g. static:4P17D), got {policy!r}")
-    result = _run(setup, start, controller, progress)
+    result = simulate_fleet(setup, start, controller, progress)
     report = summarize(setup, name, result)
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
     report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}

@@ -4,7 +4,7 @@ It follows the pods of PDClusters on the cluster (kwok makes them Running and Re
 8xH200 nodes, with loopback pod IPs) and, for each one, runs the program the pod stands for,
 bound to the pod's IP:
 
-- prefill and decode pods: a simulated SGLang engine (``pdscale.simengine``), timed by the
+- prefill and decode pods: a simulated SGLang engine (``pdscale.testbed.simengine``), timed by the
   planner's performance model and time-compressed, with its warm-up;
 - router pods: the real router (``sglang-router``, or ``vllm-router`` for vLLM), started with
   the arguments the operator rendered into the pod.
@@ -33,7 +33,7 @@ from kubernetes import client
 
 from .localcluster import _die_with_parent
 from .localprometheus import LocalPrometheus
-from .testbed import api_client
+from .nodes import api_client
 
 MANAGED_BY = "app.kubernetes.io/managed-by=pdscale-operator"
 LABEL_ROLE = "pdscale.io/role"
@@ -164,7 +164,7 @@ class SimFleet:
         else:
             annotations = pod.metadata.annotations or {}
             port = ports.get("http") or next(iter(ports.values()), 8000)
-            cmd = [sys.executable, "-m", "pdscale.simengine", "--role", role, "--host", ip,
+            cmd = [sys.executable, "-m", "pdscale.testbed.simengine", "--role", role, "--host", ip,
                    "--port", str(port), "--time-compression", str(self.time_compression),
                    # kwok turns the pod Ready this long after it was Initialized; the engine
                    # serves from that moment, not that long after this process noticed the

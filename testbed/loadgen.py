@@ -298,7 +298,7 @@ def summarize(records: Iterable[RequestRecord]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pdscale.loadgen", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pdscale.testbed.loadgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--url", required=True, help="router base URL (loopback)")
     p.add_argument("--api", choices=("chat", "completions", "generate"), default="chat")

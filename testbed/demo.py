@@ -28,10 +28,11 @@ import yaml
 from kubernetes import client
 
 from .loadgen import Phase, RequestRecord, percentile, plan_requests, send_one
+from .nodes import api_client
 from .stack import Stack
-from .testbed import api_client
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "demo-sim.yaml"
+HELP = "the whole loop here: cluster, operator, router, simulated fleet, phased load"  # the line `pdscale --help` shows
+
 GROUP, VERSION, PLURAL = "pdscale.io", "v1alpha1", "pdclusters"
 
 #: The seed's three phases (domain.md) shrunk to what two cores carry through the real router
@@ -95,8 +96,9 @@ class DemoResult:
         return f"{last[-1].prefill_ready}P{last[-1].decode_ready}D" if last else None
 
 
-def load_pdcluster(name: str, namespace: str, prometheus_url: str) -> dict[str, Any]:
-    body = yaml.safe_load(EXAMPLE.read_text())
+def load_pdcluster(name: str, namespace: str, prometheus_url: str,
+                   pdcluster_path: Path = Path("examples/demo-sim.yaml")) -> dict[str, Any]:
+    body = yaml.safe_load(pdcluster_path.read_text())
     body["metadata"] = {"name": name, "namespace": namespace}
     body["spec"]["planner"]["prometheusURL"] = prometheus_url
     return body
@@ -285,6 +287,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for the plot, JSON, logs")
     parser.add_argument("--nodes", type=int, default=24, help="fake 8xH200 nodes (default 24)")
     parser.add_argument("--phase-seconds", type=float, default=90.0, help="length of each load phase")
+    parser.add_argument("--chart", type=Path, default=Path("charts/pdscale"),
+                        help="the Helm chart to install (default: charts/pdscale of this checkout)")
+    parser.add_argument("-f", "--pdcluster", type=Path, default=Path("examples/demo-sim.yaml"),
+                        help="the PDCluster to apply (default: examples/demo-sim.yaml)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -302,11 +308,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     phases = tuple(Phase(p.name, args.phase_seconds, p.rate_rps, p.mean_input_tokens,
                          p.mean_output_tokens, p.prefix_share) for p in DEMO_PHASES)
-    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    for path, flag in ((args.chart / "Chart.yaml", "--chart"), (args.pdcluster, "--pdcluster")):
+        if not path.is_file():
+            console.print(f"[red]pdscale demo: {path} not found: run from a pdscale checkout "
+                          f"or pass {flag}[/red]")
+            return 2
+    spec = yaml.safe_load(args.pdcluster.read_text())["spec"]
     slo_ttft = spec["slo"]["ttftMilliseconds"] / 1000
     slo_tpot = spec["slo"]["tpotMilliseconds"] / 1000
     args.out.mkdir(parents=True, exist_ok=True)
-    with Stack(workdir=args.out / "stack", nodes=args.nodes, profile="demo-sim") as stack:
+    with Stack(workdir=args.out / "stack", nodes=args.nodes, profile="demo-sim",
+               chart=args.chart) as stack:
         table_rows: list[tuple[str, ...]] = []
 
         def render() -> Table:
@@ -331,7 +343,9 @@ def run(args: argparse.Namespace) -> int:
                     str(sum(1 for r in result.records if not r.ok)), s.explanation[:140]))
                 live.update(render())
 
-            result = drive(stack, "default", "demo", phases, on_sample=on_sample)
+            assert stack.prometheus is not None
+            body = load_pdcluster("demo", "default", stack.prometheus.url, args.pdcluster)
+            result = drive(stack, "default", "demo", phases, on_sample=on_sample, body=body)
     summary = result.summary(slo_ttft, slo_tpot)
     plot_path = args.out / "demo.png"
     plot(result, plot_path, slo_ttft, slo_tpot)

@@ -72,7 +72,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
-log = logging.getLogger("pdscale.simengine")
+log = logging.getLogger("pdscale.testbed.simengine")
 
 ROLES = ("prefill", "decode")
 
@@ -1131,7 +1131,7 @@ def timing_from_args(args: argparse.Namespace) -> TimingModel:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pdscale.simengine", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pdscale.testbed.simengine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--role", choices=ROLES, required=True)
     p.add_argument("--dialect", choices=DIALECTS, default="sglang",

@@ -10,6 +10,7 @@ prefill and decode counts and SLO attainment per interval. Examples:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
     from pdscale.planner.model import PerformanceModel, Slo
     from pdscale.planner.profile import ProfileError, load_profile
-    from pdscale.planner.replay import ReplaySetup, run_policy
-    from pdscale.planner.traces import TraceError, load_trace
+    from pdscale.planner.replay.run import ReplaySetup, run_policy
+    from pdscale.planner.replay.traces import TraceError, load_trace
 
     console = Console(stderr=True)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        console.print("[red]error:[/red] --plot needs matplotlib: pip install 'pdscale[plot]'")
+        return 2
     try:
         profile = load_profile(args.profile)
         trace = load_trace(

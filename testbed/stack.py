@@ -19,10 +19,9 @@ from types import TracebackType
 
 from .localcluster import DEFAULT_BIN_DIR, ClusterError, LocalCluster, _die_with_parent, free_port
 from .localprometheus import LocalPrometheus
+from .nodes import ensure_cpu_nodes, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
 from .simfleet import SimFleet
-from .testbed import ensure_cpu_nodes, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
 
-CHART = Path(__file__).resolve().parent.parent / "charts" / "pdscale"
 OPERATOR_SERVICE_ACCOUNT = "pdscale-operator"
 
 
@@ -38,6 +37,9 @@ class Stack:
     profile: str | None = None
     progress: bool = True
     kubeconfig: Path | None = None
+    #: the Helm chart to install: an explicit path (default: charts/pdscale of the checkout the
+    #: command runs in), never a path guessed from where this module is installed
+    chart: Path = Path("charts/pdscale")
     local: LocalCluster | None = None
     prometheus: LocalPrometheus | None = None
     fleet: SimFleet | None = None
@@ -47,6 +49,7 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()  # children run elsewhere (see LocalCluster)
+        self.chart = Path(self.chart).resolve()
 
     def say(self, message: str) -> None:
         if self.progress:
@@ -66,6 +69,9 @@ class Stack:
         self.stop()
 
     def start(self) -> None:
+        if not (self.chart / "Chart.yaml").is_file():
+            raise ClusterError(f"no Helm chart at {self.chart}: run from a pdscale checkout or "
+                               "pass the chart's folder (pdscale demo --chart PATH)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         existing = os.environ.get("KUBECONFIG")
         if existing:
@@ -89,7 +95,7 @@ class Stack:
         self.prometheus.start()
         self.say(f"Prometheus at {self.prometheus.url}")
 
-        self.helm("install", self.release, str(CHART), "-n", self.release_namespace,
+        self.helm("install", self.release, str(self.chart), "-n", self.release_namespace,
                   "--create-namespace", "--set", "replicaCount=0", "--wait=false")
         self._cleanups.append("helm")
         self.say(f"chart installed: release {self.release} in {self.release_namespace}")
@@ -132,7 +138,7 @@ class Stack:
 
         from kubernetes import client
 
-        from .testbed import api_client
+        from .nodes import api_client
 
         assert self.kubeconfig is not None
         api = api_client(self.kubeconfig)

@@ -1,6 +1,6 @@
 """pytest fixtures for tests that need a real cluster or a real Prometheus.
 
-Import them in a conftest (``from pdscale.testing import cluster, namespace, ...``). The
+Import them in a conftest (``from pdscale.testbed.fixtures import cluster, namespace, ...``). The
 cluster is the local control plane started once per session, or, when ``KUBECONFIG`` is set,
 the cluster it points to (a user's kind cluster with kwok): the same suite runs on both.
 """
@@ -20,7 +20,7 @@ from kubernetes import client
 
 from .localcluster import LocalCluster
 from .localprometheus import LocalPrometheus
-from .testbed import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
+from .nodes import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
 
 
 def wait_for(fn: Callable[[], Any], *, timeout_seconds: float = 60, interval_seconds: float = 0.25,

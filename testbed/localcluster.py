@@ -3,7 +3,7 @@ kube-controller-manager, kube-scheduler and kwok (fake 8xH200 nodes), all on 127
 
 ``pdscale cluster up`` starts it in the background and writes a kubeconfig; ``pdscale cluster
 down`` stops it; ``pdscale cluster status`` shows each component with its memory. The same
-class backs the pytest fixtures in :mod:`pdscale.testing`.
+class backs the pytest fixtures in :mod:`pdscale.testbed.fixtures`.
 
 The binaries come from ``e2e/cluster/build`` (Go modules, cached by version). Nothing binds
 outside loopback. A failure during start names the component and its log, and stops every
@@ -28,6 +28,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+HELP = "start, stop or inspect the local control plane"  # the line `pdscale --help` shows
 
 K8S_VERSION = os.environ.get("PDSCALE_K8S_VERSION", "v1.34.4")
 CACHE_ROOT = Path(os.environ.get("PDSCALE_CACHE", Path.home() / ".cache" / "pdscale"))
@@ -397,7 +399,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     state_file = args.dir / "state.json"
     if args.action == "nodes":
-        from .testbed import ensure_h200_nodes, wait_nodes_ready
+        from .nodes import ensure_h200_nodes, wait_nodes_ready
         kubeconfig = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
         names = ensure_h200_nodes(kubeconfig, args.nodes)
         wait_nodes_ready(kubeconfig, names)
@@ -438,7 +440,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         started = time.monotonic()
         cluster.start(progress=True)
-        from .testbed import ensure_cpu_nodes, ensure_h200_nodes, wait_nodes_ready
+        from .nodes import ensure_cpu_nodes, ensure_h200_nodes, wait_nodes_ready
         names = ensure_h200_nodes(cluster.kubeconfig, args.nodes)
         cpus = ensure_cpu_nodes(cluster.kubeconfig, 2)
         wait_nodes_ready(cluster.kubeconfig, names + cpus)

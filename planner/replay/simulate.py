@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import PEAK_WINDOW_SECONDS, PerformanceModel, Slo
-from .observe import Observation, Reading, RoleState, Warming
+from ..model import PEAK_WINDOW_SECONDS, PerformanceModel, Slo
+from ..observe import Observation, Reading, RoleState, Warming
 from .traces import Trace
 
 ROUTERS = ("random", "least-queue", "cache-aware", "predicted-ttft")

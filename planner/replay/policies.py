@@ -17,11 +17,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from .forecast import forecast
-from .model import Load, PerformanceModel, Slo
-from .observe import Observation
+from ..forecast import forecast
+from ..model import Load, PerformanceModel, Slo
+from ..observe import Observation
+from ..solve import HPA_SCALE_DOWN_WINDOW_SECONDS, History, PlannerConfig, current_load, step
 from .simulate import Controller
-from .solve import HPA_SCALE_DOWN_WINDOW_SECONDS, History, PlannerConfig, current_load, step
 
 POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle")
 
@@ -67,7 +67,7 @@ class PdscaleController:
 
 
 def _get(r: object, now: float, max_age: float = 180.0) -> float | None:
-    from .observe import Reading
+    from ..observe import Reading
 
     return r.fresh(now, max_age) if isinstance(r, Reading) else None
 

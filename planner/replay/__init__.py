@@ -1,0 +1,12 @@
+"""The evaluation harness: recorded load replayed through a policy on a simulated PD fleet.
+
+It imports the runtime planner (the same pure ``step()`` the operator runs) and nothing of the
+operator, the command line or the test bed; the runtime planner never imports it.
+
+- ``traces``: :func:`load_trace`, the readers, :func:`scale_trace`, :class:`TraceError`.
+- ``simulate``: :func:`simulate`, :class:`SimConfig` (the discrete-event PD fleet).
+- ``policies``: the policies compared in replay (pdscale, reactive, sla-interp, static, oracle).
+- ``run``: :class:`ReplaySetup` and :func:`run_policy`, what ``pdscale replay`` and the
+  benchmarks call.
+- ``workloads``: the global-scheduling article's multi-turn chat workload.
+"""
