@@ -10,12 +10,13 @@ import json
 import math
 from typing import Any
 
+from pdscale.planner.observe import Role
+
 from . import engines, names, router
 from .checklist import Derived
 from .names import Owner, metadata
 from .pdcluster import GPU_PRODUCT_LABEL, GPU_RESOURCE, PDClusterSpec, PlannerMode
 
-ROLES = ("prefill", "decode")
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # A cold start (DeepGEMM JIT, empty page cache) can take several times the warm estimate.
 STARTUP_ALLOWANCE_FACTOR = 3
@@ -220,15 +221,15 @@ def planned_replicas(spec: PDClusterSpec, status: dict[str, Any] | None) -> dict
     replicas. A lowered maxReplicas is not applied here: the ReplicaSet would remove pods
     of its choosing, mid-request. The planner's next decision respects it, and the loop
     removes the excess through drains."""
-    out = {role: getattr(spec, role).replicas for role in ROLES}
+    out = {role.value: getattr(spec, role).replicas for role in Role}
     if spec.planner.mode is not PlannerMode.AUTO:
         return out
     planned = ((status or {}).get("planner") or {}).get("replicas") or {}
-    for role in ROLES:
-        value = planned.get(role)
+    for role in Role:
+        value = planned.get(role.value)
         if isinstance(value, int) and not isinstance(value, bool):
             r = getattr(spec, role)
-            out[role] = max(r.min_replicas, value)
+            out[role.value] = max(r.min_replicas, value)
     return out
 
 
@@ -238,9 +239,9 @@ def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived,
     worker Services and Deployments, then the router (which needs workers to be useful)."""
     replicas = replicas or {}
     children: list[dict[str, Any]] = [*router.rbac(owner, spec)]
-    for role in ROLES:
-        children.append(worker_service(owner, spec, role))
-        children.append(worker_deployment(owner, spec, derived, role, replicas.get(role)))
+    for role in Role:  # manifests carry plain strings (YAML has no enum)
+        children.append(worker_service(owner, spec, role.value))
+        children.append(worker_deployment(owner, spec, derived, role.value, replicas.get(role)))
     children.append(router.service(owner, spec))
     children.append(router.deployment(owner, spec))
     return [stamp(c) for c in children]

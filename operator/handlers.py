@@ -24,10 +24,11 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from . import planner_loop  # noqa: F401  (registers the planner loop's startup and cleanup)
+from .clock import now_rfc3339
 from .kube import Kube, api_client_from_environment
 from .names import LABEL_MANAGED_BY, MANAGER
 from .pdcluster import GROUP, KIND, PLURAL, VERSION
-from .reconcile import Outcome, now_rfc3339, reconcile
+from .reconcile import Outcome, reconcile
 
 log = logging.getLogger(__name__)
 

@@ -474,6 +474,16 @@ class SLOSpec(_Model):
         default=90, ge=50, le=99, description="Percentile at which both targets apply."
     )
 
+    # The API speaks integer milliseconds; everything behind the spec speaks seconds. This is
+    # the one place where the unit changes.
+    @property
+    def ttft_seconds(self) -> float:
+        return self.ttft_milliseconds / 1000.0
+
+    @property
+    def tpot_seconds(self) -> float:
+        return self.tpot_milliseconds / 1000.0
+
 
 class PlannerSpec(_Model):
     """The autoscaling planner (filled in by later work)."""

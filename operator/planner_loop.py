@@ -21,7 +21,6 @@ import threading
 import time
 import urllib.request
 from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 import kopf
@@ -37,6 +36,7 @@ from pdscale.operator.routersync import (
     WorkerSpec,
     normalize_url,
 )
+from pdscale.planner.observe import Role
 from pdscale.planner.prometheus import (
     MetricsSnapshot,
     observation_from,
@@ -49,6 +49,7 @@ from pdscale.planner.solve import step
 from . import conditions, names, router
 from .builders import unready_allowance_seconds
 from .checklist import minimum_transfer_timeout_seconds
+from .clock import epoch_seconds, now_rfc3339
 from .engines import NIXL_SIDE_CHANNEL_PORT
 from .fleet import (
     DELETION_COST_ANNOTATION,
@@ -70,14 +71,13 @@ from .planning import (
     planner_config,
     short,
 )
-from .reconcile import Event, now_rfc3339, post_event, reconcile
+from .reconcile import Event, post_event, reconcile
 from .status import overdue_pods
 from .vllm_discovery import RUNNING, WAITING, Announcer, PrefillBacklog, PrefillCount, vllm_totals
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
-ROLES = ("prefill", "decode")
 HISTORY_KEY = "history.json"
 
 _labels = ("namespace", "pdcluster", "role")
@@ -96,14 +96,6 @@ DECISIONS = Counter("pdscale_planner_decisions_total", "Planner decisions by wha
                     (*_labels[:2], "bound"))
 
 
-def _seconds(ts: Any) -> float | None:
-    if ts is None:
-        return None
-    if isinstance(ts, datetime):
-        return ts.timestamp()
-    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
-
-
 def pod_view(pod: client.V1Pod, role: str) -> PodView:
     meta, status = pod.metadata, pod.status
     ready_cond = next((c for c in (status.conditions or []) if c.type == "Ready"), None)
@@ -115,8 +107,8 @@ def pod_view(pod: client.V1Pod, role: str) -> PodView:
         role=role,
         ip=status.pod_ip,
         ready=ready,
-        created_at_seconds=_seconds(meta.creation_timestamp) or 0.0,
-        ready_since_seconds=_seconds(ready_cond.last_transition_time) if ready else None,
+        created_at_seconds=epoch_seconds(meta.creation_timestamp) or 0.0,
+        ready_since_seconds=epoch_seconds(ready_cond.last_transition_time) if ready else None,
         deleting=meta.deletion_timestamp is not None,
         draining_since_seconds=float(draining) if draining else None,
     )
@@ -208,7 +200,7 @@ class PlannerLoop:
         ns, name = meta["namespace"], meta["name"]
         instance = names.base_name(name)
         pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
-                for role in ROLES}
+                for role in Role}
         router_pods = listed_pods.get((ns, instance, "router"), [])
         vllm = router.kind(spec) is RouterKind.VLLM
         routers = self._discovery_addresses(router_pods, spec) if vllm else self._router_urls(router_pods, spec)
@@ -219,7 +211,7 @@ class PlannerLoop:
             # a pod leaves the router before it is marked, so no one ever sees a draining
             # pod listed).
             desired = router_workers(
-                [p for role in ROLES for p in pods[role] if p.name not in leaving],
+                [p for role in Role for p in pods[role] if p.name not in leaving],
                 port=spec.engine.port, bootstrap_port=spec.kv_transfer.bootstrap_port)
             for url in routers:
                 if vllm:
@@ -229,23 +221,23 @@ class PlannerLoop:
 
         mode = spec.planner.mode
         if mode is not PlannerMode.OFF:
-            for role in ROLES:
+            for role in Role:
                 READY.labels(ns, name, role).set(sum(1 for p in pods[role] if p.serving))
             decision = self._plan_if_due(body, spec, pods, now)
             if mode is PlannerMode.AUTO and decision is not None:
                 targets = {"prefill": decision.prefill, "decode": decision.decode}
                 self._actuate(body, spec, pods, listed, targets, now, sync_routers)
-                pods = {role: self._pods(ns, name, role) for role in ROLES}
+                pods = {role: self._pods(ns, name, role) for role in Role}
         sync_routers()  # in every mode
         self.routers_seen.update(routers)
-        self._report_overdue(body, spec, [p for role in ROLES
+        self._report_overdue(body, spec, [p for role in Role
                                           for p in listed_pods.get((ns, instance, role), [])], now)
 
     def _report_overdue(self, body: dict[str, Any], spec: PDClusterSpec,
                         pods: list[client.V1Pod], now: float) -> None:
         """The tick is the clock that notices a pod outstaying its warm-up allowance (no
         event marks that moment); the reconcile, sole writer of conditions, reports it."""
-        allowance = {role: unready_allowance_seconds(spec, role) for role in ROLES}
+        allowance = {role: unready_allowance_seconds(spec, role) for role in Role}
         # Only pods not Ready can be overdue: serialize those, not the whole fleet every tick.
         unready = [p for p in pods if not pod_view(p, "").ready]
         overdue = {p.name for p in overdue_pods(
@@ -381,8 +373,8 @@ class PlannerLoop:
             RECOMMENDED.labels(ns, name, role).set(count)
         for gauge, value in ((PREDICTED_TTFT, decision.predicted_ttft_seconds),
                              (PREDICTED_TPOT, decision.predicted_tpot_seconds),
-                             (SLO_TTFT, spec.slo.ttft_milliseconds / 1000),
-                             (SLO_TPOT, spec.slo.tpot_milliseconds / 1000)):
+                             (SLO_TTFT, spec.slo.ttft_seconds),
+                             (SLO_TPOT, spec.slo.tpot_seconds)):
             gauge.labels(ns, name).set(value)
         for gauge, reading in ((OBSERVED_TTFT, obs.ttft_p99_seconds), (OBSERVED_TPOT, obs.tpot_p99_seconds)):
             if reading is not None:
@@ -401,7 +393,7 @@ class PlannerLoop:
         waiting: list[str] = []
         leaving: set[str] = set()
         vllm = router.kind(spec) is RouterKind.VLLM
-        for role in ROLES:
+        for role in Role:
             TARGET.labels(ns, name, role).set(targets[role])
             deployment = self.apps.read_namespaced_deployment(names.child_name(name, role), ns)
             current = deployment.spec.replicas or 0

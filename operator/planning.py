@@ -50,8 +50,8 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     return PlannerConfig(
         model=PerformanceModel(profile_here),
         slo=Slo(
-            ttft_seconds=spec.slo.ttft_milliseconds / 1000.0,
-            tpot_seconds=spec.slo.tpot_milliseconds / 1000.0,
+            ttft_seconds=spec.slo.ttft_seconds,
+            tpot_seconds=spec.slo.tpot_seconds,
             percentile=spec.slo.percentile / 100.0,
         ),
         interval_seconds=float(p.interval_seconds),

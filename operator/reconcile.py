@@ -8,7 +8,6 @@ what differs: an unchanged PDCluster costs GETs and no write, so resourceVersion
 from __future__ import annotations
 
 import contextlib
-import datetime
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -16,10 +15,13 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from pdscale.planner.observe import Role
+
 from . import conditions as c
 from . import status as st
 from .builders import build_children, planned_replicas, unready_allowance_seconds
 from .checklist import SpecError, validate
+from .clock import epoch_seconds
 from .kube import Kube
 from .names import (
     ANNOTATION_APPLIED_HASH,
@@ -114,14 +116,6 @@ def _lock(uid: str) -> threading.Lock:
         return _locks.setdefault(uid, threading.Lock())
 
 
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _epoch_seconds(rfc3339: str) -> float:
-    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-
-
 def reconcile(kube: Kube, body: dict[str, Any], now: str) -> Outcome:
     """Converge one PDCluster (`body` as read from the API) and write its status."""
     meta = body["metadata"]
@@ -134,7 +128,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
     out = Outcome()
     writes_before = kube.writes
     previous = body.get("status") or {}
-    obs = st.Observation(generation=int(body["metadata"].get("generation", 1)))
+    obs = st.ChildrenView(generation=int(body["metadata"].get("generation", 1)))
     try:
         spec, derived = validate(body.get("spec"))
     except SpecError as exc:
@@ -163,7 +157,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
                 obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
     else:
         # Invalid spec: touch nothing, but keep reporting what runs.
-        for role in st.ROLES:
+        for role in st.COMPONENTS:
             live = kube.get("Deployment", owner.namespace, child_name(owner.name, role))
             if live is not None and is_ours(live, owner.uid or ""):
                 obs.deployments[role] = live
@@ -171,8 +165,8 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
     if spec is not None:
         pods = kube.list_pods(owner.namespace, {LABEL_INSTANCE: base_name(owner.name),
                                                 LABEL_MANAGED_BY: MANAGER})
-        allowance = {role: unready_allowance_seconds(spec, role) for role in ("prefill", "decode")}
-        obs.unready = st.overdue_pods(pods, allowance, _epoch_seconds(now))
+        allowance = {role: unready_allowance_seconds(spec, role) for role in Role}
+        obs.unready = st.overdue_pods(pods, allowance, epoch_seconds(now) or 0.0)
 
     desired_status = st.compute(obs, previous, now)
     out.events += _condition_events(previous, desired_status)

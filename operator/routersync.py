@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import ClientSession, ClientTimeout
 
-ROLES = ("prefill", "decode")
+from pdscale.planner.observe import Role
 
 
 def normalize_url(url: str) -> str:
@@ -50,8 +50,8 @@ class WorkerSpec:
     bootstrap_port: int | None = None
 
     def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, not {self.role!r}")
+        if self.role not in tuple(Role):
+            raise ValueError(f"role must be one of {[r.value for r in Role]}, not {self.role!r}")
         if self.role == "decode" and self.bootstrap_port is not None:
             raise ValueError(f"decode worker {self.url} cannot have a bootstrap port")
 

@@ -4,18 +4,21 @@ validation result, name conflicts). Time is passed in, never read."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
+
+from pdscale.planner.observe import Role
 
 from . import conditions as c
 from . import names
+from .clock import epoch_seconds
 from .fleet import DRAINING_ANNOTATION
 
-ROLES = ("prefill", "decode", "router")
+# what status reports on: the two engine roles and the router
+COMPONENTS = (Role.PREFILL.value, Role.DECODE.value, "router")
 
 
 @dataclass
-class Observation:
+class ChildrenView:
     """What one reconcile saw. `deployments` maps role -> the live Deployment (None when it
     does not exist or is not ours)."""
 
@@ -33,10 +36,6 @@ class UnreadyPod:
     name: str
     role: str
     allowance_seconds: float
-
-
-def _seconds(ts: str | None) -> float | None:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
 
 
 def overdue_pods(pods: list[dict[str, Any]], allowance_seconds: dict[str, float],
@@ -60,7 +59,7 @@ def overdue_pods(pods: list[dict[str, Any]], allowance_seconds: dict[str, float]
             continue
         # Since the Ready condition last turned (False since start, or since it stopped
         # serving); a pod with no condition yet counts from its creation.
-        since = _seconds((ready or {}).get("lastTransitionTime") or meta.get("creationTimestamp"))
+        since = epoch_seconds((ready or {}).get("lastTransitionTime") or meta.get("creationTimestamp"))
         if since is not None and now_seconds - since > allowance_seconds[role]:
             out.append(UnreadyPod(meta.get("name", ""), role, allowance_seconds[role]))
     return sorted(out, key=lambda p: p.name)
@@ -107,18 +106,18 @@ def _stalled(deployment: dict[str, Any] | None) -> str | None:
     return None
 
 
-def compute(obs: Observation, previous: dict[str, Any] | None, now: str) -> dict[str, Any]:
+def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dict[str, Any]:
     """The whole status object. `previous` is the current status (for transition times)."""
     gen = obs.generation
-    counts = {role: role_counts(obs.deployments.get(role)) for role in ROLES}
+    counts = {role: role_counts(obs.deployments.get(role)) for role in COMPONENTS}
     valid = not obs.problems
     conds = [
         c.condition(c.SPEC_VALID, valid, c.SPEC_ACCEPTED if valid else c.SPEC_INVALID,
                     "; ".join(obs.problems) if obs.problems else "spec passes the P/D checklist",
                     gen),
     ]
-    stalled = {role: m for role in ROLES if (m := _stalled(obs.deployments.get(role)))}
-    rolling = [role for role in ROLES if not _rolled_out(obs.deployments.get(role))]
+    stalled = {role: m for role in COMPONENTS if (m := _stalled(obs.deployments.get(role)))}
+    rolling = [role for role in COMPONENTS if not _rolled_out(obs.deployments.get(role))]
     # Once this generation has rolled out, the planner's scaling (replicas from
     # status.planner, not the spec) keeps Ready True while every role still serves: an Auto
     # scale-up is capacity arriving, not the model going away.
@@ -126,7 +125,7 @@ def compute(obs: Observation, previous: dict[str, Any] | None, now: str) -> dict
     served = (before is not None and before.get("status") == "True"
               and before.get("observedGeneration") == gen)
     serving = all(counts[role]["readyReplicas"] >= min(1, counts[role]["desiredReplicas"])
-                  for role in ROLES)
+                  for role in COMPONENTS)
     scaling = bool(rolling) and served and serving and not stalled
     ready = valid and not obs.conflicts and (not rolling or scaling)
     if not valid:
@@ -146,7 +145,7 @@ def compute(obs: Observation, previous: dict[str, Any] | None, now: str) -> dict
     else:
         ready_reason = c.ALL_READY
         ready_msg = ", ".join(
-            f"{role} {counts[role]['readyReplicas']}/{counts[role]['desiredReplicas']}" for role in ROLES)
+            f"{role} {counts[role]['readyReplicas']}/{counts[role]['desiredReplicas']}" for role in COMPONENTS)
     conds.append(c.condition(c.READY, ready, ready_reason, ready_msg, gen))
     progressing = valid and not obs.conflicts and bool(rolling) and not stalled
     conds.append(c.condition(

@@ -27,6 +27,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from pdscale.operator.pdcluster import PDClusterSpec
+
 from .loadgen import Phase, RequestRecord, percentile, plan_requests, send_one
 from .nodes import api_client
 from .stack import Stack
@@ -313,9 +315,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]pdscale demo: {path} not found: run from a pdscale checkout "
                           f"or pass {flag}[/red]")
             return 2
-    spec = yaml.safe_load(args.pdcluster.read_text())["spec"]
-    slo_ttft = spec["slo"]["ttftMilliseconds"] / 1000
-    slo_tpot = spec["slo"]["tpotMilliseconds"] / 1000
+    slo = PDClusterSpec.model_validate(yaml.safe_load(args.pdcluster.read_text())["spec"]).slo
+    slo_ttft, slo_tpot = slo.ttft_seconds, slo.tpot_seconds
     args.out.mkdir(parents=True, exist_ok=True)
     with Stack(workdir=args.out / "stack", nodes=args.nodes, profile="demo-sim",
                chart=args.chart) as stack:

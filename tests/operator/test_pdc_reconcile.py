@@ -11,7 +11,7 @@ import yaml
 from pdscale.operator import conditions as c
 from pdscale.operator import rbac
 from pdscale.operator.reconcile import contains, reconcile
-from pdscale.operator.status import Observation, compute
+from pdscale.operator.status import ChildrenView, compute
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = "2026-11-30T12:00:00Z"
@@ -214,7 +214,7 @@ def test_compute_degraded_on_a_stalled_rollout():
                           "conditions": [{"type": "Progressing", "status": "False",
                                           "reason": "ProgressDeadlineExceeded",
                                           "message": "ReplicaSet x has timed out progressing."}]}}
-    status = compute(Observation(generation=3, deployments={"prefill": stalled}), None, NOW)
+    status = compute(ChildrenView(generation=3, deployments={"prefill": stalled}), None, NOW)
     degraded = c.find(status["conditions"], c.DEGRADED)
     assert (degraded["status"], degraded["reason"]) == ("True", c.DEPLOYMENT_STALLED)
     assert degraded["message"] == "prefill: ReplicaSet x has timed out progressing."
