@@ -13,6 +13,7 @@ setup:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 # Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e).
