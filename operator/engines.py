@@ -170,3 +170,14 @@ def render(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
     if spec.engine.kind is EngineKind.SGLANG:
         return sglang(spec, derived, role)
     return vllm(spec, derived, role)
+
+
+def operator_env_names(spec: PDClusterSpec, derived: Derived) -> frozenset[str]:
+    """The environment variables the operator renders itself, on either role: a spec may not
+    set them (the last of two equal names wins in a container, so the spec's would). Both
+    dialects append the spec's variables last, after their own."""
+    names: set[str] = set()
+    for role in ("prefill", "decode"):
+        env = render(spec, derived, role).env
+        names.update(e["name"] for e in env[: len(env) - len(_user_env(spec, role))])
+    return frozenset(names)

@@ -1,0 +1,173 @@
+"""Pure: what the cluster admin lets a PDCluster author put into engine and router pods.
+
+A PDCluster author is a tenant: creating a PDCluster creates pods, so without a policy it would
+be creating arbitrary pods (any image, any host directory, any annotation). The admin sets the
+policy once, in the chart's ``tenantPolicy`` values. It is enforced twice, with the same rules:
+at admission by the chart's ValidatingAdmissionPolicy (CEL, templates/admission-policy.yaml),
+and here, by the operator, before it renders anything (defence in depth: a cluster without the
+admission policy, or a PDCluster admitted before the policy changed). A refusal names the field
+and the policy key that refuses it.
+
+Beyond the policy, some things no spec may do at all, whatever the policy says: override the
+GPU request or set an annotation the operator owns (the checklist refuses those), or set an
+environment variable the operator renders (refused here, as it depends on the rendering).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .pdcluster import GPU_RESOURCE, PDClusterSpec
+
+#: the environment variable the chart's Deployment sets to the policy (JSON); unset: DEFAULT
+POLICY_ENV = "PDSCALE_TENANT_POLICY"
+#: keys of the chart's tenantPolicy that are about installing it, not about specs
+CHART_ONLY_KEYS = frozenset({"admission"})
+#: "any value" in an allow-list; an admin writes it on purpose, it is never a default
+ANY = "*"
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    """The admin's policy (the chart's ``tenantPolicy`` values, camelCase there)."""
+
+    #: engine and router images must start with one of these (``"*"``: any image)
+    allowed_image_prefixes: tuple[str, ...] = (
+        "lmsysorg/sglang:", "docker.io/lmsysorg/sglang:",
+        "vllm/vllm-openai:", "docker.io/vllm/vllm-openai:",
+        "vllm/vllm-router:", "docker.io/vllm/vllm-router:",
+    )
+    #: node directories weights may be mounted from (read-only), a directory and what is below
+    #: it; empty: no hostPath at all (weights from a PersistentVolumeClaim only)
+    allowed_host_path_prefixes: tuple[str, ...] = ("/raid/models", "/models")
+    #: extra command-line arguments for the engines and the router
+    allow_extra_args: bool = True
+    #: extra environment variables for the engines
+    allow_env: bool = True
+    #: extra pod annotations on engine pods
+    allow_pod_annotations: bool = True
+    #: taint keys an engine pod may tolerate (``"*"``: any); the GPU taint is always tolerated
+    allowed_toleration_keys: tuple[str, ...] = (ANY,)
+    #: node affinity and anti-affinity beyond the operator's GPU pinning
+    allow_affinity: bool = True
+    #: environment variable names a spec may not set (besides those the operator renders)
+    reserved_env_names: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> TenantPolicy:
+        """From the chart's values (camelCase keys); unknown keys and wrong types are refused
+        with the key's name, so a typo in values.yaml cannot silently open the policy."""
+        if not isinstance(data, dict):
+            raise ValueError(f"tenant policy must be a mapping, got {type(data).__name__}")
+        by_camel = {_camel(f.name): f for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k not in CHART_ONLY_KEYS}
+        unknown = sorted(set(data) - set(by_camel))
+        if unknown:
+            raise ValueError(f"tenant policy: unknown key(s) {unknown}; known: {sorted(by_camel)}")
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            f = by_camel[key]
+            if f.type in ("bool",):
+                if not isinstance(value, bool):
+                    raise ValueError(f"tenant policy: {key} must be true or false, got {value!r}")
+                values[f.name] = value
+            else:
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"tenant policy: {key} must be a list of strings, got {value!r}")
+                values[f.name] = tuple(value)
+        return cls(**values)
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str] | None = None) -> TenantPolicy:
+        """The policy the chart passed in ``PDSCALE_TENANT_POLICY``, or the default one."""
+        raw = (os.environ if environ is None else environ).get(POLICY_ENV)
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{POLICY_ENV} is not JSON: {exc}") from None
+        return cls.from_mapping(data)
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def _image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
+    return ANY in prefixes or any(image.startswith(p) for p in prefixes)
+
+
+def _under(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix`` or below it, compared as directories (``/models-x`` is not under
+    ``/models``); a path that is not already normal (``..``, ``//``, ``/.``) is never under."""
+    if posixpath.normpath(path) != path.rstrip("/") or path.startswith("//"):
+        return False
+    prefix = prefix.rstrip("/") or "/"
+    return path == prefix or path.startswith(prefix if prefix == "/" else prefix + "/")
+
+
+def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[str] = frozenset()
+             ) -> list[Refusal]:
+    """Every field of ``spec`` that ``policy`` (or the operator's ownership) refuses.
+
+    ``operator_env`` are the environment variable names the operator renders for this spec; a
+    spec may not set them (a duplicate name in a container takes the last value)."""
+    out: list[Refusal] = []
+    for path, image in (("spec.engine.image", spec.engine.image), ("spec.router.image", spec.router.image)):
+        if not _image_allowed(image, policy.allowed_image_prefixes):
+            out.append(Refusal(path, f"image {image!r} is not allowed by the tenant policy "
+                                     f"(allowedImagePrefixes: {list(policy.allowed_image_prefixes)})"))
+    weights = spec.model.weights
+    if weights is not None and weights.host_path is not None:
+        host = weights.host_path.path
+        if not any(_under(host, p) for p in policy.allowed_host_path_prefixes):
+            out.append(Refusal("spec.model.weights.hostPath.path",
+                               f"{host!r} is not under an allowed directory (tenant policy "
+                               f"allowedHostPathPrefixes: {list(policy.allowed_host_path_prefixes)})"))
+    if not policy.allow_extra_args:
+        for path, args in (("spec.engine.extraArgs", spec.engine.extra_args),
+                           ("spec.prefill.extraArgs", spec.prefill.extra_args),
+                           ("spec.decode.extraArgs", spec.decode.extra_args),
+                           ("spec.router.extraArgs", spec.router.extra_args)):
+            if args:
+                out.append(Refusal(path, "extra arguments are not allowed by the tenant policy "
+                                         "(allowExtraArgs: false)"))
+    reserved_env = set(policy.reserved_env_names) | set(operator_env)
+    for path, env in (("spec.engine.env", spec.engine.env), ("spec.prefill.env", spec.prefill.env),
+                      ("spec.decode.env", spec.decode.env)):
+        if env and not policy.allow_env:
+            out.append(Refusal(path, "extra environment is not allowed by the tenant policy "
+                                     "(allowEnv: false)"))
+            continue
+        for i, var in enumerate(env):
+            if var.name in reserved_env:
+                owner = "the operator sets it" if var.name in operator_env else "reservedEnvNames"
+                out.append(Refusal(f"{path}[{i}].name", f"{var.name!r} is reserved ({owner})"))
+    if spec.placement.pod_annotations and not policy.allow_pod_annotations:
+        out.append(Refusal("spec.placement.podAnnotations", "pod annotations are not allowed by "
+                                                            "the tenant policy (allowPodAnnotations: false)"))
+    if ANY not in policy.allowed_toleration_keys:
+        for i, t in enumerate(spec.placement.tolerations):
+            if t.key != GPU_RESOURCE and t.key not in policy.allowed_toleration_keys:
+                what = repr(t.key) if t.key else "an empty key (it tolerates every taint)"
+                out.append(Refusal(f"spec.placement.tolerations[{i}].key",
+                                   f"{what} is not allowed by the tenant policy "
+                                   f"(allowedTolerationKeys: {list(policy.allowed_toleration_keys)})"))
+    if spec.placement.affinity and not policy.allow_affinity:
+        out.append(Refusal("spec.placement.affinity", "affinity is not allowed by the tenant policy "
+                                                      "(allowAffinity: false)"))
+    return out
