@@ -308,8 +308,10 @@ def check(spec: PDClusterSpec) -> list[Problem]:
 
 def validate(raw: dict[str, Any] | None) -> tuple[PDClusterSpec, Derived]:
     """Parse and check a spec; raise SpecError listing every problem."""
+    from .k8s_rules import check_spec  # what Kubernetes refuses in the children
+
     spec = parse(raw)
-    problems = check(spec)
+    problems = check(spec) + [Problem(field, message) for field, message in check_spec(spec)]
     if problems:
         raise SpecError(problems)
     return spec, derive(spec)

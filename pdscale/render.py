@@ -1,17 +1,23 @@
 """Print the manifests the operator would create for a PDCluster, without a cluster
 (like `helm template`). Invalid specs exit with code 2 and the same field-naming messages the
-operator reports in its SpecValid condition."""
+operator reports in its SpecValid condition.
+
+Every malformed input is refused the same way, never with a traceback: a file that is too
+large, too deep, an alias bomb or not UTF-8 (pdscale/spec_file.py), a document that is not a
+PDCluster mapping, a metadata.name or namespace the API server would refuse, and any spec
+field whose value Kubernetes would refuse in a child (operator/k8s_rules.py)."""
 
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 from typing import Any
 
 import yaml
 
 EXIT_INVALID = 2
+# Top-level fields of a PDCluster document; status is what `kubectl get -o yaml` adds.
+DOCUMENT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,43 +30,91 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the PDCluster CRD first")
 
 
-def _load(filename: str) -> list[dict[str, Any]]:
-    text = sys.stdin.read() if filename == "-" else pathlib.Path(filename).read_text("utf-8")
-    return [d for d in yaml.safe_load_all(text) if d]
+def _document_problems(doc: dict[Any, Any]) -> list[str]:
+    """What makes a mapping not a PDCluster document: kind, apiVersion, unknown fields,
+    metadata (the API server's rules on the PDCluster itself), a spec that is not a mapping."""
+    from pdscale.operator import k8s_rules
+    from pdscale.operator.pdcluster import GROUP, KIND, VERSION
+
+    out = []
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if kind != KIND:
+        out.append(f"kind: not a {GROUP} {KIND} (kind {kind!r})")
+    elif api_version != f"{GROUP}/{VERSION}":
+        out.append(f"apiVersion: {api_version!r} is not served; use {GROUP}/{VERSION}")
+    if out:
+        return out
+    out += [f"{key}: unknown field" for key in doc if key not in DOCUMENT_FIELDS]
+    out += [f"{field}: {message}" for field, message in k8s_rules.object_metadata(doc.get("metadata"))]
+    spec = doc.get("spec")
+    if spec is None:
+        out.append("spec: required")
+    elif not isinstance(spec, dict):
+        out.append(f"spec: must be a mapping, got {type(spec).__name__}")
+    return out
 
 
-def render(docs: list[dict[str, Any]], namespace: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(manifests, errors) for the PDCluster documents; other kinds are an error."""
+def _label(number: int, doc: Any) -> str:
+    """How an error line names its document: pdclusters/NAME once the name is a good one."""
+    from pdscale.operator import k8s_rules
+
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if isinstance(name, str) and not k8s_rules.dns1123_subdomain(name):
+        return f"pdclusters/{name}"
+    return f"document {number}"
+
+
+def render_one(number: int, doc: Any, namespace: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """(manifests, errors) for document NUMBER of the file."""
     from pdscale.operator.builders import build_children
     from pdscale.operator.checklist import SpecError, validate
     from pdscale.operator.names import Owner
-    from pdscale.operator.pdcluster import GROUP, KIND
 
-    manifests, errors = [], []
-    for i, doc in enumerate(docs):
-        meta = doc.get("metadata") or {}
-        name = meta.get("name")
-        where = f"{KIND.lower()}s/{name}" if name else f"document {i + 1}"
-        if doc.get("kind") != KIND or not str(doc.get("apiVersion", "")).startswith(f"{GROUP}/"):
-            errors.append(f"{where}: not a {GROUP} {KIND} (kind {doc.get('kind')!r})")
-            continue
-        if not name:
-            errors.append(f"{where}: metadata.name: required")
-            continue
+    if not isinstance(doc, dict):
+        return [], [f"document {number}: document: must be a mapping (a PDCluster), got "
+                    f"{type(doc).__name__}"]
+    where = _label(number, doc)
+    errors = _document_problems(doc)
+    if errors and errors[0].startswith(("kind:", "apiVersion:")):
+        return [], [f"{where}: {e}" for e in errors]
+    if isinstance(doc.get("spec"), dict):
         try:
-            spec, derived = validate(doc.get("spec"))
+            spec, derived = validate(doc["spec"])
         except SpecError as exc:
-            errors.extend(f"{where}: {p}" for p in exc.problems)
+            errors += [str(p) for p in exc.problems]
+    if errors:
+        return [], [f"{where}: {e}" for e in errors]
+    meta = doc["metadata"]
+    owner = Owner(name=meta["name"], namespace=meta.get("namespace") or namespace)
+    return build_children(owner, spec, derived), []
+
+
+def render(docs: list[Any], namespace: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """(manifests, errors) for the documents of one file, in order (None: an empty document,
+    skipped); anything but a valid PDCluster is an error naming its field."""
+    from pdscale.operator import k8s_rules
+
+    ns = namespace or "default"
+    problems = k8s_rules.namespace_name(ns, "metadata.namespace")
+    if problems:
+        return [], [f"--namespace: {f}: {m}" for f, m in problems]
+    manifests, errors = [], []
+    for number, doc in enumerate(docs, start=1):
+        if doc is None:
             continue
-        owner = Owner(name=name, namespace=meta.get("namespace") or namespace or "default")
-        manifests.extend(build_children(owner, spec, derived))
+        out, errs = render_one(number, doc, ns)
+        manifests += out
+        errors += errs
     return manifests, errors
 
 
 def run(args: argparse.Namespace) -> int:
+    from pdscale.spec_file import SpecFileError, read
+
     try:
-        docs = _load(args.filename)
-    except (OSError, yaml.YAMLError) as exc:
+        docs = [d.data for d in read(args.filename)]
+    except (OSError, SpecFileError) as exc:
         print(f"error: {args.filename}: {exc}", file=sys.stderr)
         return EXIT_INVALID
     manifests, errors = render(docs, args.namespace)
