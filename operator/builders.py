@@ -132,9 +132,13 @@ def worker_deployment(owner: Owner, spec: PDClusterSpec, derived: Derived, role:
         "volumeMounts": mounts,
         **engine_probes(spec, role),
     }
+    # A tenant's engine gets no privilege beyond the runtime's defaults: no escalation (setuid),
+    # not privileged, and one added capability only where RDMA needs it. (Dropping the runtime's
+    # default capabilities too is not done: untested against real NCCL/NIXL engines here.)
+    container["securityContext"] = {"allowPrivilegeEscalation": False, "privileged": False}
     if spec.placement.rdma is not None:
         # RDMA memory registration pins pages: needs IPC_LOCK (unlimited memlock).
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        container["securityContext"]["capabilities"] = {"add": ["IPC_LOCK"]}
     if role_spec.pre_stop_drain_seconds > 0:
         # Deletion removes the pod from the router's discovery at once; the sleep keeps the
         # engine serving its in-flight requests until they finish, then SIGTERM follows.
@@ -154,6 +158,8 @@ def worker_deployment(owner: Owner, spec: PDClusterSpec, derived: Derived, role:
         "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
         # Service links would inject an env var per Service in the namespace into the engine.
         "enableServiceLinks": False,
+        # Engines never call the API server: no token in a pod whose image the tenant chose.
+        "automountServiceAccountToken": False,
     }
     if spec.placement.affinity:
         pod_spec["affinity"] = spec.placement.affinity
@@ -245,3 +251,31 @@ def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived,
     children.append(router.service(owner, spec))
     children.append(router.deployment(owner, spec))
     return [stamp(c) for c in children]
+
+
+# -- the planner's memory -----------------------------------------------------------------------
+#: the key under which the planner's memory (planning.history_to_json) is kept
+PLANNER_MEMORY_KEY = "history.json"
+
+
+def planner_memory_name(cluster_name: str) -> str:
+    """``<name>-planner``: one ConfigMap per PDCluster."""
+    return f"{names.base_name(cluster_name)}-planner"
+
+
+def planner_memory(owner: Owner, history_json: str) -> dict[str, Any]:
+    """The ConfigMap that keeps the planner's memory across operator restarts. Owned by the
+    PDCluster (it goes with it); not a ``build_children`` child: the planner loop, not the
+    reconcile, writes it, once per planning interval."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": planner_memory_name(owner.name),
+            "namespace": owner.namespace,
+            "labels": {names.LABEL_MANAGED_BY: names.MANAGER,
+                       names.LABEL_INSTANCE: names.base_name(owner.name)},
+            "ownerReferences": names.owner_references(owner),
+        },
+        "data": {PLANNER_MEMORY_KEY: history_json},
+    }

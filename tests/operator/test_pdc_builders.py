@@ -70,6 +70,21 @@ def test_every_child_is_built_and_owned(sglang_children):
         assert child["metadata"]["annotations"]["pdscale.io/applied-hash"]
 
 
+def test_without_rdma_an_engine_gets_no_added_capability():
+    from pdscale.operator.builders import build_children
+    from pdscale.operator.checklist import validate
+    from pdscale.operator.names import Owner
+
+    spec, derived = validate({
+        "model": {"servedName": "llama", "path": "meta/llama"},
+        "engine": {"kind": "VLLM", "image": "vllm/vllm-openai:v0.11.0"},
+        "kvTransfer": {"backend": "NIXL"}, "router": {"image": "vllm/vllm-router:v0.1.17"}})
+    for child in build_children(Owner("l", "ns"), spec, derived):
+        if child["kind"] == "Deployment" and child["metadata"]["name"].endswith(("-prefill", "-decode")):
+            c = child["spec"]["template"]["spec"]["containers"][0]
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False}
+
+
 def test_worker_pods_pin_whole_h200_nodes(sglang_children):
     for role, replicas in (("prefill", 4), ("decode", 8)):
         dep = sglang_children[("Deployment", f"glm53-{role}")]
@@ -79,7 +94,9 @@ def test_worker_pods_pin_whole_h200_nodes(sglang_children):
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         c = pod["containers"][0]
         assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
-        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert c["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                        "capabilities": {"add": ["IPC_LOCK"]}}
+        assert pod["automountServiceAccountToken"] is False  # no API token in an engine pod
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
         assert {"name": "model", "hostPath": {"path": "/raid/models", "type": "Directory"}} in pod["volumes"]
         assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
