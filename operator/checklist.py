@@ -16,6 +16,7 @@ from typing import Any
 
 import pydantic
 
+from .fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from .pdcluster import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
@@ -29,9 +30,12 @@ from .pdcluster import (
     TransferBackend,
 )
 
-# Pod annotations the operator owns (the router reads the first; scrapers the others).
+# Pod annotations the operator owns: the router reads the first, scrapers the next three; the
+# drain writes the last two (a spec that set them could pick which pod a scale-down removes,
+# or make a pod look drained).
 OPERATOR_POD_ANNOTATIONS = ("sglang.ai/bootstrap-port", "prometheus.io/scrape",
-                            "prometheus.io/port", "prometheus.io/path")
+                            "prometheus.io/port", "prometheus.io/path",
+                            DELETION_COST_ANNOTATION, DRAINING_ANNOTATION)
 
 # SGLang's own default for both transfer timeouts; we never derive anything shorter.
 SGLANG_DEFAULT_TIMEOUT_SECONDS = 300
@@ -266,6 +270,9 @@ def check(spec: PDClusterSpec) -> list[Problem]:
     if taken:
         out.append(Problem("spec.placement.podAnnotations",
                            f"{', '.join(taken)} is set by the operator"))
+    if spec.placement.rdma is not None and spec.placement.rdma.resource_name == GPU_RESOURCE:
+        out.append(Problem("spec.placement.rdma.resourceName",
+                           f"{GPU_RESOURCE} is the GPU resource (placement.gpusPerNode), not an RDMA device"))
     # Model.
     weights = spec.model.weights
     if weights is not None:
