@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 
-from pdscale.operator.planner_loop import engine_in_flight, engine_vllm_totals
+from pdscale.operator.engine_probe import engine_in_flight, engine_vllm_totals
 from pdscale.operator.vllm_discovery import (
     LEAVE_MARGIN_SECONDS,
     PING_TIMEOUT_SECONDS,
