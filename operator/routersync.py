@@ -23,15 +23,19 @@ worker from the router does not cancel the requests it already has.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from aiohttp import ClientSession, ClientTimeout
+from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from pdscale.planner.observe import Role
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def normalize_url(url: str) -> str:
@@ -113,7 +117,9 @@ def diff_workers(desired: Iterable[WorkerSpec], current: Iterable[RouterWorker])
     for worker in current:
         have.setdefault(normalize_url(worker.url), []).append(worker)
 
-    add, remove, replace = [], [], []
+    add: list[WorkerSpec] = []
+    remove: list[RouterWorker] = []
+    replace: list[tuple[RouterWorker, WorkerSpec]] = []
     for key, spec in wanted.items():
         entries = have.get(key, [])
         if not entries:
@@ -166,10 +172,13 @@ class RouterClient:
             if resp.status not in (200, 201, 202):
                 raise RouterError(f"POST /workers {spec.url} answered {resp.status}: "
                                   f"{await resp.text()}")  # fmt: skip
-        return await self._wait(
+        listed = await self._wait(
             lambda: self.find(spec.url), lambda w: w is not None and w.matches(spec),
             timeout_seconds, f"worker {spec.url} to be listed",
         )  # fmt: skip
+        if listed is None:  # _wait returns only once the router lists it
+            raise RouterError(f"worker {spec.url} vanished from the list while being added")
+        return listed
 
     async def remove_worker(self, worker: RouterWorker, *, timeout_seconds: float = 30.0) -> None:
         """Deregister ``worker`` and wait until the router no longer lists its URL."""
@@ -183,7 +192,8 @@ class RouterClient:
             timeout_seconds, f"worker {worker.url} to leave the list",
         )  # fmt: skip
 
-    async def _wait(self, probe, done, timeout_seconds: float, what: str):
+    async def _wait(self, probe: Callable[[], Awaitable[T]], done: Callable[[T], bool],
+                    timeout_seconds: float, what: str) -> T:
         deadline = time.monotonic() + timeout_seconds
         while True:
             value = await probe()
@@ -208,6 +218,57 @@ class RouterClient:
         for worker in plan.remove:
             await self.remove_worker(worker)
         return plan
+
+
+class SGLangWorkerList:
+    """The worker list of a PDCluster's SGLang routers, through each one's ``/workers`` API
+    (a ``WorkerList``: see workerlist.py). ``routers`` are their base URLs."""
+
+    #: sglang-router sends a request to its prefill and its decode at once: a decode out of
+    #: the router is sent nothing new
+    decode_picked_before_prefill = False
+    LIST_TIMEOUT_SECONDS = 5.0
+    #: a sync waits for each added worker to be reached, so it gets longer than a listing
+    SYNC_TIMEOUT_SECONDS = 10.0
+
+    def __init__(self, routers: Sequence[str]):
+        self.addresses = tuple(routers)
+
+    def listed(self) -> set[str] | None:
+        """Worker URLs some router lists; None when a router could not be asked (then every
+        pod counts as listed: a drain must not finish on a guess)."""
+        if not self.addresses:
+            return set()
+
+        async def ask() -> set[str] | None:
+            urls: set[str] = set()
+            async with ClientSession(timeout=ClientTimeout(total=self.LIST_TIMEOUT_SECONDS)) as session:
+                for url in self.addresses:
+                    try:
+                        urls |= {normalize_url(w.url) for w in await RouterClient(url, session).list_workers()}
+                    except (ClientError, RouterError, TimeoutError):
+                        return None
+            return urls
+        return asyncio.run(ask())
+
+    def make_equal(self, desired: frozenset[WorkerSpec]) -> None:
+        """Each router lists exactly ``desired``; a router that fails is logged and left for
+        the next tick (the sync is level-based)."""
+        for url in self.addresses:
+            self._sync(url, desired)
+
+    def _sync(self, url: str, desired: frozenset[WorkerSpec]) -> None:
+        async def sync() -> SyncPlan:
+            async with ClientSession(timeout=ClientTimeout(total=self.SYNC_TIMEOUT_SECONDS)) as session:
+                return await RouterClient(url, session).sync(desired)
+        try:
+            done = asyncio.run(sync())
+        except (ClientError, RouterError, TimeoutError) as exc:
+            log.warning("router %s: worker sync failed: %s", url, exc)
+            return
+        if not done.empty:
+            log.info("router %s: added %s, removed %s", url,
+                     [w.url for w in done.add], [w.url for w in done.remove])
 
 
 async def engine_inflight(session: ClientSession, url: str) -> int:

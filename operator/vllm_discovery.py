@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import msgpack
 import zmq
@@ -44,12 +45,13 @@ def announcement(worker: WorkerSpec, side_channel_port: int) -> bytes:
     """One discovery message for one worker (pure)."""
     host_port = worker.url.split("://", 1)[-1].rstrip("/")
     host = host_port.rsplit(":", 1)[0]
-    return msgpack.dumps({
+    message: bytes = msgpack.dumps({
         "type": "P" if worker.role == "prefill" else "D",
         "http_address": host_port,
         # The KV side channel of the instance (NIXL's; P2P NCCL reads it from here).
         "zmq_address": f"{host}:{side_channel_port}",
     })
+    return message
 
 
 def still_listed(last_sent: dict[str, float], now: float, started: float) -> set[str] | None:
@@ -200,3 +202,32 @@ class Announcer:
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()
+
+
+@dataclass(frozen=True)
+class DiscoveryWorkerList:
+    """The worker list of a PDCluster's vLLM routers, through their discovery sockets (a
+    ``WorkerList``: see workerlist.py). ``addresses`` are host:port of those sockets; the
+    ``announcer`` (one per operator) does the sending from its own thread."""
+
+    announcer: Announcer
+    addresses: tuple[str, ...]
+    #: vllm-router picks a request's decode when the request arrives and calls it only once
+    #: the prefill answers: a decode out of the router may still be sent requests held at a
+    #: prefill (PrefillBacklog)
+    decode_picked_before_prefill: ClassVar[bool] = True
+
+    def listed(self) -> set[str] | None:
+        """Worker URLs some vLLM router may still send new requests to; None while that is
+        unknown (see ``still_listed``)."""
+        urls: set[str] = set()
+        for address in self.addresses:
+            listed = self.announcer.listed(address)
+            if listed is None:
+                return None
+            urls |= listed
+        return urls
+
+    def make_equal(self, desired: frozenset[WorkerSpec]) -> None:
+        for address in self.addresses:
+            self.announcer.set_workers(address, desired)
