@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from .pdcluster import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, PDClusterSpec
 
@@ -157,10 +158,8 @@ def spec_schema() -> dict[str, Any]:
     return schema
 
 
-def _optional_none_paths(model: type, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    from pydantic import BaseModel
-
-    paths = []
+def _optional_none_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths: list[tuple[str, ...]] = []
     for name, field in model.model_fields.items():
         alias = field.alias or name
         annotation = field.annotation

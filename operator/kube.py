@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from .names import MANAGER
 from .pdcluster import GROUP, PLURAL, VERSION
@@ -43,11 +43,15 @@ KINDS = {
 def api_client_from_environment() -> client.ApiClient:
     """In a pod: its ServiceAccount. Elsewhere: $KUBECONFIG (read now, not at import: the
     client library fixes its default path when it is imported)."""
+    # The client's config loaders carry no annotations (kubernetes 37); what they return is
+    # documented: nothing, and an ApiClient.
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
         return client.ApiClient()
     except config.ConfigException:
-        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+        api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG"))
+        return api
 
 
 class Kube:
@@ -58,7 +62,8 @@ class Kube:
         self.api = api
         self.writes = 0
 
-    def _call(self, method: str, path: str, *, body: Any = None, query: list | None = None,
+    def _call(self, method: str, path: str, *, body: Any = None,
+              query: list[tuple[str, str]] | None = None,
               content_type: str | None = None) -> dict[str, Any]:
         headers = {"Accept": "application/json"}
         if content_type:
@@ -68,10 +73,16 @@ class Kube:
             header_params=headers, body=body, auth_settings=["BearerToken"],
         )
         response = self.api.call_api(*params)
-        data = response.read()
+        # RESTResponse.read is unannotated (kubernetes 37); it returns the body's bytes.
+        data: bytes | None = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             raise ApiException(http_resp=response)
-        return json.loads(data) if data else {}
+        if not data:
+            return {}
+        parsed = json.loads(data)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{method} {path}: expected a JSON object, got {type(parsed).__name__}")
+        return parsed
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -109,11 +120,24 @@ class Kube:
         return self._call("POST", f"/api/v1/namespaces/{ns}/events", body=event,
                           content_type="application/json")
 
-    def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Strategic-merge-patch one pod (a ``None`` value removes the key): the drain marks."""
+        self.writes += 1
+        return self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=patch,
+                          content_type="application/strategic-merge-patch+json")
+
+    def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Pods carrying ``labels``, in ``namespace`` or (None) in every namespace."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        return self._call("GET", f"/api/v1/namespaces/{namespace}/pods",
-                          query=[("labelSelector", selector)]).get("items", [])
+        path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
+        return _items(self._call("GET", path, query=[("labelSelector", selector)]))
 
     def list_pdclusters(self) -> list[dict[str, Any]]:
         kind = KINDS["PDCluster"]
-        return self._call("GET", f"/apis/{kind.api_version}/{kind.plural}").get("items", [])
+        return _items(self._call("GET", f"/apis/{kind.api_version}/{kind.plural}"))
+
+
+def _items(listing: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of a list answer; an answer without ``items`` lists nothing."""
+    items = listing.get("items") or []
+    return [item for item in items if isinstance(item, dict)]

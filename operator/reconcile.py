@@ -13,14 +13,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from pdscale.planner.observe import Role
 
 from . import conditions as c
 from . import status as st
 from .builders import build_children, planned_replicas, unready_allowance_seconds
-from .checklist import SpecError, validate
+from .checklist import Derived, SpecError, validate
 from .clock import epoch_seconds
 from .kube import Kube
 from .names import (
@@ -32,7 +32,7 @@ from .names import (
     base_name,
     child_name,
 )
-from .pdcluster import GROUP, KIND, VERSION
+from .pdcluster import GROUP, KIND, VERSION, PDClusterSpec
 
 
 @dataclass
@@ -74,8 +74,8 @@ def contains(live: Any, desired: Any) -> bool:
         return (isinstance(live, list) and len(live) == len(desired)
                 and all(contains(a, b) for a, b in zip(live, desired, strict=True)))
     if isinstance(desired, bool) or isinstance(live, bool):
-        return live == desired
-    return live == desired or str(live) == str(desired)
+        return bool(live == desired)
+    return bool(live == desired) or str(live) == str(desired)
 
 
 def _is_zero(value: Any) -> bool:
@@ -124,11 +124,21 @@ def reconcile(kube: Kube, body: dict[str, Any], now: str) -> Outcome:
         return _reconcile(kube, body, owner, now)
 
 
+def reconcile_current(kube: Kube, namespace: str, name: str, now: str) -> Outcome | None:
+    """Reconcile the PDCluster as it is now, not as a caller read it earlier (the planner loop
+    asks after it wrote status); None when it is gone."""
+    body = kube.get("PDCluster", namespace, name)
+    return None if body is None else reconcile(kube, body, now)
+
+
 def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outcome:
     out = Outcome()
     writes_before = kube.writes
     previous = body.get("status") or {}
     obs = st.ChildrenView(generation=int(body["metadata"].get("generation", 1)))
+    # None when the spec is invalid: then nothing is built, only what runs is reported
+    spec: PDClusterSpec | None
+    derived: Derived | None
     try:
         spec, derived = validate(body.get("spec"))
     except SpecError as exc:

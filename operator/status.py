@@ -3,6 +3,7 @@ validation result, name conflicts). Time is passed in, never read."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ class UnreadyPod:
     allowance_seconds: float
 
 
-def overdue_pods(pods: list[dict[str, Any]], allowance_seconds: dict[str, float],
+def overdue_pods(pods: list[dict[str, Any]], allowance_seconds: Mapping[Role, float],
                  now_seconds: float) -> list[UnreadyPod]:
     """Engine pods (API dicts) that are not Ready, and have not been for longer than their
     role's allowance: since creation for a pod that never served, since it turned unready
@@ -49,9 +50,11 @@ def overdue_pods(pods: list[dict[str, Any]], allowance_seconds: dict[str, float]
     out = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
-        if role not in allowance_seconds or meta.get("deletionTimestamp"):
+        label = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
+        # the router, and any role the caller gave no allowance, is not an engine to watch
+        if label not in allowance_seconds or meta.get("deletionTimestamp"):
             continue
+        role = Role(label)
         if (meta.get("annotations") or {}).get(DRAINING_ANNOTATION):
             continue
         ready = next((x for x in status.get("conditions") or [] if x.get("type") == "Ready"), None)
