@@ -22,11 +22,14 @@ Warming pods are removed before any Ready pod is drained: they hold no request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdscale.operator.routersync import WorkerSpec
 from pdscale.planner.observe import RoleState, Warming
+
+from .clock import epoch_seconds
 
 DRAINING_ANNOTATION = "pdscale.io/draining-since"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
@@ -64,6 +67,27 @@ class PodView:
     def serving(self) -> bool:
         """Ready, not leaving: the router may send it work."""
         return self.ready and not self.draining and not self.deleting
+
+
+def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
+    """What the loop needs of one pod as the API lists it (a plain dict). A field the API
+    has not filled yet reads as its absence: no IP yet, not Ready, no creation time (0, so a
+    warming pod counts as due now), not deleting, not draining."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    ready = ready_cond is not None and ready_cond.get("status") == "True"
+    draining = (meta.get("annotations") or {}).get(DRAINING_ANNOTATION)
+    return PodView(
+        name=str(meta.get("name", "")),
+        role=role,
+        ip=status.get("podIP") or None,
+        ready=ready,
+        created_at_seconds=epoch_seconds(meta.get("creationTimestamp")) or 0.0,
+        ready_since_seconds=(epoch_seconds(ready_cond.get("lastTransitionTime"))
+                             if ready and ready_cond is not None else None),
+        deleting=meta.get("deletionTimestamp") is not None,
+        draining_since_seconds=float(draining) if draining else None,
+    )
 
 
 def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: float) -> RoleState:

@@ -1,7 +1,7 @@
 """kopf wiring: thin handlers that read, build, apply and report through reconcile().
 
 Run with ``kopf run -m pdscale.operator.handlers --all-namespaces``. The planner loop (router
-worker lists, planning, drains) is registered by importing ``planner_loop``.
+worker lists, planning, drains; ``planner_loop``) starts and stops with the operator here.
 
 Only event-watching handlers are used, never change-detecting ones or timers: those make kopf
 keep state on the PDCluster (annotations, a finalizer), i.e. write to it on every change and
@@ -17,18 +17,20 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
 import kopf
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
-from . import planner_loop  # noqa: F401  (registers the planner loop's startup and cleanup)
 from .clock import now_rfc3339
 from .kube import Kube, api_client_from_environment
 from .names import LABEL_MANAGED_BY, MANAGER
 from .pdcluster import GROUP, KIND, PLURAL, VERSION
+from .planner_loop import PlannerLoop, run_forever
 from .reconcile import Outcome, reconcile
+from .telemetry import serve_metrics_from_environment
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,27 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
 
 
+@kopf.on.startup()
+async def start_planner(memo: kopf.Memo, **_: Any) -> None:
+    serve_metrics_from_environment()
+    loop = PlannerLoop(Kube(api_client_from_environment()))
+    memo.announcer_stop = threading.Event()
+    # ZMQ sockets are not thread-safe: the vLLM announcer owns its own thread
+    threading.Thread(target=loop.worker_lists.announcer.run, args=(memo.announcer_stop,),
+                     name="vllm-discovery", daemon=True).start()
+    memo.planner_task = asyncio.create_task(run_forever(loop))
+
+
+@kopf.on.cleanup()
+async def stop_planner(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "planner_task", None)
+    if task is not None:
+        task.cancel()
+    stop = getattr(memo, "announcer_stop", None)
+    if stop is not None:
+        stop.set()
+
+
 async def _resync_loop(memo: kopf.Memo) -> None:
     last_full = time.monotonic()
     while True:
@@ -161,7 +184,8 @@ def pdcluster_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
 
 
 def _owner_ref(body: kopf.Body) -> dict[str, Any] | None:
-    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+    refs: list[dict[str, Any]] = body.get("metadata", {}).get("ownerReferences") or []
+    for ref in refs:
         if ref.get("controller") and ref.get("kind") == KIND and ref.get("apiVersion", "").startswith(f"{GROUP}/"):
             return ref
     return None

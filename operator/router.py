@@ -1,7 +1,7 @@
 """The P/D router: its Deployment, Service and identity.
 
 The router starts with no workers; the operator keeps its worker list equal to the Ready,
-non-draining engine pods (planner_loop.py): through the SGLang router's ``/workers`` API, or
+non-draining engine pods (workerlist.py): through the SGLang router's ``/workers`` API, or
 by announcing them to the vLLM router's ZMQ discovery (vllm_discovery.py). Not the
 router's own Kubernetes discovery: it drops a worker only when its pod goes away, so a pod
 could not leave the router before its drain, and the release order (router first, then the

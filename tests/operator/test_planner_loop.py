@@ -1,0 +1,386 @@
+"""The planner loop's parts without a cluster: the pure pieces (pod views, the memory's
+ConfigMap, the worker-list choice, drain marks, the prefill waits) and one tick's order
+against an in-memory API, fake routers and fake engine probes."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from dataclasses import replace
+
+import yaml
+
+from pdscale.operator import names
+from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory
+from pdscale.operator.drain import (
+    Drains,
+    PrefillWaits,
+    drain_marks,
+    drain_timeout_seconds,
+    with_engine_state,
+)
+from pdscale.operator.fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION, PodView, pod_view
+from pdscale.operator.pdcluster import PDClusterSpec
+from pdscale.operator.planner_loop import PlannerLoop, pods_by_key
+from pdscale.operator.planner_memory import PlannerMemory
+from pdscale.operator.routersync import SGLangWorkerList, WorkerSpec
+from pdscale.operator.telemetry import Reporter, decision_bound
+from pdscale.operator.vllm_discovery import Announcer, DiscoveryWorkerList, PrefillCount
+from pdscale.operator.workerlist import (
+    WorkerLists,
+    desired_workers,
+    discovery_addresses,
+    router_urls,
+)
+from pdscale.planner.decision import Decision
+from pdscale.planner.observe import Role
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+NS = "serving"
+
+
+def _spec_doc(sample: str = "demo-sim.yaml", **changes) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / sample).read_text())
+    doc["metadata"].update(namespace=NS, uid="uid-1", generation=1, resourceVersion="1")
+    doc["spec"]["planner"].update(changes)
+    return doc
+
+
+def _spec(sample: str = "demo-sim.yaml") -> PDClusterSpec:
+    return PDClusterSpec.model_validate(_spec_doc(sample)["spec"])
+
+
+def _pod(name: str, role: str, ip: str | None = "10.0.0.1", *, ready: bool = True,
+         draining: float | None = None, deleting: bool = False, instance: str = "demo") -> dict:
+    meta: dict = {"name": name, "namespace": NS, "creationTimestamp": "2027-01-15T08:00:00Z",
+                  "labels": {names.LABEL_INSTANCE: instance, names.LABEL_ROLE: role,
+                             names.LABEL_MANAGED_BY: names.MANAGER}}
+    if draining is not None:
+        meta["annotations"] = {DRAINING_ANNOTATION: f"{draining:.3f}"}
+    if deleting:
+        meta["deletionTimestamp"] = "2027-01-15T08:30:00Z"
+    conditions = [{"type": "Ready", "status": "True" if ready else "False",
+                   "lastTransitionTime": "2027-01-15T08:01:00Z"}]
+    status = {"conditions": conditions, **({"podIP": ip} if ip else {})}
+    return {"metadata": meta, "status": status}
+
+
+# -- pure parts -------------------------------------------------------------------------------
+def test_a_pod_view_reads_the_api_dict_and_missing_fields_read_as_absent():
+    view = pod_view(_pod("demo-decode-a", "decode", draining=NOW), "decode")
+    assert (view.name, view.role, view.ip, view.ready, view.draining_since_seconds) == (
+        "demo-decode-a", "decode", "10.0.0.1", True, NOW)
+    assert view.created_at_seconds == NOW  # 2027-01-15T08:00:00Z
+    assert view.ready_since_seconds == NOW + 60
+    bare = pod_view({"metadata": {"name": "new"}}, "prefill")
+    assert (bare.ip, bare.ready, bare.created_at_seconds, bare.ready_since_seconds,
+            bare.deleting, bare.draining) == (None, False, 0.0, None, False, False)
+    assert pod_view(_pod("x", "decode", deleting=True), "decode").deleting
+
+
+def test_the_tick_listing_is_grouped_per_pdcluster_and_role():
+    grouped = pods_by_key([_pod("a", "decode"), _pod("b", "router"), _pod("c", "decode")])
+    assert {k: [p["metadata"]["name"] for p in v] for k, v in grouped.items()} == {
+        (NS, "demo", "decode"): ["a", "c"], (NS, "demo", "router"): ["b"]}
+
+
+def test_the_planner_memory_is_a_configmap_owned_by_its_pdcluster():
+    owner = names.Owner(name="demo", namespace=NS, uid="uid-1")
+    cm = planner_memory(owner, '{"version":1}')
+    assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == ("ConfigMap", "demo-planner", NS)
+    assert cm["data"] == {PLANNER_MEMORY_KEY: '{"version":1}'}
+    assert cm["metadata"]["ownerReferences"] == names.owner_references(owner)
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert cm["metadata"]["labels"][names.LABEL_INSTANCE] == "demo"
+
+
+def test_the_worker_list_is_chosen_once_from_the_router_kind():
+    routers = [pod_view(_pod("r1", "router", "10.0.1.1"), "router"),
+               pod_view(_pod("r2", "router", "10.0.1.2", ready=False), "router"),
+               pod_view(_pod("r3", "router", "10.0.1.3", deleting=True), "router"),
+               pod_view(_pod("r4", "router", None), "router")]
+    lists = WorkerLists(Announcer(side_channel_port=5600))
+    sglang = lists.of(_spec(), routers)
+    assert isinstance(sglang, SGLangWorkerList) and not sglang.decode_picked_before_prefill
+    assert sglang.addresses == ("http://10.0.1.1:30000",) == tuple(router_urls(_spec(), routers))
+    vllm_spec = _spec("vllm-nixl-2p4d.yaml")
+    vllm = lists.of(vllm_spec, routers)
+    assert isinstance(vllm, DiscoveryWorkerList) and vllm.decode_picked_before_prefill
+    # not only Ready routers: vllm-router is not Ready until it has workers
+    port = vllm_spec.router.discovery_port
+    assert vllm.addresses == (f"10.0.1.1:{port}", f"10.0.1.2:{port}")
+    assert list(vllm.addresses) == discovery_addresses(vllm_spec, routers)
+
+
+def test_discovery_workers_are_announced_to_each_router_and_unknown_until_a_timeout():
+    clock = [100.0]
+    announcer = Announcer(side_channel_port=5600, clock=lambda: clock[0])
+    workers = DiscoveryWorkerList(announcer, ("10.0.1.1:5557", "10.0.1.2:5557"))
+    desired = frozenset({WorkerSpec("http://10.0.0.1:8000", "decode")})
+    workers.make_equal(desired)
+    assert announcer._desired == {"10.0.1.1:5557": desired, "10.0.1.2:5557": desired}
+    assert workers.listed() is None  # a fresh announcer cannot know what an earlier one sent
+    clock[0] += 60
+    assert workers.listed() == set()
+    assert SGLangWorkerList([]).listed() == set()  # no router: nothing listed
+
+
+def test_the_routers_list_the_serving_pods_minus_those_about_to_drain():
+    pods = {Role.PREFILL: [pod_view(_pod("p", "prefill", "10.0.0.1"), "prefill")],
+            Role.DECODE: [pod_view(_pod("d1", "decode", "10.0.0.2"), "decode"),
+                          pod_view(_pod("d2", "decode", "10.0.0.3"), "decode"),
+                          pod_view(_pod("d3", "decode", "10.0.0.4", draining=NOW), "decode")]}
+    spec = _spec()
+    assert desired_workers(spec, pods, frozenset({"d2"})) == {
+        WorkerSpec("http://10.0.0.1:8000", "prefill", 8998), WorkerSpec("http://10.0.0.2:8000", "decode")}
+
+
+def test_drain_marks_set_and_clear_both_annotations():
+    assert drain_marks(NOW) == {"metadata": {"annotations": {
+        DRAINING_ANNOTATION: f"{NOW:.3f}", DELETION_COST_ANNOTATION: "-1000"}}}
+    assert drain_marks(None) == {"metadata": {"annotations": {
+        DRAINING_ANNOTATION: None, DELETION_COST_ANNOTATION: None}}}
+    assert drain_timeout_seconds(_spec(), Role.DECODE) == 50.0
+
+
+def test_only_draining_pods_are_probed_and_an_unknown_router_lists_them():
+    pods = [pod_view(_pod("a", "decode", "10.0.0.1"), "decode"),
+            pod_view(_pod("b", "decode", "10.0.0.2", draining=NOW), "decode")]
+    asked: list[str | None] = []
+
+    def probe(ip: str | None, port: int) -> int | None:
+        asked.append(ip)
+        return 3
+
+    views = with_engine_state(pods, 8000, {"http://10.0.0.9:8000"}, probe)
+    assert asked == ["10.0.0.2"] and views[0] == pods[0]
+    assert (views[1].in_flight, views[1].in_router) == (3, False)
+    assert with_engine_state(pods, 8000, None, probe)[1].in_router
+    assert with_engine_state(pods, 8000, {"http://10.0.0.2:8000"}, probe)[1].in_router
+
+
+def test_a_leaving_decode_waits_out_the_prefill_backlog_then_is_forgotten():
+    waits = PrefillWaits()
+    decode = [PodView("d1", "decode", "10.0.0.2", True, 0.0, draining_since_seconds=NOW)]
+    waits.begin_tick()
+    # a serving prefill that does not answer: the backlog cannot be taken yet
+    assert waits.awaited(NS, decode, ["p1"], {"p1": None}, NOW, 5.0) == {"d1"}
+    assert waits.backlogs == {}
+    # taken: p1 had finished 10 and held 2; it must finish 2 more
+    assert waits.awaited(NS, decode, ["p1"], {"p1": PrefillCount(10, 2)}, NOW + 1, 5.0) == {"d1"}
+    assert waits.awaited(NS, decode, ["p1"], {"p1": PrefillCount(11, 1)}, NOW + 2, 5.0) == {"d1"}
+    # done at NOW + 3; it lingers for the slowest prefill, then no longer waits
+    assert waits.awaited(NS, decode, ["p1"], {"p1": PrefillCount(12, 0)}, NOW + 3, 5.0) == {"d1"}
+    assert waits.awaited(NS, decode, ["p1"], {"p1": PrefillCount(12, 0)}, NOW + 9, 5.0) == set()
+    waits.end_tick()
+    assert list(waits.backlogs) == [(NS, "d1")]
+    waits.begin_tick()
+    waits.end_tick()  # no tick asked about d1: drained
+    assert waits.backlogs == {}
+
+
+def test_what_bound_a_decision_labels_its_counter():
+    base = Decision(at_seconds=NOW, prefill=1, decode=2, predicted_ttft_seconds=0.1,
+                    predicted_tpot_seconds=0.01, cost_gpu_hours=0.0, explanation="")
+    assert decision_bound(base) == "slo"
+    assert decision_bound(replace(base, shortfall=True)) == "shortfall"
+    assert decision_bound(replace(base, held=True, shortfall=True)) == "held"
+
+
+# -- one tick against an in-memory API ----------------------------------------------------------
+class FakeKube:
+    """The Kube calls the loop makes, on objects kept by (kind, namespace, name)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.pods: list[dict] = []
+        self.events: list[dict] = []
+        self.status_patches: list[dict] = []
+        self.pod_patches: list[tuple[str, dict]] = []
+        self.writes = 0
+
+    def get(self, kind, namespace, name):
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def apply(self, manifest, *, force=True):
+        self.writes += 1
+        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        old = self.objects.get(key) or {}
+        obj = copy.deepcopy(manifest)
+        if "status" in old:
+            obj["status"] = old["status"]
+        obj["metadata"]["resourceVersion"] = str(self.writes)
+        self.objects[key] = obj
+        return copy.deepcopy(obj)
+
+    def patch_status(self, namespace, name, status):
+        self.writes += 1
+        self.status_patches.append(copy.deepcopy(status))
+        obj = self.objects[("PDCluster", namespace, name)]
+        for key, value in status.items():
+            if isinstance(value, dict) and isinstance(obj.setdefault("status", {}).get(key), dict):
+                obj["status"][key].update(copy.deepcopy(value))
+            else:
+                obj.setdefault("status", {})[key] = copy.deepcopy(value)
+        return copy.deepcopy(obj)
+
+    def create_event(self, event):
+        self.writes += 1
+        self.events.append(event)
+        return event
+
+    def patch_pod(self, namespace, name, patch):
+        self.writes += 1
+        self.pod_patches.append((name, patch))
+        pod = next(p for p in self.pods if p["metadata"]["name"] == name)
+        annotations = pod["metadata"].setdefault("annotations", {})
+        for key, value in patch["metadata"]["annotations"].items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        return copy.deepcopy(pod)
+
+    def list_pods(self, namespace, labels):
+        return [copy.deepcopy(p) for p in self.pods
+                if namespace in (None, p["metadata"]["namespace"])
+                and all(p["metadata"]["labels"].get(k) == v for k, v in labels.items())]
+
+    def list_pdclusters(self):
+        return [copy.deepcopy(o) for (kind, _, _), o in self.objects.items() if kind == "PDCluster"]
+
+
+class FakeWorkers:
+    def __init__(self, listed: set[str] | None = None, *, decode_picked_before_prefill: bool = False):
+        self.addresses = ("http://10.0.1.1:30000",)
+        self.decode_picked_before_prefill = decode_picked_before_prefill
+        self._listed = set() if listed is None else listed
+        self.made: list[frozenset[WorkerSpec]] = []
+
+    def listed(self):
+        return self._listed
+
+    def make_equal(self, desired):
+        self.made.append(desired)
+
+
+class FakeWorkerLists:
+    def __init__(self, workers: FakeWorkers):
+        self.workers = workers
+        self.kept: list[set[str]] = []
+
+    def of(self, spec, routers):
+        return self.workers
+
+    def keep_only(self, addresses):
+        self.kept.append(set(addresses))
+
+
+def _cluster(mode: str) -> tuple[FakeKube, FakeWorkerLists]:
+    kube = FakeKube()
+    # nothing listens there: the metrics are unknown, so the planner holds
+    doc = _spec_doc(mode=mode, prometheusURL="http://127.0.0.1:9")
+    kube.objects[("PDCluster", NS, "demo")] = doc
+    kube.pods = [_pod("demo-prefill-a", "prefill", "10.0.0.1"),
+                 _pod("demo-decode-a", "decode", "10.0.0.2"),
+                 _pod("demo-decode-b", "decode", "10.0.0.3"),
+                 _pod("demo-router-a", "router", "10.0.1.1")]
+    return kube, FakeWorkerLists(FakeWorkers())
+
+
+def _deployments(kube: FakeKube) -> None:
+    """The engine Deployments as the reconcile left them: the spec's 1 prefill, 2 decode."""
+    for role, replicas in (("prefill", 1), ("decode", 2)):
+        kube.objects[("Deployment", NS, f"demo-{role}")] = {
+            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS},
+            "spec": {"replicas": replicas}}
+
+
+def test_a_recommend_tick_plans_reports_remembers_and_changes_nothing():
+    kube, lists = _cluster("Recommend")
+    loop = PlannerLoop(kube, worker_lists=lists)
+    loop.tick_all()
+    planner = kube.get("PDCluster", NS, "demo")["status"]["planner"]
+    assert planner["mode"] == "Recommend" and planner["held"] is True
+    assert planner["recommended"] == {"prefill": 1, "decode": 2}
+    assert planner["metricsAvailable"] is False and "replicas" not in planner
+    assert [e["reason"] for e in kube.events if e["reason"].startswith("Planner")] == ["PlannerHolding"]
+    memory = PlannerMemory(kube).load(NS, "demo")
+    assert memory is not None and '"lastPlanAtSeconds"' in memory
+    assert kube.get("ConfigMap", NS, "demo-planner")["metadata"]["ownerReferences"][0]["name"] == "demo"
+    assert kube.pod_patches == []
+    # every serving engine pod is a worker; the router pod is not
+    assert {w.url for w in lists.workers.made[-1]} == {
+        "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"}
+    assert lists.kept == [{"http://10.0.1.1:30000"}]
+    # within the planning interval the next tick plans nothing new
+    patches = len(kube.status_patches)
+    loop.tick_all()
+    assert len(kube.status_patches) == patches
+
+
+def test_an_off_tick_only_keeps_the_router_list():
+    kube, lists = _cluster("Off")
+    PlannerLoop(kube, worker_lists=lists).tick_all()
+    assert kube.status_patches == [] and kube.get("ConfigMap", NS, "demo-planner") is None
+    assert len(lists.workers.made) == 1
+
+
+def test_drains_take_a_decode_out_of_the_router_then_remove_it_once_idle():
+    kube, lists = _cluster("Auto")
+    _deployments(kube)
+    body = kube.get("PDCluster", NS, "demo")
+    spec = PDClusterSpec.model_validate(body["spec"])
+    drains = Drains(kube, Reporter(kube), in_flight=lambda ip, port: 0,
+                    vllm_totals=lambda ip, port: None)
+    workers = lists.workers
+    targets = {Role.PREFILL: 1, Role.DECODE: 1}
+
+    def views():
+        return {role: [pod_view(p, role) for p in kube.list_pods(NS, names.selector_labels("demo", role))]
+                for role in Role}
+
+    drains.move(body, spec, views(), workers, set(), targets, NOW)
+    # the router let go of it before it was marked
+    assert len(workers.made) == 1 and len(workers.made[0]) == 2
+    (leaving, patch), = kube.pod_patches
+    assert patch == drain_marks(NOW)
+    assert [e["reason"] for e in kube.events if e["reason"].startswith("Drain")] == ["DrainStarted"]
+    planner = kube.get("PDCluster", NS, "demo")["status"]["planner"]
+    assert planner == {"replicas": {"prefill": 1, "decode": 2}, "waiting": []}
+
+    body = kube.get("PDCluster", NS, "demo")
+    drains.move(body, spec, views(), workers, set(), targets, NOW + 1)
+    assert [e["reason"] for e in kube.events if e["reason"].startswith("Drain")] == [
+        "DrainStarted", "DrainFinished"]
+    assert kube.get("PDCluster", NS, "demo")["status"]["planner"]["replicas"] == {"prefill": 1, "decode": 1}
+    finished, = (e for e in kube.events if e["reason"] == "DrainFinished")
+    assert finished["message"] == f"decode pod {leaving}: drained, removing"
+
+
+def test_a_drain_behind_a_router_that_picks_decodes_early_waits_for_the_prefills():
+    kube, _ = _cluster("Auto")
+    _deployments(kube)
+    kube.pods[2] = _pod("demo-decode-b", "decode", "10.0.0.3", draining=NOW - 1)
+    body = kube.get("PDCluster", NS, "demo")
+    spec = PDClusterSpec.model_validate(body["spec"])
+    drains = Drains(kube, Reporter(kube), in_flight=lambda ip, port: 0,
+                    vllm_totals=lambda ip, port: None)  # the prefill does not answer
+    workers = FakeWorkers(decode_picked_before_prefill=True)
+    pods = {role: [pod_view(p, role) for p in kube.list_pods(NS, names.selector_labels("demo", role))]
+            for role in Role}
+    drains.move(body, spec, pods, workers, set(), {Role.PREFILL: 1, Role.DECODE: 1}, NOW)
+    planner = kube.get("PDCluster", NS, "demo")["status"]["planner"]
+    assert planner["replicas"] == {"prefill": 1, "decode": 2}
+    assert planner["waiting"] == ["demo-decode-b drains; requests queued at prefill may still be sent to it"]
+
+
+def test_a_missing_deployment_moves_nothing():
+    kube, lists = _cluster("Auto")
+    body = kube.get("PDCluster", NS, "demo")
+    drains = Drains(kube, Reporter(kube))
+    drains.move(body, PDClusterSpec.model_validate(body["spec"]), {Role.PREFILL: [], Role.DECODE: []},
+                lists.workers, set(), {Role.PREFILL: 1, Role.DECODE: 1}, NOW)
+    assert kube.status_patches == [] and kube.events == []
