@@ -224,11 +224,19 @@ def _check_timeouts(spec: PDClusterSpec) -> list[Problem]:
 
 
 def check(spec: PDClusterSpec) -> list[Problem]:
-    """Every cross-field rule of the checklist; an empty list means valid."""
+    """Every cross-field rule of the checklist; an empty list means valid. Problems come in
+    the order of the spec's sections, so a user fixes them top to bottom."""
     out: list[Problem] = []
-    engine = spec.engine.kind
-    # Topology: complete and compatible on both roles.
+    for rules in (_check_topology, _check_engine_pairs, _check_timeouts, _check_ports,
+                  _check_roles, _check_placement, _check_model, _check_router, _check_planner):
+        out += rules(spec)
+    return out
+
+
+def _check_topology(spec: PDClusterSpec) -> list[Problem]:
+    """Complete and compatible on both roles."""
     par = spec.parallelism
+    out: list[Problem] = []
     for role in ("prefill", "decode"):
         out += _check_parallelism(spec, role, getattr(par, role))
     if par.prefill.tensor_parallel_size > par.decode.tensor_parallel_size:
@@ -237,7 +245,14 @@ def check(spec: PDClusterSpec) -> list[Problem]:
                            f"parallelism.decode.tensorParallelSize "
                            f"{par.decode.tensor_parallel_size}; decode cannot take KV from a "
                            f"wider prefill"))
-    # Engine/backend pairs we render and have checked.
+    return out
+
+
+def _check_engine_pairs(spec: PDClusterSpec) -> list[Problem]:
+    """Engine/backend/router pairs we render and have checked, and the shared KV settings the
+    engine must support."""
+    engine = spec.engine.kind
+    out: list[Problem] = []
     if engine is EngineKind.VLLM and spec.kv_transfer.backend is not TransferBackend.NIXL:
         out.append(Problem("spec.kvTransfer.backend",
                            f"{spec.kv_transfer.backend.value} is not supported with VLLM; use NIXL"))
@@ -245,7 +260,6 @@ def check(spec: PDClusterSpec) -> list[Problem]:
         out.append(Problem("spec.router.kind",
                            f"{spec.router.kind.value} router cannot pair {engine.value} workers; "
                            f"use {engine.value} or leave it unset"))
-    # Shared KV settings the engine must support.
     if engine is EngineKind.VLLM and spec.kv_cache.decode_allocation_policy is not None:
         out.append(Problem("spec.kvCache.decodeAllocationPolicy",
                            "is an SGLang setting; VLLM has no equivalent"))
@@ -253,14 +267,22 @@ def check(spec: PDClusterSpec) -> list[Problem]:
         out.append(Problem("spec.kvCache.layout",
                            f"SGLang has no KV layout setting; {spec.kv_cache.layout.value} "
                            f"cannot be enforced, use Auto"))
-    out += _check_timeouts(spec)
-    if engine is EngineKind.SGLANG and spec.kv_transfer.bootstrap_port == spec.engine.port:
-        out.append(Problem("spec.kvTransfer.bootstrapPort",
-                           f"{spec.kv_transfer.bootstrap_port} collides with engine.port"))
-    # Roles.
-    for role in ("prefill", "decode"):
-        out += _check_role(role, getattr(spec, role))
-    # Placement.
+    return out
+
+
+def _check_ports(spec: PDClusterSpec) -> list[Problem]:
+    if spec.engine.kind is EngineKind.SGLANG and spec.kv_transfer.bootstrap_port == spec.engine.port:
+        return [Problem("spec.kvTransfer.bootstrapPort",
+                        f"{spec.kv_transfer.bootstrap_port} collides with engine.port")]
+    return []
+
+
+def _check_roles(spec: PDClusterSpec) -> list[Problem]:
+    return [p for role in ("prefill", "decode") for p in _check_role(role, getattr(spec, role))]
+
+
+def _check_placement(spec: PDClusterSpec) -> list[Problem]:
+    out: list[Problem] = []
     pinned = spec.placement.node_selector.get(GPU_PRODUCT_LABEL)
     if pinned is not None and pinned != spec.placement.gpu_product:
         out.append(Problem(f"spec.placement.nodeSelector.{GPU_PRODUCT_LABEL}",
@@ -273,29 +295,42 @@ def check(spec: PDClusterSpec) -> list[Problem]:
     if spec.placement.rdma is not None and spec.placement.rdma.resource_name == GPU_RESOURCE:
         out.append(Problem("spec.placement.rdma.resourceName",
                            f"{GPU_RESOURCE} is the GPU resource (placement.gpusPerNode), not an RDMA device"))
-    # Model.
+    return out
+
+
+def _check_model(spec: PDClusterSpec) -> list[Problem]:
     weights = spec.model.weights
-    if weights is not None:
-        if (weights.pvc is None) == (weights.host_path is None):
-            out.append(Problem("spec.model.weights", "exactly one of pvc or hostPath must be set"))
-        mount = weights.mount_path.rstrip("/") + "/"
-        if not (spec.model.path + "/").startswith(mount):
-            out.append(Problem("spec.model.path",
-                               f"{spec.model.path!r} is not under weights.mountPath "
-                               f"{weights.mount_path!r}"))
-    # Router policies. The router starts with no workers (the operator adds them through its
-    # worker API), and sglang-router refuses power-of-two with fewer than two workers at start.
+    if weights is None:
+        return []
+    out: list[Problem] = []
+    if (weights.pvc is None) == (weights.host_path is None):
+        out.append(Problem("spec.model.weights", "exactly one of pvc or hostPath must be set"))
+    mount = weights.mount_path.rstrip("/") + "/"
+    if not (spec.model.path + "/").startswith(mount):
+        out.append(Problem("spec.model.path",
+                           f"{spec.model.path!r} is not under weights.mountPath "
+                           f"{weights.mount_path!r}"))
+    return out
+
+
+def _check_router(spec: PDClusterSpec) -> list[Problem]:
+    out: list[Problem] = []
+    # The router starts with no workers (the operator adds them through its worker API), and
+    # sglang-router refuses power-of-two with fewer than two workers at start.
     for role in ("prefill", "decode"):
         if getattr(spec.router, f"{role}_policy") is RoutingPolicy.POWER_OF_TWO:
             out.append(Problem(f"spec.router.{role}Policy",
                                "PowerOfTwo is refused by the router when it starts with fewer "
                                "than 2 workers, and pdscale starts it with none (workers join "
                                "as they become Ready); use RoundRobin, Random or CacheAware"))
-    # Router ports.
     if spec.router.port == spec.router.metrics_port:
         out.append(Problem("spec.router.metricsPort", "collides with router.port"))
-    # Planner.
+    return out
+
+
+def _check_planner(spec: PDClusterSpec) -> list[Problem]:
     planner = spec.planner
+    out: list[Problem] = []
     if planner.mode is not PlannerMode.OFF and not planner.prometheus_url:
         out.append(Problem("spec.planner.prometheusURL",
                            f"required when planner.mode is {planner.mode.value}"))
