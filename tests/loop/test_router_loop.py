@@ -16,7 +16,12 @@ import aiohttp
 import pytest
 from loop_harness import BLOCK_TOKENS, TIMING, Fleet
 
-from pdscale.operator.routersync import RouterClient, remove_worker_in_order
+from pdscale.operator.routersync import (
+    RouterClient,
+    SGLangWorkerList,
+    normalize_url,
+    remove_worker_in_order,
+)
 from pdscale.testbed.loadgen import Phase, RequestSpec, plan_requests, run_load, send_one, summarize
 
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
@@ -156,6 +161,21 @@ def test_a_worker_added_through_the_api_takes_traffic(fleet):
     assert all(r.ok for r in records), [r.error for r in records]
     assert requests_served(p2) >= 2 and requests_served(d2) >= 2, fleet.describe()
     assert again.empty
+
+
+@pytest.mark.slow
+def test_the_operators_worker_list_makes_the_router_list_exactly_the_desired_workers(fleet):
+    # The planner loop's door to sglang-router (synchronous, one event loop per call).
+    (p1,), (d1,) = fleet_up(fleet, 1, 1)
+    d2 = fleet.start_engine("decode")
+    workers = SGLangWorkerList([fleet.router_url])
+    assert workers.listed() == {normalize_url(e.url) for e in (p1, d1)}
+    workers.make_equal(frozenset({p1.spec, d2.spec}))
+    assert workers.listed() == {normalize_url(e.url) for e in (p1, d2)}
+    # a router that cannot be asked: unknown, never "lists nothing"
+    assert SGLangWorkerList([fleet.router_url, f"http://{fleet.net}.250:9"]).listed() is None
+    workers.make_equal(frozenset({p1.spec, d2.spec}))  # level-based: nothing left to change
+    assert workers.listed() == {normalize_url(e.url) for e in (p1, d2)}
 
 
 # -- removal under load ---------------------------------------------------------------------
