@@ -22,13 +22,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
 from pdscale.planner.profile import load_profile
 from pdscale.planner.replay.run import ReplaySetup, run_policy
 from pdscale.planner.replay.traces import load_trace
-from pdscale.planner.solve import History, PlannerConfig, plan
+from pdscale.planner.solve import History, plan
 
 OUT = Path(__file__).parents[1] / "out"
 MOONCAKE = "/work/shared/traces/mooncake/conversation_trace.jsonl"

@@ -12,11 +12,12 @@ import math
 from dataclasses import asdict
 from typing import Any
 
+from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.profile import Profile, load_profile
 from pdscale.planner.prometheus import MetricsSnapshot
-from pdscale.planner.solve import History, PlannerConfig
+from pdscale.planner.solve import History
 
 from .pdcluster import PDClusterSpec, PlannerMode
 
@@ -32,48 +33,46 @@ def history_keep(config: PlannerConfig) -> int:
 
 
 def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> PlannerConfig:
-    """The solver's knobs from the PDCluster spec.
+    """The solver's knobs from the PDCluster spec (``config.build_config``, as the replay
+    builds its own).
 
     Warm-up: the spec's per-role ``warmupSeconds`` is what this deployment's instances take,
     so it replaces the profile's figure (the slower role's, to price every start safely). A
     role switch is a drain plus a fresh pod of the other role here, so it costs the same.
     The node budget defaults to the two roles' maxima together."""
-    base = profile or load_profile(spec.planner.profile)
-    warmup_seconds = float(max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds))
-    profile_here = base.model_copy(update={
-        "warmup": base.warmup.model_copy(update={
-            "new_node_seconds": warmup_seconds, "role_switch_seconds": warmup_seconds,
-        })
-    })
     p = spec.planner
-    budget = p.node_budget or (spec.prefill.max_replicas + spec.decode.max_replicas)
-    return PlannerConfig(
-        model=PerformanceModel(profile_here),
+    return build_config(
+        model=PerformanceModel(profile or load_profile(p.profile)),
         slo=Slo(
             ttft_seconds=spec.slo.ttft_seconds,
             tpot_seconds=spec.slo.tpot_seconds,
             percentile=spec.slo.percentile / 100.0,
         ),
         interval_seconds=float(p.interval_seconds),
-        # The horizon must see a new instance come online to price its warm-up.
-        horizon_intervals=max(10, math.ceil(warmup_seconds / p.interval_seconds) + 5),
-        nodes=budget,
+        node_budget=p.node_budget or (spec.prefill.max_replicas + spec.decode.max_replicas),
+        warmup_seconds=float(max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds)),
         min_prefill=spec.prefill.min_replicas,
         max_prefill=spec.prefill.max_replicas,
         min_decode=spec.decode.min_replicas,
         max_decode=spec.decode.max_replicas,
         stabilization_window_seconds=p.stabilization_window_seconds,
         decode_drain_seconds=float(spec.decode.pre_stop_drain_seconds),
-        # A live fleet counts completions: a prefill backlog must read as load, and a stall
-        # with no completions must not hold the plan. The backlog is cleared over one interval
-        # after a new node's warm-up, the soonest that capacity ordered now can work on it
-        # (over one interval alone, the demo's long documents bought 16 prefill nodes for a
-        # queue that had mostly cleared before they were ready).
-        backlog_seconds=float(p.interval_seconds) + warmup_seconds,
-        # Lengths smoothed over 3 intervals, not the replay default of 15: a change of load
-        # shape (chat -> long documents) must reach the split within a few intervals. Measured
-        # on the demo's phases: 15 kept prefill at 1-2 for 4 intervals of long documents.
+        # These differ from the replay's (planner/replay/run.py) on purpose for now; a later
+        # issue unifies them:
+        # - the horizon derived from the warm-up, so that it sees a new instance come online
+        #   and prices its warm-up (the replay: a fixed 30 intervals)
+        horizon_intervals=None,
+        # - A live fleet counts completions: a prefill backlog must read as load, and a stall
+        #   with no completions must not hold the plan (the replay: its observations are
+        #   exact). The builder clears the backlog over one interval after a new node's
+        #   warm-up.
+        count_prefill_backlog=True,
+        # - Lengths smoothed over 3 intervals (the replay: 15): a change of load shape (chat
+        #   -> long documents) must reach the split within a few intervals. Measured on the
+        #   demo's phases: 15 kept prefill at 1-2 for 4 intervals of long documents.
         length_window=3,
+        # - the decode hedge always (the replay drops it when decode sheds)
+        decode_rise_quantile=0.95,
     )
 
 

@@ -23,107 +23,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from .config import PlannerConfig
 from .decision import Decision
 from .forecast import forecast, rise_margin
-from .model import Calibration, Load, PerformanceModel, Slo, calibrate_slo
+from .model import Calibration, Load, calibrate_slo
 from .observe import Observation, Reading
 
-#: HPA's default scale-down stabilization window, for engines that start in seconds
-HPA_SCALE_DOWN_WINDOW_SECONDS = 300.0
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """Planner knobs. Names follow HPA ``behavior`` where one exists; times in seconds."""
-
-    model: PerformanceModel
-    slo: Slo = field(default_factory=Slo)
-    interval_seconds: float = 60.0
-    #: intervals planned ahead; must cover the new-node warm-up to price it
-    horizon_intervals: int = 30
-    #: node budget shared by both roles, counting warming and draining nodes
-    nodes: int = 64
-    min_prefill: int = 1
-    max_prefill: int = 10**6
-    min_decode: int = 1
-    max_decode: int = 10**6
-    #: highest busy share per role; prefill is also sized by the queueing model for its TTFT
-    prefill_utilization: float = 0.85
-    decode_utilization: float = 0.8
-    #: coefficient of variation of prefill compute time (heavy-tailed prompts wait longer)
-    prefill_service_cv: float = 1.5
-    #: scale-down uses the highest need seen in this window (HPA scaleDown stabilization).
-    #: None = HPA's 300 s plus the new-node warm-up: a node released now is back no sooner
-    #: than one warm-up after the need returns, so a need that recurs within it finds the
-    #: fleet short. Measured (bench/policy_bench.py): on Azure code x20, whose per-minute rate
-    #: jumps between 0 and 200 req/s, 300 s met 97.1% of requests and 900 s 99.0% at 1.18x
-    #: the GPU-hours; on Mooncake x6 and ServeGen x0.3 it cost 5% and 3% more GPU-hours.
-    stabilization_window_seconds: float | None = None
-    #: scale down only if the survivors stay below (1 - tolerance) x the utilisation cap.
-    #: 0 by default: the window's maximum and the warm-up priced by the solver already stop
-    #: flapping (a steady hour: no role changes, the same counts); a tolerance of 0.1 on top
-    #: cost 10% GPU-hours on Mooncake x5 at equal attainment, and on ServeGen it held the
-    #: fleet no better through the ramps (attainment 98.0% vs 99.2% without it)
-    scale_down_tolerance: float = 0.0
-    #: most instances one role may gain / lose per interval (HPA policies); None = unlimited
-    max_step_up: int | None = None
-    max_step_down: int | None = None
-    #: new capacity is sized for this quantile of the burst peaks of the last
-    #: ``length_window`` intervals; the scale-down window still holds the capacity for the
-    #: highest. Buying for the highest chases a burst that has passed with nodes that serve a
-    #: warm-up later; keeping what serves it costs no warm-up. Measured on Azure code x20
-    #: (900 s window): 0.9 met 99.0% of requests; the highest 99.1% at 1.42x the GPU-hours;
-    #: 0.75 98.8%.
-    burst_quantile: float = 0.9
-    #: forecast method for the request rate (see forecast.METHODS) and its window
-    forecast_method: str = "recent-max"
-    forecast_window: int = 5
-    #: intervals averaged (rate-weighted) for lengths and prefix hit rate, which move slowly
-    #: and are noisy per minute
-    length_window: int = 15
-    #: size capacity for this quantile of the rate rises seen at the warm-up lead (0 = off)
-    rise_quantile: float = 0.9
-    #: the same for decode (None = ``rise_quantile``), higher: a decode fleet short by a
-    #: fraction slows every running sequence past the TPOT target until new nodes land, while
-    #: a prefill fleet short by a fraction (with early rejection) loses only that fraction, so
-    #: an uncovered rise costs decode several times more. Measured on ServeGen's day series at
-    #: its own rate (10-minute windows stepping by up to 1.8x): 0.9 met 97.6% of requests,
-    #: 0.95 99.4% at 2.7% more GPU-hours, 1.0 99.4% at 16% more. On the series compressed 2x it
-    #: cost 2.3% more GPU-hours for no gain; Mooncake and Azure were unchanged.
-    decode_rise_quantile: float | None = 0.95
-    max_rise_margin: float = 2.0
-    #: the margin assumed until ``rise_min_samples`` forecast origins exist
-    rise_prior: float = 1.0
-    rise_min_samples: int = 10
-    rise_history_intervals: int = 1440
-    #: cost of one instance missing for one interval, in instance-intervals of GPU time
-    shortfall_penalty: float = 1000.0
-    #: extra cost of a role switch, in multiples of its idle (drain + warm-up) node time
-    role_switch_penalty: float = 1.0
-    #: readings older than this are unknown
-    max_age_seconds: float = 180.0
-    #: live fleets: requests queued at prefill count as arrivals to serve within this many
-    #: seconds, and unknown lengths fall back to the last known ones (see current_load);
-    #: None for replays, whose observations are exact. Only the interval planned sees the
-    #: backlog: the history remembers loads as observed (``current_load`` without it)
-    backlog_seconds: float | None = None
-    #: expected drain of a decode instance being removed; None = from the load (2x mean output
-    #: at the TPOT target)
-    decode_drain_seconds: float | None = None
-    #: MILP time limit; the LP relaxation rounded up is used if it is hit
-    solver_time_limit_seconds: float = 0.2
-
-    @property
-    def stabilization_seconds(self) -> float:
-        """The scale-down window in force (explicit, or derived from the warm-up)."""
-        if self.stabilization_window_seconds is not None:
-            return self.stabilization_window_seconds
-        return HPA_SCALE_DOWN_WINDOW_SECONDS + self.model.profile.warmup.new_node_seconds
+__all__ = ["History", "PlannerConfig", "current_load", "plan", "recalibrate", "remember", "step"]
 
 
 @dataclass(frozen=True)
@@ -265,6 +176,7 @@ def plan(
 
     Examples
     --------
+    >>> from pdscale.planner.model import PerformanceModel
     >>> from pdscale.planner.profile import load_profile
     >>> from pdscale.planner.observe import Reading, RoleState
     >>> cfg = PlannerConfig(model=PerformanceModel(load_profile()), nodes=32)

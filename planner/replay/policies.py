@@ -17,10 +17,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..forecast import forecast
 from ..model import Load, PerformanceModel, Slo
 from ..observe import Observation
-from ..solve import HPA_SCALE_DOWN_WINDOW_SECONDS, History, PlannerConfig, current_load, step
+from ..solve import History, current_load, step
 from .simulate import Controller
 
 POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle")

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig, build_config
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
-from ..solve import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -75,15 +75,34 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
 
 
 def planner_config(setup: ReplaySetup) -> PlannerConfig:
-    base = setup.planner or PlannerConfig(model=setup.model)
-    if setup.decode_admission == "shed" and setup.planner is None:
-        # The decode hedge (a higher rise quantile for decode) insures against the TPOT
-        # cliff; with shedding a short decode fleet loses only its excess, as prefill does.
-        # A queue is no such insurance: what waits piles up (README, decode admission).
-        base = replace(base, decode_rise_quantile=None)
-    return replace(
-        base, model=setup.model, slo=setup.slo, nodes=setup.nodes,
-        interval_seconds=setup.interval_seconds,
+    """The pdscale planner's configuration for this setup (``config.build_config``, as the
+    operator builds its own); a ``setup.planner`` given whole keeps its knobs, with the
+    setup's model, SLO, budget and interval."""
+    if setup.planner is not None:
+        return replace(
+            setup.planner, model=setup.model, slo=setup.slo, nodes=setup.nodes,
+            interval_seconds=setup.interval_seconds,
+        )
+    return build_config(
+        model=setup.model, slo=setup.slo, interval_seconds=setup.interval_seconds,
+        node_budget=setup.nodes,
+        # These differ from the operator's (operator/planning.py) on purpose for now; a later
+        # issue unifies them:
+        # - the profile's own warm-up (the operator: the spec's warmupSeconds)
+        warmup_seconds=None,
+        # - a fixed 30-interval horizon (the operator: derived from the warm-up)
+        horizon_intervals=30,
+        # - no backlog read as load: a replay's observations are exact (the operator: counted)
+        count_prefill_backlog=False,
+        # - lengths smoothed over 15 intervals (the operator: 3)
+        length_window=15,
+        # - decode drain estimated from the load (the operator: the spec's preStopDrainSeconds)
+        decode_drain_seconds=None,
+        # - The decode hedge (a higher rise quantile for decode) insures against the TPOT
+        #   cliff; with shedding a short decode fleet loses only its excess, as prefill does.
+        #   A queue is no such insurance: what waits piles up (README, decode admission).
+        #   (The operator: always the hedge.)
+        decode_rise_quantile=None if setup.decode_admission == "shed" else 0.95,
     )
 
 

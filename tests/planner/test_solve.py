@@ -7,11 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
 from pdscale.planner.profile import load_profile
-from pdscale.planner.solve import History, PlannerConfig, plan
+from pdscale.planner.solve import History, plan
 
 MODEL = PerformanceModel(load_profile())
 
