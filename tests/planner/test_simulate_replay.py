@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from pdscale.planner.model import PerformanceModel, Slo
-from pdscale.planner.observe import Observation
+from pdscale.planner.observe import Observation, Role
+from pdscale.planner.replay.decode_admission import DecodeAdmission
+from pdscale.planner.replay.fleet import DRAINING, READY, STOPPED, WARMING, Events, Fleet, reconcile
+from pdscale.planner.replay.interval_stats import IntervalStats
+from pdscale.planner.replay.prefix_index import PrefixIndex
+from pdscale.planner.replay.routers import CacheAwareRouter, LeastQueueRouter, PredictedTtftRouter
 from pdscale.planner.replay.run import ReplaySetup, run_policy
 from pdscale.planner.replay.simulate import SimConfig, simulate
 from pdscale.planner.replay.traces import Trace, read_mooncake, synthesize_from_rates
@@ -146,3 +151,109 @@ def test_steady_hour_has_no_role_changes_and_meets_slo(model: PerformanceModel, 
     counts = {(d["prefill"], d["decode"]) for d in rep["decisions"]}
     assert len(counts) <= 3  # settles; no flapping between sizes
     assert rep["slo_attainment"] >= 0.99
+
+
+# -- the simulator's parts, alone ------------------------------------------------------------
+
+
+def prefill_fleet(n: int, capacity_blocks: int = 100) -> Fleet:
+    fleet = Fleet(PrefixIndex(capacity_blocks), Events(), switch_seconds=30.0)
+    for _ in range(n):
+        fleet.add(Role.PREFILL, 0.0, 0.0)
+    return fleet
+
+
+def test_prefix_index_finds_each_instances_leading_hit_and_evicts_lru() -> None:
+    index = PrefixIndex(capacity_blocks=3)
+    for _ in range(3):
+        index.add_instance()
+    index.insert(0, (1, 2, 3))
+    index.insert(1, (1, 2))
+    everyone = 0b111
+    # instance 2 holds nothing; a block held after a miss (3) does not count
+    assert index.hits((1, 2, 3, 4), everyone) == {0: 3, 1: 2}
+    assert index.hits((9, 2, 3), everyone) == {}
+    assert index.hits((1, 2), 0b010) == {1: 2}  # only the candidates are walked
+    assert index.hits((), 0b011) == {0: 0, 1: 0}  # an empty prompt: every candidate, no hit
+    index.insert(0, (7,))  # capacity 3: the coldest block of instance 0 (1) goes
+    assert index.hits((1, 2), everyone) == {1: 2}
+    index.drop(1)
+    assert index.hits((1, 2), everyone) == {} and index.holders == {2: 1, 3: 1, 7: 1}
+
+
+def test_routers_choose_by_queue_cache_and_predicted_ttft(model: PerformanceModel) -> None:
+    fleet = prefill_fleet(3)
+    fleet.busy[:] = [5.0, 1.0, 3.0]
+    assert LeastQueueRouter(fleet).choose(0.0, 1000, {}) == 1
+    assert CacheAwareRouter(fleet).choose(0.0, 1000, {2: 1, 0: 1}) == 2
+    assert CacheAwareRouter(fleet).choose(0.0, 1000, {}) == 1
+    predicted = PredictedTtftRouter(fleet, model.prefill_seconds, block_tokens=512)
+    n_in = 32 * 512
+    # a long cached prefix on a busier instance beats recomputing on the idle one ...
+    saved = model.prefill_seconds(n_in, 0) - model.prefill_seconds(n_in, n_in)
+    fleet.busy[:] = [0.0, saved / 2, 10.0]
+    assert predicted.choose(0.0, n_in, {1: 32}) == 1
+    # ... unless its queue costs more than the hit saves
+    fleet.busy[1] = saved * 2
+    assert predicted.choose(0.0, n_in, {1: 32}) == 0
+
+
+def test_reconcile_switches_cancels_warm_ups_and_keeps_the_budget() -> None:
+    fleet = Fleet(PrefixIndex(10), Events(), switch_seconds=30.0)
+    for role in (Role.PREFILL, Role.PREFILL, Role.DECODE, Role.DECODE):
+        fleet.add(role, 0.0, 0.0)
+    # one more prefill, one less decode: a switch, not a new node
+    reconcile(fleet, 3, 1, 10.0, None, nodes=4, new_seconds=600.0)
+    assert fleet.role_changes == 1 and fleet.state == [READY, READY, DRAINING, READY]
+    assert fleet.switching_to(Role.PREFILL) == 1 and fleet.provisioned() == 4
+    # its drain is done at once (nothing running): it comes back warming as prefill
+    fleet.release(2, 10.0)
+    assert fleet.role[4] == Role.PREFILL and fleet.state[2:] == [STOPPED, READY, WARMING]
+    # the budget caps new nodes; scaling down cancels the warm-up before a ready instance
+    reconcile(fleet, 9, 1, 20.0, None, nodes=4, new_seconds=600.0)
+    assert fleet.provisioned() == 4
+    reconcile(fleet, 2, 1, 30.0, None, nodes=4, new_seconds=600.0)
+    assert fleet.state[4] == STOPPED and fleet.committed(Role.PREFILL) == [0, 1]
+
+
+def test_decode_admission_queue_waits_and_shed_drops(model: PerformanceModel) -> None:
+    slo = Slo(ttft_seconds=2.0, tpot_seconds=model.tpot_seconds(2, 1000) * 1.001)
+
+    def admission(mode: str) -> DecodeAdmission:
+        fleet = Fleet(PrefixIndex(1), Events(), switch_seconds=0.0)
+        fleet.add(Role.DECODE, 0.0, 0.0)
+        fleet.running[0][:] = [(5.0, 1000.0), (9.0, 1000.0)]
+        fleet.ctx_sum[0] = 2000.0
+        return DecodeAdmission(fleet, model, mode, slo)
+
+    # a third sequence breaks the TPOT target: "off" joins anyway, "queue" waits for the first
+    # to finish (at 5 s), "shed" drops it because that wait alone breaks the TTFT target
+    start, tpot = admission("off").place(1.0, 1.0, 1000, 0)
+    assert start == 1.0 and tpot == model.tpot_seconds(3, 1000) > slo.tpot_seconds
+    start, tpot = admission("queue").place(1.0, 1.0, 1000, 0)
+    assert start == 5.0 and tpot <= slo.tpot_seconds
+    assert admission("shed").place(1.0, 1.0, 1000, 0) is None
+    with pytest.raises(ValueError, match="decode_admission"):
+        admission("maybe")
+
+
+def test_interval_stats_observe_the_interval_then_start_anew() -> None:
+    fleet = prefill_fleet(2)
+    fleet.add(Role.DECODE, 0.0, 0.0)
+    fleet.add(Role.DECODE, 0.0, 120.0)
+    stats = IntervalStats(60.0)
+    first = stats.observe(0.0, fleet, waiting_decode=0)
+    assert first.rate_rps is None  # nothing watched yet: unknown, not zero
+    for t in (1.0, 2.0, 3.0):
+        stats.arrival(t, 1000, 100)
+    stats.hit_tokens += 500
+    stats.ttft.append(0.5)
+    fleet.busy[0] = 70.0
+    obs = stats.observe(60.0, fleet, waiting_decode=4)
+    assert obs.rate_rps.value == 3 / 60 and obs.mean_input_tokens.value == 1000
+    assert obs.prefix_hit_rate.value == 500 / 3000 and obs.ttft_p99_seconds.value == 0.5
+    assert obs.prefill.ready == 2 and obs.prefill.queue_depth.value == 10.0
+    assert obs.decode.ready == 1 and len(obs.decode.warming) == 1
+    assert obs.decode.queue_depth.value == 4
+    again = stats.observe(120.0, fleet, waiting_decode=0)
+    assert again.rate_rps.value == 0 and again.ttft_p50_seconds is None

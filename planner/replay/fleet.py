@@ -1,0 +1,238 @@
+"""The simulated fleet: instances warming, serving, draining and switching roles.
+
+Every instance ever started keeps its id; its state moves WARMING -> READY -> DRAINING ->
+STOPPED (a warm-up can also be cancelled straight to STOPPED), and the seconds it spends in
+each state before STOPPED are what a node costs. :func:`reconcile` turns a controller's target
+counts into these changes: role switches first (a node whose weights are resident saves the
+budget and warm-up of a new one), then drains, then new nodes within the node budget.
+
+The per-instance work (a prefill FIFO's end, a decode batch) lives here too, in parallel lists
+indexed by instance id, because draining waits for it and the hot path reads it directly.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from ..observe import Role
+from .prefix_index import PrefixIndex
+
+WARMING, READY, DRAINING, STOPPED = 0, 1, 2, 3
+#: the accounting key of each state but STOPPED (SimResult.instance_seconds)
+STATE_KEYS = ("warming", "ready", "draining")
+
+
+class Events:
+    """The simulation's future as a heap of (time, kind, seq, payload).
+
+    ``seq`` orders events of the same time and kind first-in first-out."""
+
+    READY, ADMIT, RELEASE = 0, 1, 2
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+
+    def push(self, at: float, kind: int, payload: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, kind, self.seq, payload))
+
+
+class Fleet:
+    """All instances by id, in parallel lists (hot-path friendly), and their accounting."""
+
+    def __init__(self, prefix: PrefixIndex, events: Events, switch_seconds: float) -> None:
+        self.prefix = prefix
+        self.events = events
+        #: warm-up of an instance coming out of a role switch
+        self.switch_seconds = switch_seconds
+        self.role: list[Role] = []
+        self.state: list[int] = []
+        self.ready_at: list[float] = []
+        self.since: list[float] = []  # start of the current accounting state
+        self.switch_to: list[Role | None] = []  # the role a draining instance comes back as
+        self.acc = dict.fromkeys(STATE_KEYS, 0.0)
+        self.role_changes = 0
+        # prefill work: when each instance's FIFO queue runs empty
+        self.busy: list[float] = []
+        # decode work: heap of (finish, context tokens) per instance, and its context sum
+        self.running: list[list[tuple[float, float]]] = []
+        self.ctx_sum: list[float] = []
+        # routable instances, ascending ids; the prefill ones also as a bitmask
+        self.ready_prefill: list[int] = []
+        self.prefill_mask = 0
+        self.ready_decode: list[int] = []
+        #: called with the time when a decode instance becomes ready (work may wait for one)
+        self.on_decode_ready: Callable[[float], None] = lambda now: None
+
+    # -- accounting and counts --------------------------------------------------------------
+    def account(self, i: int, now: float) -> None:
+        """Charge instance ``i`` its current state up to ``now``."""
+        s = self.state[i]
+        if s == STOPPED:
+            return
+        self.acc[STATE_KEYS[s]] += max(0.0, now - self.since[i])
+        self.since[i] = now
+
+    def committed(self, role: Role) -> list[int]:
+        """Ids of ``role``'s instances that are, or will be, ready (no drain under way)."""
+        return [
+            i for i, r in enumerate(self.role)
+            if r == role and self.state[i] in (WARMING, READY)
+        ]
+
+    def switching_to(self, role: Role) -> int:
+        """Instances draining to come back as ``role``."""
+        return sum(
+            1 for i, s in enumerate(self.state) if s == DRAINING and self.switch_to[i] == role
+        )
+
+    def provisioned(self, role: Role | None = None) -> int:
+        """Instances holding a node (any state but STOPPED), of ``role`` or of both."""
+        return sum(
+            1 for i, s in enumerate(self.state)
+            if s != STOPPED and (role is None or self.role[i] == role)
+        )
+
+    def last_work_done(self, after: float) -> float:
+        """When the last queued prefill or running decode finishes, not before ``after``."""
+        end = after
+        for i in range(len(self.role)):
+            if self.role[i] == Role.PREFILL:
+                end = max(end, self.busy[i] if self.state[i] != STOPPED else end)
+            for f, _ in self.running[i]:
+                end = max(end, f)
+        return end
+
+    # -- state changes ----------------------------------------------------------------------
+    def add(self, role: Role, now: float, warm_seconds: float) -> int:
+        """Start an instance of ``role`` that is ready after ``warm_seconds``; its id."""
+        i = len(self.role)
+        self.role.append(role)
+        self.state.append(WARMING if warm_seconds > 0 else READY)
+        self.ready_at.append(now + warm_seconds)
+        self.since.append(now)
+        self.switch_to.append(None)
+        self.busy.append(now + warm_seconds)
+        self.prefix.add_instance()
+        self.running.append([])
+        self.ctx_sum.append(0.0)
+        if warm_seconds > 0:
+            self.events.push(now + warm_seconds, Events.READY, i)
+        else:
+            self.make_ready(i, now)
+        return i
+
+    def make_ready(self, i: int, now: float) -> None:
+        """Instance ``i`` finished warming up: route to it from ``now``."""
+        self.account(i, now)
+        self.state[i] = READY
+        if self.role[i] == Role.PREFILL:
+            self.busy[i] = max(self.busy[i], now)
+            self.ready_prefill.append(i)
+            self.ready_prefill.sort()
+            self.prefill_mask |= 1 << i
+        else:
+            self.ready_decode.append(i)
+            self.ready_decode.sort()
+            self.on_decode_ready(now)
+
+    def start_drain(self, i: int, now: float, switch: Role | None) -> None:
+        """Stop routing to instance ``i``; release (or switch) it when its work is done."""
+        self.account(i, now)
+        if self.state[i] == WARMING:
+            # cancelling a warm-up frees the node at once; the READY event is ignored later
+            self.state[i] = STOPPED
+            if switch is not None:
+                self.add(switch, now, self.switch_seconds)
+            return
+        self.state[i] = DRAINING
+        self.switch_to[i] = switch
+        if self.role[i] == Role.PREFILL:
+            self.ready_prefill.remove(i)
+            self.prefill_mask &= ~(1 << i)
+            done = max(self.busy[i], now)
+            self.prefix.drop(i)
+        else:
+            self.ready_decode.remove(i)
+            done = max((f for f, _ in self.running[i]), default=now)
+            done = max(done, now)
+        self.events.push(done, Events.RELEASE, i)
+
+    def release(self, i: int, now: float) -> None:
+        """Drained instance ``i`` frees its node, or comes back in its new role."""
+        self.account(i, now)
+        self.state[i] = STOPPED
+        to = self.switch_to[i]
+        if to is not None:
+            self.add(to, now, self.switch_seconds)
+
+
+def victims(fleet: Fleet, ids: list[int], k: int) -> list[int]:
+    """The ``k`` of ``ids`` to remove: warm-ups first (nothing served yet, the latest first),
+    then the least loaded ready ones."""
+
+    def key(i: int) -> tuple[int, float]:
+        if fleet.state[i] == WARMING:
+            return (0, -fleet.ready_at[i])
+        load = fleet.busy[i] if fleet.role[i] == Role.PREFILL else float(len(fleet.running[i]))
+        return (1, load)
+
+    return sorted(ids, key=key)[:k]
+
+
+def reconcile(
+    fleet: Fleet,
+    target_prefill: int,
+    target_decode: int,
+    now: float,
+    switches: tuple[int, int] | None,
+    *,
+    nodes: int,
+    new_seconds: float,
+) -> None:
+    """Move the fleet toward the targets (counts of ready + warming instances per role).
+
+    ``switches`` = (to prefill, to decode): how many changes the controller wants made by
+    switching existing nodes; exactly those are made. None: the fleet switches as many as
+    one role's excess and the other's shortfall allow. New nodes take ``new_seconds`` to warm
+    and never push the provisioned count past ``nodes``."""
+    cp, cd = fleet.committed(Role.PREFILL), fleet.committed(Role.DECODE)
+    # in-flight role switches will land as committed instances of their new role
+    dp = target_prefill - (len(cp) + fleet.switching_to(Role.PREFILL))
+    dd = target_decode - (len(cd) + fleet.switching_to(Role.DECODE))
+
+    def switch(src: list[int], k: int, to: Role) -> None:
+        for i in victims(fleet, src, k):
+            fleet.start_drain(i, now, to)
+            fleet.role_changes += 1
+
+    # a role switch reuses a node (weights resident) and saves the budget a new node needs
+    if switches is not None:
+        k = min(switches[0], len(cd))
+        switch(cd, k, Role.PREFILL)
+        dp, dd = dp - k, dd + k
+        k = min(switches[1], len(cp))
+        switch(cp, k, Role.DECODE)
+        dp, dd = dp + k, dd - k
+    elif dp > 0 and dd < 0:
+        k = min(dp, -dd)
+        switch(cd, k, Role.PREFILL)
+        dp, dd = dp - k, dd + k
+    elif dd > 0 and dp < 0:
+        k = min(dd, -dp)
+        switch(cp, k, Role.DECODE)
+        dp, dd = dp + k, dd - k
+    if dp < 0:
+        for i in victims(fleet, fleet.committed(Role.PREFILL), -dp):
+            fleet.start_drain(i, now, None)
+    if dd < 0:
+        for i in victims(fleet, fleet.committed(Role.DECODE), -dd):
+            fleet.start_drain(i, now, None)
+    room = nodes - fleet.provisioned()
+    for _ in range(max(0, min(dp, room))):
+        fleet.add(Role.PREFILL, now, new_seconds)
+        room -= 1
+    for _ in range(max(0, min(dd, room))):
+        fleet.add(Role.DECODE, now, new_seconds)

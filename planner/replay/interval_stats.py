@@ -1,0 +1,96 @@
+"""What a planning interval observes: the simulator's stand-in for the metrics pipeline.
+
+Between two controller calls the simulator counts arrivals and their lengths, cache hits and
+the latencies of requests that got their first token; at the call it adds the fleet's state
+now and hands the lot over as an :class:`~..observe.Observation`, then starts counting anew.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..model import PEAK_WINDOW_SECONDS
+from ..observe import Observation, Reading, Role, RoleState, Warming
+from .fleet import DRAINING, READY, WARMING, Fleet
+
+
+class IntervalStats:
+    """Counters of the current interval (``span_seconds`` long), reset by :meth:`observe`."""
+
+    def __init__(self, span_seconds: float) -> None:
+        self.span_seconds = span_seconds
+        self.arrivals = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.hit_tokens = 0
+        #: arrivals per PEAK_WINDOW_SECONDS window (index since the epoch) of this interval
+        self.per_window: dict[int, int] = {}
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        #: when the last observation was made (nan: none yet)
+        self.last_observed = math.nan
+
+    def arrival(self, now: float, input_tokens: int, output_tokens: int) -> None:
+        self.arrivals += 1
+        w = int(now // PEAK_WINDOW_SECONDS)
+        self.per_window[w] = self.per_window.get(w, 0) + 1
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+
+    def observe(self, now: float, fleet: Fleet, waiting_decode: int) -> Observation:
+        """The interval ending ``now`` and the fleet at ``now``; ``waiting_decode`` requests
+        wait for any ready decode instance. Resets the counters."""
+        span = self.span_seconds
+        n = self.arrivals
+        # before a whole interval has been watched, the load is unknown, not zero
+        measured = not math.isnan(self.last_observed)
+        self.last_observed = now
+
+        def load(v: float) -> Reading | None:
+            return Reading(v, now) if measured else None
+
+        def q(xs: list[float], p: float) -> Reading | None:
+            return Reading(float(np.quantile(xs, p)), now) if xs else None
+
+        obs = Observation(
+            now_seconds=now,
+            rate_rps=load(n / span),
+            peak_rate_rps=load(max(self.per_window.values(), default=0) / PEAK_WINDOW_SECONDS),
+            mean_input_tokens=load(self.input_tokens / n) if n else None,
+            mean_output_tokens=load(self.output_tokens / n) if n else None,
+            prefix_hit_rate=load(self.hit_tokens / self.input_tokens) if self.input_tokens else None,
+            ttft_p50_seconds=q(self.ttft, 0.5),
+            ttft_p99_seconds=q(self.ttft, 0.99),
+            tpot_p50_seconds=q(self.tpot, 0.5),
+            tpot_p99_seconds=q(self.tpot, 0.99),
+            prefill=role_state(fleet, Role.PREFILL, now, span, waiting_decode),
+            decode=role_state(fleet, Role.DECODE, now, span, waiting_decode),
+        )
+        self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = 0
+        self.ttft.clear()
+        self.tpot.clear()
+        self.per_window.clear()
+        return obs
+
+
+def role_state(
+    fleet: Fleet, role: Role, now: float, span_seconds: float, waiting_decode: int
+) -> RoleState:
+    """``role``'s instances by state at ``now`` and its queue readings: a prefill queue is the
+    seconds of work queued on ready instances; a decode queue is the requests waiting for a
+    ready decode instance, and its running count the sequences in ready batches."""
+    ids = [i for i, r in enumerate(fleet.role) if r == role]
+    ready = [i for i in ids if fleet.state[i] == READY]
+    warming = tuple(Warming(fleet.ready_at[i], False) for i in ids if fleet.state[i] == WARMING)
+    draining = sum(1 for i in ids if fleet.state[i] == DRAINING)
+    recently = sum(1 for i in ready if now - fleet.ready_at[i] < span_seconds)
+    if role == Role.PREFILL:
+        queue = sum(max(0.0, fleet.busy[i] - now) for i in ready)
+        return RoleState(len(ready), warming, draining, recently, Reading(queue, now), None)
+    run = sum(len(fleet.running[i]) for i in ready)
+    return RoleState(
+        len(ready), warming, draining, recently,
+        Reading(float(waiting_decode), now), Reading(float(run), now),
+    )

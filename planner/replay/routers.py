@@ -1,0 +1,109 @@
+"""The router's choice of a prefill instance, one class per routing policy.
+
+Each router reads the fleet's live lists (the ready prefill ids, ascending, and when each
+instance's FIFO runs empty) and the request's prefix hits per instance
+(:meth:`.prefix_index.PrefixIndex.hits`), and returns the instance id. None of them rejects:
+early rejection is decided after the choice, on the chosen instance's predicted TTFT.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from ..model import PerformanceModel
+from .fleet import Fleet
+
+ROUTERS = ("random", "least-queue", "cache-aware", "predicted-ttft")
+
+
+class Router(Protocol):
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+        """The ready prefill instance for a request of ``input_tokens`` arriving at ``now``
+        whose leading blocks cached per instance are ``hits``."""
+        ...
+
+
+class RandomRouter:
+    """Uniform over the ready instances."""
+
+    def __init__(self, fleet: Fleet, rng: random.Random) -> None:
+        self.ready = fleet.ready_prefill
+        self.rng = rng
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+        return self.ready[self.rng.randrange(len(self.ready))]
+
+
+class LeastQueueRouter:
+    """The instance whose queue runs empty first."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.ready = fleet.ready_prefill
+        self.busy = fleet.busy
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+        return min(self.ready, key=self.busy.__getitem__)
+
+
+class CacheAwareRouter:
+    """The longest prefix hit, the shorter queue among equal hits; least queue without hits."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.ready = fleet.ready_prefill
+        self.busy = fleet.busy
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+        busy = self.busy
+        if hits:
+            return max(self.ready, key=lambda j: (hits.get(j, 0), -busy[j]))
+        return min(self.ready, key=busy.__getitem__)
+
+
+class PredictedTtftRouter:
+    """The lowest predicted TTFT = queueing + compute of the uncached part (ties: lower id)."""
+
+    def __init__(
+        self, fleet: Fleet, prefill_seconds: Callable[[float, float], float], block_tokens: int
+    ) -> None:
+        self.ready = fleet.ready_prefill
+        self.busy = fleet.busy
+        self.prefill_seconds = prefill_seconds
+        self.block_tokens = block_tokens
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+        busy, block, prefill_seconds = self.busy, self.block_tokens, self.prefill_seconds
+        # among instances without a hit the least busy is the only candidate worth pricing
+        ready = self.ready
+        i = ready[0]
+        wait_i = max(busy[i] - now, 0.0)
+        for j in ready:
+            w = busy[j] - now
+            if w < 0.0:
+                w = 0.0
+            if w < wait_i:
+                i, wait_i = j, w
+        best = wait_i + prefill_seconds(input_tokens, min(hits.get(i, 0) * block, input_tokens))
+        for j, hb in hits.items():
+            if j == i:
+                continue
+            c = max(busy[j] - now, 0.0) + prefill_seconds(input_tokens, min(hb * block, input_tokens))
+            if c < best or (c == best and j < i):
+                best, i = c, j
+        return i
+
+
+def make_router(
+    name: str, fleet: Fleet, model: PerformanceModel, block_tokens: int, rng: random.Random
+) -> Router:
+    """The router called ``name`` (one of :data:`ROUTERS`) over ``fleet``."""
+    if name == "random":
+        return RandomRouter(fleet, rng)
+    if name == "least-queue":
+        return LeastQueueRouter(fleet)
+    if name == "cache-aware":
+        return CacheAwareRouter(fleet)
+    if name == "predicted-ttft":
+        return PredictedTtftRouter(fleet, model.prefill_seconds, block_tokens)
+    raise ValueError(f"router must be one of {ROUTERS}, got {name!r}")
