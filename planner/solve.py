@@ -4,19 +4,33 @@
 each future interval's load into the instance counts it needs (performance model), and solves
 a small integer programme over the horizon:
 
-    minimise   sum_t gpu_hours(provisioned_t)              (warming and draining included)
-             + penalty * sum_{r,t} short_{r,t}             (instances missing vs need)
-             + split   * sum_t share_t                     (largest fractional shortfall)
-             + epsilon * (actions)                         (prefer doing nothing on a tie)
-    s.t.       serving_{r,t} + short_{r,t} >= need_{r,t}
-               short_{r,t} <= share_t * need_{r,t}         (shortfall divided in proportion)
+    minimise   gpu_h * sum_t provisioned_t                 (warming and draining included)
+             + penalty * gpu_h * sum_{r,t} short_{r,t}     (instances missing vs need)
+             + switch_penalty * idle_r * gpu_h * switches  (a switched node idles a while)
+             + epsilon * (adds + removals)                 (prefer doing nothing on a tie)
+    s.t.       serving_{r,t} + short_{r,t} >= need_{r,t},  serving_{r,t} >= 0
                min_r <= committed_{r,t} <= max_r,  provisioned_t <= nodes
-               per-interval steps up/down <= max step, committed_{r,0} >= stabilised floor
+               per-interval steps up/down <= max step, committed_{r,0} >= stabilised floor_r
+               switches into r <= lasting deficit of r, and surplus of the other role
 
-where a node started at t serves from t + warm-up(new node), a node switched into role r
-serves from t + drain(other role) + warm-up(role switch), and a removed node holds its node
-for its drain time. Only the first interval is applied (receding horizon); the next call
-re-solves with fresh metrics.
+with gpu_h the GPU-hours of one instance for one interval. Over budget, need is divided
+between the roles in proportion before solving (TTFT and TPOT degrade together). A node
+started at t serves from t + warm-up(new node), a node switched into role r serves from
+t + drain(other role) + warm-up(role switch), and a removed node holds its node for its drain
+time. Only the first interval is applied (receding horizon); the next call re-solves with
+fresh metrics.
+
+One call of ``plan`` runs these steps, each a function of its own:
+
+    _observed_load     the load now (None: hold)
+    _forecast_loads    the loads per interval that size prefill and decode
+    _needs             instances each interval needs, split in proportion over budget
+    _timing            warm-ups, drains and pre-existing warm-ups, in intervals
+    _scale_down_floor  the stabilisation window's floor for the first interval
+    _program           the MILP: costs, constraint rows, integrality
+    _solve             the one solver call (LP first, branch and bound if needed)
+    _outcome           the solution read back: counts, shortfall, provisioned nodes, cost
+    _decision          the Decision and its explanation
 """
 
 from __future__ import annotations
@@ -157,6 +171,8 @@ def _intervals(seconds: float, interval: float) -> int:
     return max(0, math.ceil(seconds / interval - 1e-9))
 
 
+
+
 def plan(
     observation: Observation,
     *,
@@ -188,44 +204,75 @@ def plan(
     >>> d.prefill >= 2 and d.decode >= 2
     True
     """
-    cfg = config
-    last_known = None
-    if cfg.backlog_seconds is not None:
-        last_known = next((x for x in reversed(history.loads) if x is not None and x.rate_rps > 0), None)
-    load = current_load(observation, cfg.max_age_seconds, backlog_seconds=cfg.backlog_seconds,
-                        last_known=last_known)
+    load = _observed_load(observation, config, history)
     if load is None:
         return _hold(observation, history, now, "load metrics unknown or stale")
-
-    H = max(1, cfg.horizon_intervals)
-    loads = [*history.loads, load]
+    H = max(1, config.horizon_intervals)
     if future_loads:
         known = list(future_loads)[:H]
         known += [known[-1]] * (H - len(known))
-        return _plan_for(observation, cfg, history, now, load, known)
+        return _plan_for(observation, config, history, now, load, known)
+    future_p, future_d = _forecast_loads(config, [*history.loads, load], load, H)
+    # equal loads cost nothing twice: _needs sizes each distinct load once
+    return _plan_for(observation, config, history, now, load, future_p, future_d)
+
+
+def _observed_load(observation: Observation, cfg: PlannerConfig, history: History) -> Load | None:
+    """This interval's load as ``plan`` sees it: with the prefill backlog and the last known
+    lengths when the config counts a backlog (live fleets), as observed otherwise."""
+    last_known = None
+    if cfg.backlog_seconds is not None:
+        last_known = next((x for x in reversed(history.loads) if x is not None and x.rate_rps > 0), None)
+    return current_load(observation, cfg.max_age_seconds, backlog_seconds=cfg.backlog_seconds,
+                        last_known=last_known)
+
+
+def _forecast_loads(
+    cfg: PlannerConfig, loads: list[Load | None], load: Load, H: int
+) -> tuple[list[Load], list[Load]]:
+    """The loads of the next ``H`` intervals that size prefill and decode: the forecast rate
+    (never below the rate seen now) times each role's rise margin, with the recent lengths,
+    hit rate and burst peak. ``loads``: the history's loads then this interval's, ``load``."""
     rates = forecast(
         [x.rate_rps if x else None for x in loads], H,
         method=cfg.forecast_method, window=cfg.forecast_window,
     )
     assert rates is not None
     rates[0] = max(rates[0], load.rate_rps)  # never plan the current interval below what we see
-    # Capacity ordered now serves after the warm-up: size it for the rises the history has
-    # shown at that lead (empirical quantile), ramping the margin in over the warm-up.
-    w_lead = _intervals(cfg.model.profile.warmup.new_node_seconds, cfg.interval_seconds)
+    rates_p = _with_rise_margin(cfg, rates, loads, cfg.rise_quantile)
+    rates_d = _with_rise_margin(cfg, rates, loads, cfg.rise_quantile if cfg.decode_rise_quantile is None
+                                else cfg.decode_rise_quantile)
+    isl, osl, hit, peak = _load_shape(cfg, loads, load)
+
+    def loads_for(rs: list[float]) -> list[Load]:
+        return [Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r))
+                for r in rs]
+
+    return loads_for(rates_p), loads_for(rates_d)
+
+
+def _with_rise_margin(
+    cfg: PlannerConfig, rates: list[float], loads: list[Load | None], quantile: float
+) -> list[float]:
+    """``rates`` raised for the rises the history has shown at the warm-up lead.
+
+    Capacity ordered now serves after the warm-up: size it for the ``quantile`` of the rises
+    seen ``w`` intervals ahead (empirical, ``forecast.rise_margin``), ramping the margin ``m``
+    in over the warm-up: rate_k * (1 + (m - 1) * min(k, w) / w), ``w`` >= 1."""
+    w_lead = max(_intervals(cfg.model.profile.warmup.new_node_seconds, cfg.interval_seconds), 1)
     rate_history = [x.rate_rps if x else None for x in loads[-cfg.rise_history_intervals :]]
+    margin = rise_margin(
+        rate_history, lead=w_lead, window=cfg.forecast_window, quantile=quantile,
+        max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
+    ) if quantile > 0 else 1.0
+    return [r * (1.0 + (margin - 1.0) * min(k, w_lead) / w_lead) for k, r in enumerate(rates)]
 
-    def margined(quantile: float) -> list[float]:
-        margin = rise_margin(
-            rate_history, lead=max(w_lead, 1), window=cfg.forecast_window, quantile=quantile,
-            max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
-        ) if quantile > 0 else 1.0
-        assert rates is not None
-        return [r * (1.0 + (margin - 1.0) * min(k, max(w_lead, 1)) / max(w_lead, 1))
-                for k, r in enumerate(rates)]
 
-    rates_p = margined(cfg.rise_quantile)
-    rates_d = margined(cfg.rise_quantile if cfg.decode_rise_quantile is None
-                       else cfg.decode_rise_quantile)
+def _load_shape(
+    cfg: PlannerConfig, loads: list[Load | None], load: Load
+) -> tuple[float, float, float, float | None]:
+    """(mean input tokens, mean output tokens, prefix hit rate, burst peak req/s or None) to
+    plan with, from the last ``length_window`` intervals of ``loads``."""
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
     recent = [x for x in loads[-cfg.length_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
@@ -236,19 +283,13 @@ def plan(
     else:
         isl, osl, hit = load.mean_input_tokens, load.mean_output_tokens, load.prefix_hit_rate
     # bursts come back: size new capacity for a high quantile of recent sub-window peaks
-    # (the scale-down floor below holds what the highest needs)
+    # (the scale-down floor holds what the highest needs)
     peaks = [
         x.peak_rate_rps for x in loads[-cfg.length_window :]
         if x is not None and x.peak_rate_rps is not None
     ]
     peak = float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None
-
-    def loads_for(rs: list[float]) -> list[Load]:
-        return [Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r))
-                for r in rs]
-
-    # equal loads cost nothing twice: _plan_for sizes each distinct load once
-    return _plan_for(observation, cfg, history, now, load, loads_for(rates_p), loads_for(rates_d))
+    return isl, osl, hit, peak
 
 
 def _plan_for(
@@ -260,15 +301,43 @@ def _plan_for(
     future: list[Load],
     future_decode: list[Load] | None = None,
 ) -> Decision:
-    """``future``: the loads per interval that size prefill (and decode, unless
-    ``future_decode`` gives decode its own)."""
+    """Plan for known future loads: ``future`` sizes prefill (and decode, unless
+    ``future_decode`` gives decode its own), one load per interval of the horizon."""
+    needs = _needs(cfg, observation, future, future_decode)
+    timing = _timing(cfg, observation, now, future[0], len(future))
+    floor = _scale_down_floor(cfg, history, load, needs, timing.committed0)
+    program = _program(cfg, needs, timing, floor)
+    x, how = _solve(program.c, program.A, program.lo, program.hi, program.ub,
+                    program.integrality, cfg.solver_time_limit_seconds)
+    if x is None:
+        return _hold(observation, history, now, f"solver failed ({how}); holding")
+    outcome = _outcome(program, timing, x)
+    return _decision(cfg, now, load, future, needs, timing, floor, outcome, how)
+
+
+# -- needs -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Needs:
+    """Instances each role needs per interval, arrays of shape (2, H): row 0 prefill, 1 decode."""
+
+    #: what the solver is asked to serve: within min/max, split in proportion over budget
+    need: np.ndarray
+    #: the same before the budget split (for the explanation)
+    uncapped: np.ndarray
+    #: shape (H,): intervals whose need exceeds the budget left by draining nodes
+    over: np.ndarray
+    #: what this interval needs (after the split): remembered for the scale-down window
+    desired: tuple[int, int]
+
+
+def _needs(
+    cfg: PlannerConfig, observation: Observation, future: list[Load], future_decode: list[Load] | None
+) -> _Needs:
+    """Instances needed per role and interval at the utilisation caps (prefill with its
+    queueing model for the TTFT target), at least the role's minimum. Over budget (need_p +
+    need_d > nodes - draining), prefill gets floor(available * need_p / (need_p + need_d)),
+    clipped to its minimum and the room the decode minimum leaves, and decode the rest."""
     model = cfg.model
-    P, D = observation.prefill, observation.decode
-    H = len(future)
-    dt = cfg.interval_seconds
-    isl = future[0].mean_input_tokens
-    osl = future[0].mean_output_tokens
-    hit = future[0].prefix_hit_rate
     cache: dict[Load, tuple[int, int]] = {}
 
     def needed(ld: Load) -> tuple[int, int]:
@@ -292,7 +361,7 @@ def _plan_for(
     # proportion to its need, so TTFT and TPOT degrade together instead of one role starving
     # (Dynamo cuts prefill first; neither side's users are worth more by default).
     uncapped = need.copy()
-    avail = float(cfg.nodes - (P.draining + D.draining))
+    avail = float(cfg.nodes - (observation.prefill.draining + observation.decode.draining))
     total = need.sum(axis=0)
     over = total > avail
     if over.any():
@@ -300,45 +369,87 @@ def _plan_for(
         p_share = np.clip(p_share, cfg.min_prefill, max(avail - cfg.min_decode, cfg.min_prefill))
         need[0] = np.where(over, p_share, need[0])
         need[1] = np.where(over, np.maximum(avail - p_share, cfg.min_decode), need[1])
-    # what this interval needs (after the budget split): remembered for the scale-down window
-    desired = (int(need[0, 0]), int(need[1, 0]))
+    return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])))
 
-    # -- timing in intervals ------------------------------------------------------------------
+
+# -- timing ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Timing:
+    """The fleet now and what takes time, in intervals of ``interval`` seconds. Per-role pairs
+    and rows are (prefill, decode)."""
+
+    interval: float
+    #: seconds a removed instance keeps its node: a prefill queue empties in seconds; decode
+    #: as configured, or 2x the mean output at the TPOT target
+    drain_seconds: tuple[float, float]
+    drain_intervals: tuple[int, int]
+    #: intervals from ordering a new node to its serving
+    new_node: int
+    #: intervals from switching a node into a role to its serving: drain of the other role,
+    #: then the role-switch warm-up
+    switch_in: tuple[int, int]
+    ready: np.ndarray
+    #: ready + warming per role
+    committed0: np.ndarray
+    #: shape (2, H): warm-ups already under way that serve by interval t
+    landing: np.ndarray
+    #: instances of either role draining now (they hold nodes)
+    draining: int
+
+
+def _timing(cfg: PlannerConfig, observation: Observation, now: float, first: Load, H: int) -> _Timing:
+    """Warm-ups and drains in whole intervals (rounded up), from the profile, the config and
+    ``first``, the load of the first interval; and the fleet as observed at ``now``."""
+    model, dt = cfg.model, cfg.interval_seconds
     prof = model.profile
+    isl, osl, hit = first.mean_input_tokens, first.mean_output_tokens, first.prefix_hit_rate
     drain_d_s = (
         cfg.decode_drain_seconds
         if cfg.decode_drain_seconds is not None
         else 2.0 * osl * cfg.slo.tpot_seconds
     )
     drain_p_s = model.prefill_seconds(isl, isl * hit)  # a prefill queue empties in seconds
-    w_new = _intervals(prof.warmup.new_node_seconds, dt)
-    drain_iv = (_intervals(drain_p_s, dt), _intervals(drain_d_s, dt))
-    # switch into role r: drain of the other role, then the role-switch warm-up
-    w_sw = (
-        _intervals(drain_d_s + prof.warmup.role_switch_seconds, dt),
-        _intervals(drain_p_s + prof.warmup.role_switch_seconds, dt),
-    )
-
-    roles = (P, D)
-    ready = np.array([P.ready, D.ready], dtype=float)
-    committed0 = np.array([P.committed, D.committed], dtype=float)
+    P, D = observation.prefill, observation.decode
     # pre-existing warm-ups landing by interval t
     landing = np.zeros((2, H))
-    for r, st in enumerate(roles):
+    for r, st in enumerate((P, D)):
         for w in st.warming:
             k = _intervals(w.ready_at_seconds - now, dt)
             if k < H:
                 landing[r, k:] += 1
-    existing_draining = P.draining + D.draining
+    return _Timing(
+        interval=dt,
+        drain_seconds=(drain_p_s, drain_d_s),
+        drain_intervals=(_intervals(drain_p_s, dt), _intervals(drain_d_s, dt)),
+        new_node=_intervals(prof.warmup.new_node_seconds, dt),
+        # switch into role r: drain of the other role, then the role-switch warm-up
+        switch_in=(
+            _intervals(drain_d_s + prof.warmup.role_switch_seconds, dt),
+            _intervals(drain_p_s + prof.warmup.role_switch_seconds, dt),
+        ),
+        ready=np.array([P.ready, D.ready], dtype=float),
+        committed0=np.array([P.committed, D.committed], dtype=float),
+        landing=landing,
+        draining=P.draining + D.draining,
+    )
 
-    # -- stabilisation: scale-down floor ---------------------------------------------------------
-    # HPA-style: scale down only to the highest recommendation of the window. A recommendation
-    # for scale-down is the need at a cap lowered by the tolerance: the survivors must absorb
-    # the load with margin, or per-minute noise removes a node only to re-add it minutes later.
-    window_n = int(cfg.stabilization_seconds // dt)
+
+# -- the stabilisation floor -----------------------------------------------------------------
+def _scale_down_floor(
+    cfg: PlannerConfig, history: History, load: Load, needs: _Needs, committed0: np.ndarray
+) -> np.ndarray:
+    """Per role, the fewest instances the first interval may keep (shape (2,)).
+
+    HPA-style: scale down only to the highest recommendation of the window
+    (``stabilization_seconds``). A recommendation for scale-down is the need at a cap lowered
+    by the tolerance: the survivors must absorb the load with margin, or per-minute noise
+    removes a node only to re-add it minutes later. The floor never exceeds the budget split,
+    the instances there are (it never forces a scale-up), or the role's maximum."""
+    model = cfg.model
+    window_n = int(cfg.stabilization_seconds // cfg.interval_seconds)
     tol = 1.0 - cfg.scale_down_tolerance
     recent_loads = [ld for ld in history.loads[-window_n:] if ld is not None] if window_n else []
-    floor = np.array(desired, dtype=float)
+    floor = np.array(needs.desired, dtype=float)
     for ld in [*recent_loads, load]:
         hold = model.instances_needed(
             ld, cfg.slo,
@@ -350,176 +461,269 @@ def _plan_for(
     if window_n > 0:
         for dec in history.decisions[-window_n:]:
             floor = np.maximum(floor, np.array(dec.desired, dtype=float))
-    floor = np.where(over[0], np.minimum(floor, need[:, 0]), floor)  # budget split wins
+    floor = np.where(needs.over[0], np.minimum(floor, needs.need[:, 0]), floor)  # budget split wins
     floor = np.minimum(floor, committed0)  # a floor never forces a scale-up
     # ... nor keeps a fleet above a maxReplicas the user has lowered under it
-    floor = np.minimum(floor, [cfg.max_prefill, cfg.max_decode])
+    capped: np.ndarray = np.minimum(floor, [cfg.max_prefill, cfg.max_decode])
+    return capped
 
-    # -- MILP ----------------------------------------------------------------------------------
-    # variables: for role r in (0, 1) and kind in (add, switch-in, remove, short): index
-    # (r * 4 + kind) * H + t.
-    nv = 8 * H
-    ADD, SW, REM, SHORT = 0, 1, 2, 3
 
-    def vi(r: int, kind: int) -> slice:
-        s = (r * 4 + kind) * H
-        return slice(s, s + H)
+# -- the programme ---------------------------------------------------------------------------
+# Variables: for role r in (0, 1) and kind in (add, switch-in, remove, short), one per
+# interval t, at index (r * 4 + kind) * H + t. Adds, switches and removals are integers;
+# shortfalls are continuous.
+_ADD, _SW, _REM, _SHORT = 0, 1, 2, 3
+_KINDS = 4
 
-    tri = np.tril(np.ones((H, H)))  # tri[t, tau] = 1 if tau <= t
 
-    def shifted(w: int) -> np.ndarray:
-        # [t, tau] = 1 if tau <= t - w
-        out: np.ndarray = np.tril(np.ones((H, H)), -w) if w < H else np.zeros((H, H))
-        return out
+def _cols(r: int, kind: int, H: int) -> slice:
+    s = (r * _KINDS + kind) * H
+    return slice(s, s + H)
 
-    def band(w: int) -> np.ndarray:
-        # [t, tau] = 1 if t - w < tau <= t : a removal still holds its node while draining
-        if w <= 0:
-            return np.zeros((H, H))
-        diff: np.ndarray = tri - shifted(w)
-        return diff
 
-    rows: list[np.ndarray] = []
-    lo: list[np.ndarray] = []
-    hi: list[np.ndarray] = []
+def _before(w: int, H: int) -> np.ndarray:
+    """[t, tau] = 1 if tau <= t - w: an action at tau has taken effect by t after w intervals."""
+    out: np.ndarray = np.tril(np.ones((H, H)), -w) if w < H else np.zeros((H, H))
+    return out
 
-    def add_rows(a: np.ndarray, lb: np.ndarray | float, ub: np.ndarray | float) -> None:
-        rows.append(a)
-        lo.append(np.broadcast_to(np.asarray(lb, dtype=float), (a.shape[0],)))
-        hi.append(np.broadcast_to(np.asarray(ub, dtype=float), (a.shape[0],)))
 
-    def serving(r: int) -> np.ndarray:
-        a = np.zeros((H, nv))
-        a[:, vi(r, ADD)] = shifted(w_new)
-        a[:, vi(r, SW)] = shifted(w_sw[r])
-        a[:, vi(r, REM)] = -tri
-        a[:, vi(1 - r, SW)] = -tri  # switched away from r
-        return a
+def _draining(w: int, H: int) -> np.ndarray:
+    """[t, tau] = 1 if t - w < tau <= t: a removal at tau still holds its node while draining."""
+    if w <= 0:
+        return np.zeros((H, H))
+    diff: np.ndarray = _before(0, H) - _before(w, H)
+    return diff
 
-    def committed(r: int) -> np.ndarray:
-        a = np.zeros((H, nv))
-        a[:, vi(r, ADD)] = tri
-        a[:, vi(r, SW)] = tri
-        a[:, vi(r, REM)] = -tri
-        a[:, vi(1 - r, SW)] = -tri
-        return a
 
-    inf = np.inf
-    prov = np.zeros((H, nv))
+def _serving_rows(r: int, H: int, timing: _Timing) -> np.ndarray:
+    """(H, nv): change in role r's serving instances at each t (adds after the new-node
+    warm-up, switches in after their drain and warm-up, minus removals and switches out)."""
+    tri = _before(0, H)
+    a = np.zeros((H, 2 * _KINDS * H))
+    a[:, _cols(r, _ADD, H)] = _before(timing.new_node, H)
+    a[:, _cols(r, _SW, H)] = _before(timing.switch_in[r], H)
+    a[:, _cols(r, _REM, H)] = -tri
+    a[:, _cols(1 - r, _SW, H)] = -tri  # switched away from r
+    return a
+
+
+def _committed_rows(r: int, H: int) -> np.ndarray:
+    """(H, nv): change in role r's committed (ready + warming) instances at each t."""
+    tri = _before(0, H)
+    a = np.zeros((H, 2 * _KINDS * H))
+    a[:, _cols(r, _ADD, H)] = tri
+    a[:, _cols(r, _SW, H)] = tri
+    a[:, _cols(r, _REM, H)] = -tri
+    a[:, _cols(1 - r, _SW, H)] = -tri
+    return a
+
+
+@dataclass(frozen=True)
+class _Program:
+    """min c @ x  s.t.  lo <= A @ x <= hi,  0 <= x <= ub,  x integral where integrality is 1;
+    plus the row blocks that read a solution back (each (H, nv), per role)."""
+
+    c: np.ndarray
+    A: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    ub: np.ndarray
+    integrality: np.ndarray
+    serving: tuple[np.ndarray, np.ndarray]
+    committed: tuple[np.ndarray, np.ndarray]
+    #: (H, nv): change in provisioned nodes (committed, plus removals while they drain)
+    provisioned: np.ndarray
+    #: shape (H,): nodes provisioned with no action (the fleet now, its draining nodes)
+    base_provisioned: np.ndarray
+    #: GPU-hours of one instance for one interval
+    gpu_hours: float
+
+
+class _Rows:
+    """Constraint rows lo <= a @ x <= hi, collected in order."""
+
+    def __init__(self) -> None:
+        self.a: list[np.ndarray] = []
+        self.lo: list[np.ndarray] = []
+        self.hi: list[np.ndarray] = []
+
+    def add(self, a: np.ndarray, lb: np.ndarray | float, ub: np.ndarray | float) -> None:
+        self.a.append(a)
+        self.lo.append(np.broadcast_to(np.asarray(lb, dtype=float), (a.shape[0],)))
+        self.hi.append(np.broadcast_to(np.asarray(ub, dtype=float), (a.shape[0],)))
+
+
+def _program(cfg: PlannerConfig, needs: _Needs, timing: _Timing, floor: np.ndarray) -> _Program:
+    """The MILP over the horizon (see the module docstring): the rows of each role, the
+    switch limits, the node budget, then the costs."""
+    H = needs.need.shape[1]
+    rows = _Rows()
+    serving = (_serving_rows(0, H, timing), _serving_rows(1, H, timing))
+    committed = (_committed_rows(0, H), _committed_rows(1, H))
+    prov = np.zeros((H, 2 * _KINDS * H))
     for r in (0, 1):
-        base_serving = ready[r] + landing[r]
-        # serving + short >= need
-        a = serving(r)
-        a[:, vi(r, SHORT)] = np.eye(H)
-        add_rows(a, need[r] - base_serving, inf)
-        # serving >= 0 (cannot remove more than are there)
-        add_rows(serving(r), -base_serving, inf)
-        # min/max on committed
-        lim = (cfg.min_prefill, cfg.max_prefill) if r == 0 else (cfg.min_decode, cfg.max_decode)
-        # (a fleet outside bounds the user has just moved comes back in as fast as the step
-        # limits allow)
-        floor_r, ceiling = lim[0] - committed0[r], lim[1] - committed0[r]
-        if cfg.max_step_up is not None:
-            floor_r = np.minimum(floor_r, cfg.max_step_up * np.arange(1, H + 1))
-        if cfg.max_step_down is not None:
-            ceiling = np.maximum(ceiling, -cfg.max_step_down * np.arange(1, H + 1))
-        add_rows(committed(r), floor_r, ceiling)
-        prov += committed(r)
-        prov[:, vi(r, REM)] += band(drain_iv[r])
-        # max steps per interval
-        if cfg.max_step_up is not None:
-            a = np.zeros((H, nv))
-            a[:, vi(r, ADD)] = np.eye(H)
-            a[:, vi(r, SW)] = np.eye(H)
-            add_rows(a, -inf, cfg.max_step_up)
-        if cfg.max_step_down is not None:
-            a = np.zeros((H, nv))
-            a[:, vi(r, REM)] = np.eye(H)
-            a[:, vi(1 - r, SW)] = np.eye(H)
-            add_rows(a, -inf, cfg.max_step_down)
-        # stabilisation floor for the first interval
-        a = committed(r)[:1]
-        add_rows(a, floor[r] - committed0[r], inf)
-    # Switch only to fix a lasting imbalance: once new nodes could land, role r still lacks
-    # nodes that the other role has spare. A transient shortfall already covered by warming
-    # capacity is no reason to take a node out of service for drain + warm-up.
-    late = min(w_new, H - 1)
+        _role_rows(rows, cfg, r, needs, timing, floor, serving[r], committed[r])
+        prov += committed[r]
+        prov[:, _cols(r, _REM, H)] += _draining(timing.drain_intervals[r], H)
+    _switch_rows(rows, needs, timing, H)
+    # node budget; existing draining nodes hold theirs for the longest drain
+    old_drain = np.where(np.arange(H) < max(timing.drain_intervals), timing.draining, 0)
+    base_prov = timing.committed0.sum() + old_drain
+    # never force removals to fit a budget that is already exceeded: cap at what exists
+    budget = np.maximum(cfg.nodes - base_prov, np.minimum(0.0, 0.0 * base_prov))
+    rows.add(prov, -np.inf, budget)
+    gpu_h = cfg.model.profile.gpus_per_instance * timing.interval / 3600.0
+    integrality = np.ones(2 * _KINDS * H)
+    for r in (0, 1):
+        integrality[_cols(r, _SHORT, H)] = 0
+    return _Program(
+        c=_costs(cfg, timing, prov, gpu_h, H),
+        A=np.vstack(rows.a), lo=np.concatenate(rows.lo), hi=np.concatenate(rows.hi),
+        ub=np.full(2 * _KINDS * H, np.inf), integrality=integrality,
+        serving=serving, committed=committed, provisioned=prov, base_provisioned=base_prov,
+        gpu_hours=gpu_h,
+    )
+
+
+def _role_rows(
+    rows: _Rows, cfg: PlannerConfig, r: int, needs: _Needs, timing: _Timing, floor: np.ndarray,
+    serving: np.ndarray, committed: np.ndarray,
+) -> None:
+    """Role r's rows: need met or short, no removal of what is not there, min/max on the
+    committed instances, per-interval steps, and the stabilisation floor at t = 0."""
+    H = serving.shape[0]
+    inf = np.inf
+    base_serving = timing.ready[r] + timing.landing[r]
+    # serving + short >= need
+    a = serving.copy()
+    a[:, _cols(r, _SHORT, H)] = np.eye(H)
+    rows.add(a, needs.need[r] - base_serving, inf)
+    # serving >= 0 (cannot remove more than are there)
+    rows.add(serving, -base_serving, inf)
+    # min/max on committed
+    lim = (cfg.min_prefill, cfg.max_prefill) if r == 0 else (cfg.min_decode, cfg.max_decode)
+    # (a fleet outside bounds the user has just moved comes back in as fast as the step
+    # limits allow)
+    c0 = timing.committed0[r]
+    low, ceiling = lim[0] - c0, lim[1] - c0
+    if cfg.max_step_up is not None:
+        low = np.minimum(low, cfg.max_step_up * np.arange(1, H + 1))
+    if cfg.max_step_down is not None:
+        ceiling = np.maximum(ceiling, -cfg.max_step_down * np.arange(1, H + 1))
+    rows.add(committed, low, ceiling)
+    # max steps per interval
+    if cfg.max_step_up is not None:
+        a = np.zeros_like(serving)
+        a[:, _cols(r, _ADD, H)] = np.eye(H)
+        a[:, _cols(r, _SW, H)] = np.eye(H)
+        rows.add(a, -inf, cfg.max_step_up)
+    if cfg.max_step_down is not None:
+        a = np.zeros_like(serving)
+        a[:, _cols(r, _REM, H)] = np.eye(H)
+        a[:, _cols(1 - r, _SW, H)] = np.eye(H)
+        rows.add(a, -inf, cfg.max_step_down)
+    # stabilisation floor for the first interval
+    rows.add(committed[:1], floor[r] - c0, inf)
+
+
+def _switch_rows(rows: _Rows, needs: _Needs, timing: _Timing, H: int) -> None:
+    """Switch only to fix a lasting imbalance: once new nodes could land, role r still lacks
+    nodes that the other role has spare. A transient shortfall already covered by warming
+    capacity is no reason to take a node out of service for drain + warm-up."""
+    late = min(timing.new_node, H - 1)
+    need, committed0 = needs.need, timing.committed0
     for r in (0, 1):
         deficit = float(need[r, late:].max() - committed0[r])
         surplus = float(committed0[1 - r] - need[1 - r, late:].max())
-        a = np.zeros((1, nv))
-        a[0, vi(r, SW)] = 1.0
-        add_rows(a, -inf, max(0.0, min(deficit, surplus)))
-    # node budget; existing draining nodes hold theirs for the longest drain
-    old_drain = np.where(np.arange(H) < max(drain_iv), existing_draining, 0)
-    base_prov = committed0.sum() + old_drain
-    # never force removals to fit a budget that is already exceeded: cap at what exists
-    budget = np.maximum(cfg.nodes - base_prov, np.minimum(0.0, 0.0 * base_prov))
-    add_rows(prov, -inf, budget)
+        a = np.zeros((1, 2 * _KINDS * H))
+        a[0, _cols(r, _SW, H)] = 1.0
+        rows.add(a, -np.inf, max(0.0, min(deficit, surplus)))
 
-    gpu_h = prof.gpus_per_instance * dt / 3600.0
-    c = np.zeros(nv)
+
+def _costs(cfg: PlannerConfig, timing: _Timing, prov: np.ndarray, gpu_h: float, H: int) -> np.ndarray:
+    """c per variable, in GPU-hours: the provisioned nodes it adds over the horizon, the
+    shortfall penalty, the idle time of a switch, and an epsilon on every action."""
+    c = np.zeros(2 * _KINDS * H)
     # provisioned-node cost of each variable = column sum of the provisioned rows
     c += gpu_h * prov.sum(axis=0)
     penalty = cfg.shortfall_penalty * gpu_h  # an instance short for one interval vs idle ones
     for r in (0, 1):
-        c[vi(r, SHORT)] = penalty
+        c[_cols(r, _SHORT, H)] = penalty
         # epsilon on actions: on a tie, do nothing
-        c[vi(r, ADD)] += 0.01 * gpu_h
+        c[_cols(r, _ADD, H)] += 0.01 * gpu_h
         # A switched node serves neither role for drain + warm-up: price that idle time again
         # so that a switch is chosen for a lasting shift of the ratio (it saves a new node and
         # keeps the budget), not to chase per-minute noise
-        c[vi(r, SW)] += cfg.role_switch_penalty * w_sw[r] * gpu_h
-        c[vi(r, REM)] += 0.01 * gpu_h
+        c[_cols(r, _SW, H)] += cfg.role_switch_penalty * timing.switch_in[r] * gpu_h
+        c[_cols(r, _REM, H)] += 0.01 * gpu_h
         # a removed node still costs its drain: price the fraction of an interval
-        frac = (drain_p_s if r == 0 else drain_d_s) / dt
-        c[vi(r, REM)] += gpu_h * max(0.0, frac - drain_iv[r])
-    ub = np.full(nv, inf)
-    integrality = np.ones(nv)
-    for r in (0, 1):
-        integrality[vi(r, SHORT)] = 0
-    A = np.vstack(rows)
-    x, how = _solve(c, A, np.concatenate(lo), np.concatenate(hi), ub, integrality,
-                    cfg.solver_time_limit_seconds)
-    if x is None:
-        return _hold(observation, history, now, f"solver failed ({how}); holding")
+        frac = timing.drain_seconds[r] / timing.interval
+        c[_cols(r, _REM, H)] += gpu_h * max(0.0, frac - timing.drain_intervals[r])
+    return c
+
+
+# -- the result ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Outcome:
+    """A solution read back. Arrays of shape (2, H) per role, (H,) for nodes."""
+
+    serve: np.ndarray
+    comm: np.ndarray
+    short: np.ndarray
+    provisioned: np.ndarray
+    cost_gpu_hours: float
+    #: committed instances for the first interval: the decision
+    target: tuple[int, int]
+    #: nodes switched now into (prefill, decode)
+    switched: tuple[int, int]
+
+
+def _outcome(program: _Program, timing: _Timing, x: np.ndarray) -> _Outcome:
+    """Round the solver's actions to whole instances (adds and switches up, removals down:
+    never fewer than the solution asked for) and count what serves, what is committed, what
+    is short and what is provisioned per interval."""
+    H = timing.landing.shape[1]
     x = np.round(x, 6)
     for r in (0, 1):
-        for kind in (ADD, SW, REM):
-            x[vi(r, kind)] = np.ceil(x[vi(r, kind)] - 1e-6) if kind != REM else np.floor(
-                x[vi(r, kind)] + 1e-6
+        for kind in (_ADD, _SW, _REM):
+            x[_cols(r, kind, H)] = np.ceil(x[_cols(r, kind, H)] - 1e-6) if kind != _REM else np.floor(
+                x[_cols(r, kind, H)] + 1e-6
             )
-    serve = np.array([ready[r] + landing[r] + serving(r) @ x for r in (0, 1)])
-    comm = np.array([committed0[r] + committed(r) @ x for r in (0, 1)])
-    short = np.array([x[vi(r, SHORT)] for r in (0, 1)])
-    provisioned = base_prov + prov @ x
-    cost = float(gpu_h * provisioned.sum())
-    target = (int(np.rint(comm[0, 0])), int(np.rint(comm[1, 0])))
-    sw_to_p, sw_to_d = int(x[vi(0, SW)][0]), int(x[vi(1, SW)][0])
-    budget_short = bool(over.any())
-    shortfall = bool(short.sum() > 1e-6) or budget_short
-
-    ttft = model.predicted_ttft_seconds(future[0], int(serve[0, 0]), cfg.slo.percentile)
-    tpot = model.predicted_tpot_seconds(future[0], int(serve[1, 0]))
-    explanation = _explain(
-        load=load, future=future, need=need, serve=serve, comm=comm, short=short,
-        committed0=committed0, target=target, sw=(sw_to_p, sw_to_d), floor=floor,
-        uncapped=uncapped, over=over,
-        provisioned=provisioned, cfg=cfg, w_new=w_new, interval=dt, desired=desired,
+    serve = np.array([timing.ready[r] + timing.landing[r] + program.serving[r] @ x for r in (0, 1)])
+    comm = np.array([timing.committed0[r] + program.committed[r] @ x for r in (0, 1)])
+    provisioned = program.base_provisioned + program.provisioned @ x
+    return _Outcome(
+        serve=serve,
+        comm=comm,
+        short=np.array([x[_cols(r, _SHORT, H)] for r in (0, 1)]),
+        provisioned=provisioned,
+        cost_gpu_hours=float(program.gpu_hours * provisioned.sum()),
+        target=(int(np.rint(comm[0, 0])), int(np.rint(comm[1, 0]))),
+        switched=(int(x[_cols(0, _SW, H)][0]), int(x[_cols(1, _SW, H)][0])),
     )
+
+
+def _decision(
+    cfg: PlannerConfig, now: float, load: Load, future: list[Load], needs: _Needs,
+    timing: _Timing, floor: np.ndarray, outcome: _Outcome, how: str,
+) -> Decision:
+    """The decision for the interval at ``now``: the first interval's counts, the predicted
+    latencies of what serves then, the horizon's cost and plan, and why."""
+    model, serve = cfg.model, outcome.serve
+    shortfall = bool(outcome.short.sum() > 1e-6) or bool(needs.over.any())
     return Decision(
         at_seconds=now,
-        prefill=target[0],
-        decode=target[1],
-        predicted_ttft_seconds=ttft,
-        predicted_tpot_seconds=tpot,
-        cost_gpu_hours=cost,
-        explanation=explanation,
-        switch_to_prefill=sw_to_p,
-        switch_to_decode=sw_to_d,
+        prefill=outcome.target[0],
+        decode=outcome.target[1],
+        predicted_ttft_seconds=model.predicted_ttft_seconds(future[0], int(serve[0, 0]), cfg.slo.percentile),
+        predicted_tpot_seconds=model.predicted_tpot_seconds(future[0], int(serve[1, 0])),
+        cost_gpu_hours=outcome.cost_gpu_hours,
+        explanation=_explain(cfg, load, future, needs, timing, floor, outcome),
+        switch_to_prefill=outcome.switched[0],
+        switch_to_decode=outcome.switched[1],
         shortfall=shortfall,
         plan=tuple((int(a), int(b)) for a, b in zip(serve[0], serve[1], strict=True)),
-        desired=desired,
+        desired=needs.desired,
         solver=how,
     )
 
@@ -573,27 +777,25 @@ def _hold(obs: Observation, history: History, now: float, why: str) -> Decision:
 
 
 def _explain(
-    *,
-    load: Load,
-    future: list[Load],
-    need: np.ndarray,
-    serve: np.ndarray,
-    comm: np.ndarray,
-    short: np.ndarray,
-    committed0: np.ndarray,
-    target: tuple[int, int],
-    sw: tuple[int, int],
-    floor: np.ndarray,
-    uncapped: np.ndarray,
-    over: np.ndarray,
-    provisioned: np.ndarray,
-    cfg: PlannerConfig,
-    w_new: int,
-    interval: float,
-    desired: tuple[int, int],
+    cfg: PlannerConfig, load: Load, future: list[Load], needs: _Needs, timing: _Timing,
+    floor: np.ndarray, outcome: _Outcome,
 ) -> str:
     """A few clauses a user can check: load, what bound the counts, what was traded."""
-    names = ("prefill", "decode")
+    return "; ".join([
+        *_load_clauses(cfg, load, future, needs, outcome, timing.interval),
+        *_action_clauses(needs, timing, outcome),
+        *_limit_clauses(cfg, needs, timing, floor, outcome),
+    ])
+
+
+_ROLES = ("prefill", "decode")
+
+
+def _load_clauses(
+    cfg: PlannerConfig, load: Load, future: list[Load], needs: _Needs, outcome: _Outcome,
+    interval: float,
+) -> list[str]:
+    """The load now and ahead, what it needs, learned headroom, and which role binds."""
     parts = [
         f"{load.rate_rps:.1f} req/s, in {load.mean_input_tokens:.0f} / out "
         f"{load.mean_output_tokens:.0f} tok, hit {load.prefix_hit_rate:.0%}"
@@ -601,33 +803,49 @@ def _explain(
     peak = max(f.rate_rps for f in future)
     if peak > load.rate_rps * 1.05:
         parts.append(f"forecast peak {peak:.1f} req/s within {len(future) * interval / 60:.0f} min")
+    need, desired = needs.need, needs.desired
     parts.append(f"needs {desired[0]}P{desired[1]}D now, up to {int(need[0].max())}P{int(need[1].max())}D")
     cal = cfg.model.calibration
-    learned = [f"{n} x{h:.2f}" for n, h in zip(names, (cal.prefill_headroom, cal.decode_headroom),
+    learned = [f"{n} x{h:.2f}" for n, h in zip(_ROLES, (cal.prefill_headroom, cal.decode_headroom),
                                                strict=True) if h > 1.0 + 1e-9]
     if learned:
         parts.append(f"headroom {', '.join(learned)} (learned from p99 misses on a settled fleet)")
     # which role binds: the one whose capacity is closest to its need (share of headroom)
-    ratio = [float(serve[r, 0] / max(need[r, 0], 1e-9)) for r in (0, 1)]
-    bound = names[int(np.argmin(ratio))]
+    ratio = [float(outcome.serve[r, 0] / max(need[r, 0], 1e-9)) for r in (0, 1)]
+    bound = _ROLES[int(np.argmin(ratio))]
     parts.append(f"bound by {bound} ({'TTFT' if bound == 'prefill' else 'TPOT'} at the utilisation cap)")
+    return parts
+
+
+def _action_clauses(needs: _Needs, timing: _Timing, outcome: _Outcome) -> list[str]:
+    """What changes now: instances added or removed per role, switches, warm-up lead."""
+    target, committed0, sw = outcome.target, timing.committed0, outcome.switched
     act = []
     for r in (0, 1):
         delta = target[r] - int(committed0[r])
         if delta > 0:
-            act.append(f"+{delta} {names[r]}")
+            act.append(f"+{delta} {_ROLES[r]}")
         elif delta < 0:
-            act.append(f"{delta} {names[r]}")
+            act.append(f"{delta} {_ROLES[r]}")
     if sw[0]:
         act.append(f"switch {sw[0]} decode->prefill (cheaper than a new node)")
     if sw[1]:
         act.append(f"switch {sw[1]} prefill->decode (cheaper than a new node)")
-    if act:
-        parts.append("; ".join(act))
-        if any(target[r] > committed0[r] for r in (0, 1)):
-            parts.append(f"new nodes serve after {w_new} interval(s) of warm-up")
-    else:
-        parts.append("no change")
+    if not act:
+        return ["no change"]
+    parts = ["; ".join(act)]
+    if any(target[r] > committed0[r] for r in (0, 1)):
+        parts.append(f"new nodes serve after {timing.new_node} interval(s) of warm-up")
+    return parts
+
+
+def _limit_clauses(
+    cfg: PlannerConfig, needs: _Needs, timing: _Timing, floor: np.ndarray, outcome: _Outcome
+) -> list[str]:
+    """What held the counts away from the need: the scale-down window or the cost of
+    re-warming, the node budget, capacity still warming up."""
+    target, desired, committed0 = outcome.target, needs.desired, timing.committed0
+    parts = []
     for r in (0, 1):
         if target[r] > desired[r] and target[r] <= committed0[r]:
             why = (
@@ -635,7 +853,8 @@ def _explain(
                 if floor[r] >= target[r]
                 else "dropping and re-warming costs more than keeping"
             )
-            parts.append(f"kept {target[r] - desired[r]} {names[r]} above need ({why})")
+            parts.append(f"kept {target[r] - desired[r]} {_ROLES[r]} above need ({why})")
+    over, uncapped, need = needs.over, needs.uncapped, needs.need
     if over.any():
         t_first = int(np.argmax(over))
         k = int(np.argmax(uncapped.sum(axis=0)))
@@ -644,12 +863,13 @@ def _explain(
             f"from interval +{t_first}; budget split in proportion to need "
             f"({int(need[0, k])}P{int(need[1, k])}D) so TTFT and TPOT degrade together"
         )
+    short = outcome.short
     if short.sum() > 1e-6:
         t_last = int(np.nonzero(short.sum(axis=0) > 1e-6)[0].max())
         parts.append(
             f"short by up to {int(np.ceil(short[0].max()))}P{int(np.ceil(short[1].max()))}D "
             f"until interval +{t_last}: capacity is still warming up"
         )
-    if provisioned.max() >= cfg.nodes - 1e-6:
+    if outcome.provisioned.max() >= cfg.nodes - 1e-6:
         parts.append(f"node budget {cfg.nodes} reached")
-    return "; ".join(parts)
+    return parts

@@ -1,0 +1,144 @@
+"""The planner's steps one by one (solve._needs, _timing, _scale_down_floor, _program,
+_outcome, the explanation's clauses): each is checked alone on a small case whose answer can
+be worked out by hand; tests/planner/test_solve.py checks them together through plan()."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pdscale.planner.config import PlannerConfig
+from pdscale.planner.decision import Decision
+from pdscale.planner.model import Load, PerformanceModel
+from pdscale.planner.observe import Observation, RoleState, Warming
+from pdscale.planner.profile import load_profile
+from pdscale.planner.solve import (
+    _ADD,
+    _REM,
+    History,
+    _action_clauses,
+    _cols,
+    _needs,
+    _Outcome,
+    _outcome,
+    _program,
+    _scale_down_floor,
+    _serving_rows,
+    _solve,
+    _timing,
+)
+
+MODEL = PerformanceModel(load_profile())
+WARM = MODEL.profile.warmup.new_node_seconds
+LOAD = Load(20.0, 4000.0, 400.0, 0.5)
+
+
+def config(**kw: object) -> PlannerConfig:
+    return PlannerConfig(model=MODEL, **kw)  # type: ignore[arg-type]
+
+
+def fleet(p: int, d: int, *, warming_p: int = 0, draining: int = 0, now: float = 0.0) -> Observation:
+    return Observation(
+        now_seconds=now,
+        prefill=RoleState(ready=p, warming=tuple(Warming(now + 150.0) for _ in range(warming_p)),
+                          draining=draining),
+        decode=RoleState(ready=d),
+    )
+
+
+def need_of(load: Load, cfg: PlannerConfig) -> tuple[int, int]:
+    return MODEL.instances_needed(load, cfg.slo, prefill_utilization=cfg.prefill_utilization,
+                                  decode_utilization=cfg.decode_utilization, ttft_queueing=True,
+                                  service_cv=cfg.prefill_service_cv)
+
+
+def test_needs_within_budget_are_the_model_s_at_least_the_minima() -> None:
+    cfg = config(min_decode=50)
+    n = _needs(cfg, fleet(2, 2), [LOAD] * 4, None)
+    p, _ = need_of(LOAD, cfg)
+    assert n.need.shape == (2, 4)
+    assert n.desired == (p, 50)
+    assert not n.over.any()
+
+
+def test_needs_over_budget_are_split_in_proportion() -> None:
+    big = Load(400.0, 12000.0, 400.0, 0.0)
+    cfg = config(nodes=21)
+    n = _needs(cfg, fleet(2, 2, draining=1), [big] * 3, None)
+    p, d = need_of(big, cfg)
+    assert n.over.all()
+    assert (n.uncapped[:, 0] == (p, d)).all()
+    # 20 nodes left by the one draining: prefill floor(20 p / (p + d)), decode the rest
+    assert n.desired == (math.floor(20 * p / (p + d)), 20 - math.floor(20 * p / (p + d)))
+
+
+def test_timing_counts_warm_ups_and_drains_in_whole_intervals() -> None:
+    cfg = config(interval_seconds=60.0, decode_drain_seconds=130.0)
+    t = _timing(cfg, fleet(3, 4, warming_p=2), 0.0, LOAD, 10)
+    assert t.new_node == math.ceil(WARM / 60.0)
+    assert t.drain_intervals[1] == 3  # 130 s: the third interval still drains
+    assert (t.committed0 == (5, 4)).all() and (t.ready == (3, 4)).all()
+    # the two warming prefill instances serve from interval ceil(150 / 60) = 3
+    assert t.landing[0].tolist() == [0, 0, 0, 2, 2, 2, 2, 2, 2, 2]
+    assert not t.landing[1].any()
+
+
+def test_the_floor_holds_the_window_s_highest_need_but_never_forces_a_scale_up() -> None:
+    cfg = config(stabilization_window_seconds=600.0, max_decode=6)
+    n = _needs(cfg, fleet(2, 2), [LOAD] * 4, None)
+    earlier = Decision(0.0, 9, 9, 1.0, 0.03, 1.0, "", desired=(9, 9))
+    history = History(decisions=(earlier,))
+    floor = _scale_down_floor(cfg, history, LOAD, n, np.array([12.0, 8.0]))
+    # prefill: held at the window's 9; decode: 9 capped by max_decode = 6
+    assert floor.tolist() == [9.0, 6.0]
+    # ... and never above what is there
+    assert _scale_down_floor(cfg, history, LOAD, n, np.array([4.0, 3.0])).tolist() == [4.0, 3.0]
+
+
+def test_an_added_node_serves_after_its_warm_up() -> None:
+    t = _timing(config(), fleet(1, 1), 0.0, LOAD, 6)
+    H, w = 6, t.new_node
+    x = np.zeros(8 * H)
+    x[_cols(0, _ADD, H).start] = 1  # one prefill node ordered at t = 0
+    serving = _serving_rows(0, H, t) @ x
+    assert serving.tolist() == [0.0 if k < w else 1.0 for k in range(H)]
+
+
+def test_the_programme_keeps_a_fleet_that_fits_and_buys_what_is_missing() -> None:
+    cfg = config(stabilization_window_seconds=0.0, nodes=100)
+    H = 20
+    p, d = need_of(LOAD, cfg)
+    obs = fleet(p, d + 2)
+    n = _needs(cfg, obs, [LOAD] * H, None)
+    t = _timing(cfg, obs, 0.0, LOAD, H)
+    floor = _scale_down_floor(cfg, History(), LOAD, n, t.committed0)
+    program = _program(cfg, n, t, floor)
+    assert program.A.shape[1] == 8 * H and program.c.shape == (8 * H,)
+    x, how = _solve(program.c, program.A, program.lo, program.hi, program.ub,
+                    program.integrality, cfg.solver_time_limit_seconds)
+    assert x is not None and how in ("lp", "milp", "lp-rounded")
+    out = _outcome(program, t, x)
+    # decode had two spare: both removed now (nothing to wait for); prefill kept as it is
+    assert out.target == (p, d)
+    assert x[_cols(1, _REM, H)][0] == 2
+    assert not out.short.any()
+    assert out.cost_gpu_hours > 0
+
+
+def test_actions_are_said_per_role_and_none_as_no_change() -> None:
+    t = _timing(config(), fleet(2, 2), 0.0, LOAD, 4)
+    n = _needs(config(), fleet(2, 2), [LOAD] * 4, None)
+
+    def said(target: tuple[int, int], switched: tuple[int, int] = (0, 0)) -> list[str]:
+        counts = np.array([[target[0]] * 4, [target[1]] * 4], dtype=float)
+        out = _Outcome(serve=counts, comm=counts, short=np.zeros((2, 4)),
+                       provisioned=counts.sum(axis=0), cost_gpu_hours=0.0, target=target,
+                       switched=switched)
+        return _action_clauses(n, t, out)
+
+    assert said((2, 2)) == ["no change"]
+    assert said((3, 1), (1, 0)) == [
+        "+1 prefill; -1 decode; switch 1 decode->prefill (cheaper than a new node)",
+        f"new nodes serve after {t.new_node} interval(s) of warm-up",
+    ]
