@@ -80,6 +80,16 @@ def test_a_bad_value_is_refused_by_name_and_range(name: str, bad: object, allowe
     assert f"got {bad!r}" in message
 
 
+def test_every_field_has_a_rule() -> None:
+    # a field added later must be given its range here, or this names it
+    from pdscale.planner.config import _INT_RULES, _REAL_RULES
+
+    ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES}
+    checked_otherwise = {"model", "slo", "forecast_method", "max_prefill", "max_decode"}
+    assert set(PlannerConfig.__dataclass_fields__) - checked_otherwise == ruled
+    assert {n for n, _, _ in RULES} == ruled  # and each rule has a bad value tested above
+
+
 def test_the_message_reads_as_documented() -> None:
     with pytest.raises(ValueError, match=r"^PlannerConfig.interval_seconds must be a finite "
                                          r"number > 0, got -1$"):
