@@ -347,6 +347,8 @@ def pod_annotations(value: Mapping[str, str], path: str) -> list[Finding]:
 def object_metadata(meta: Any) -> list[Finding]:
     """metadata of the PDCluster itself: name (a DNS subdomain, which also yields valid child
     names), namespace (a DNS label), labels and annotations."""
+    if meta is None:
+        return [("metadata.name", "required")]
     if not isinstance(meta, Mapping):
         return [("metadata", "must be a mapping with at least a name")]
     out: list[Finding] = []

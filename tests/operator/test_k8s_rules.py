@@ -182,7 +182,7 @@ def test_pod_annotations_the_api_server_interprets():
 
 
 @pytest.mark.parametrize(("meta", "field"), [
-    (None, "metadata"), ([], "metadata"), ({}, "metadata.name"), ({"name": 5}, "metadata.name"),
+    (None, "metadata.name"), ([], "metadata"), (5, "metadata"), ({}, "metadata.name"), ({"name": 5}, "metadata.name"),
     ({"name": "Bad_Name"}, "metadata.name"), ({"name": "c" * 254}, "metadata.name"),
     ({"name": "ok", "namespace": "Bad NS"}, "metadata.namespace"),
     ({"name": "ok", "namespace": 5}, "metadata.namespace"),
