@@ -182,7 +182,9 @@ def parse_quantity(value: str | int) -> Fraction:
     not one or is beyond int64 (in the quantity's base unit)."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError("must be a quantity such as 64Gi, 500m or 8")
-    text = str(value) if isinstance(value, str) or abs(value) <= INT64_MAX else "x"
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError("is too large: quantities must fit in int64")
+    text = str(value)
     if len(text) > QUANTITY_MAX_CHARS:
         raise ValueError(f"must be a quantity of at most {QUANTITY_MAX_CHARS} characters")
     match = _QUANTITY.fullmatch(text)
@@ -259,6 +261,8 @@ def _quantities(section: Mapping[str, str | int], path: str,
             out.append((where, "must be greater than or equal to 0"))
         elif is_extended_resource(name) and q.denominator != 1:
             out.append((where, "must be an integer"))
+        elif _is_hugepages(name) and q % parse_quantity(name[len("hugepages-"):]):
+            out.append((where, f"must be a multiple of {name[len('hugepages-'):]}"))
         else:
             values[name] = q
     return values
@@ -431,8 +435,8 @@ def _fields(obj: Any, path: str, allowed: dict[str, str], required: tuple[str, .
         kind = allowed.get(key) if isinstance(key, str) else None
         if kind is None:
             out.append((where, "unknown field"))
-        elif val is None:
-            continue
+        elif val is None:  # the API server reads null as unset; the schema refuses it
+            out.append((where, "must not be null (omit the field instead)"))
         elif kind == "object" and not isinstance(val, Mapping):
             out.append((where, "must be an object"))
         elif kind == "list" and not isinstance(val, list):

@@ -157,6 +157,9 @@ def test_resource_requirements():
         "res.requests[memory]": "must be greater than or equal to 0"}
     assert dict(r.resource_requirements({}, {"hugepages-2Mi": "1Gi"}, "res")) == {
         "res": "HugePages require cpu or memory"}
+    assert dict(r.resource_requirements({}, {"hugepages-2Mi": "3Mi", "memory": "1Gi"}, "res")) == {
+        "res.limits[hugepages-2Mi]": "must be a multiple of 2Mi"}
+    assert r.resource_requirements({}, {"hugepages-1Gi": "2Gi", "memory": "1Gi"}, "res") == []
 
 
 # ---- maps, metadata --------------------------------------------------------------------------
