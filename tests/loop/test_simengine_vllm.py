@@ -83,6 +83,21 @@ def test_dialect_is_checked():
         SimEngine(EngineConfig(role="prefill", host="127.0.0.1", port=1, dialect="vllm"), MODEL)
 
 
+def test_each_dialect_adds_its_own_endpoints_to_the_common_ones():
+    def paths(dialect: str) -> set[str]:
+        engine = SimEngine(EngineConfig(role="decode", host="127.0.0.1", port=1, dialect=dialect),
+                           MODEL)  # fmt: skip
+        return {route.resource.canonical for route in engine.app().router.routes()}
+
+    common = {"/v1/chat/completions", "/v1/completions", "/health", "/v1/models", "/metrics",
+              "/sim/state", "/sim/drain"}  # fmt: skip
+    assert paths("sglang") - common == {"/generate", "/health_generate", "/server_info",
+                                        "/get_server_info", "/model_info", "/get_model_info",
+                                        "/get_load"}  # fmt: skip
+    assert paths("vllm") - common == {"/version"}
+    assert common <= paths("sglang") & paths("vllm")
+
+
 # -- processes -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,135 @@
+"""The engine as a process: its command line, and serving until a drain lets it exit."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import functools
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from pdscale.planner.observe import Role
+
+from .engine import DIALECTS, EngineConfig, SimEngine
+from .timing import LinearTiming, TimingModel, planner_timing
+from .tokenizer import write_word_tokenizer
+from .wire import is_loopback
+
+log = logging.getLogger("pdscale.testbed.simengine")
+
+
+class _DropHttp2Probe(logging.Filter):
+    """The router opens each worker with an HTTP/2 prior-knowledge probe (gRPC detection);
+    aiohttp refuses it and logs a traceback per worker. The refusal is the intended answer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and "PRI/Upgrade" in str(exc))
+
+
+async def serve(engine: SimEngine, *, on_ready: Callable[[], None] | None = None) -> int:
+    """Run ``engine`` until SIGTERM/SIGINT (then drain) or a drain with exit; returns exit code."""
+    await engine.start()
+    runners = [web.AppRunner(engine.app(), access_log=None)]
+    sites = [(engine.config.host, engine.config.port)]
+    if engine.role == Role.PREFILL and engine.config.bootstrap_port:
+        runners.append(web.AppRunner(engine.bootstrap_app(), access_log=None))
+        sites.append((engine.config.host, engine.config.bootstrap_port))
+    for runner, (host, port) in zip(runners, sites, strict=True):
+        await runner.setup()
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, functools.partial(engine.begin_drain, exit_when_done=True))
+    if on_ready:
+        on_ready()
+    await engine.exit_requested.wait()
+    drained = await engine.wait_idle(engine.config.drain_timeout_seconds)
+    log.info("exiting: drained=%s inflight=%d", drained, engine.inflight())
+    for runner in reversed(runners):
+        await runner.cleanup()
+    await engine.close()
+    return 0 if drained else 3
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("timing (model seconds; see LinearTiming)")
+    group.add_argument("--profile", help="use the planner's performance model for this profile "
+                       "(shipped name or YAML path) instead of the linear model below")  # fmt: skip
+    for f in dataclasses.fields(LinearTiming):
+        group.add_argument("--" + f.name.replace("_", "-"), type=float, default=f.default)
+
+
+def timing_from_args(args: argparse.Namespace) -> TimingModel:
+    if args.profile:
+        return planner_timing(args.profile)
+    return LinearTiming(**{f.name: getattr(args, f.name) for f in dataclasses.fields(LinearTiming)})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    description = sys.modules[__package__].__doc__
+    p = argparse.ArgumentParser(prog="python -m pdscale.testbed.simengine", description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--role", choices=[r.value for r in Role], required=True)
+    p.add_argument("--dialect", choices=DIALECTS, default="sglang",
+                   help="speak SGLang's API and metric names (default), or vLLM's (PD via "
+                   "vllm-router with kv_transfer_params, vllm: metrics, no /get_load)")  # fmt: skip
+    p.add_argument("--host", required=True, help="a 127.0.0.0/8 address")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--bootstrap-port", type=int, default=8998,
+                   help="prefill only (the vllm dialect's KV side channel too)")  # fmt: skip
+    p.add_argument("--model-name", default="sim-model")
+    p.add_argument("--time-compression", type=float, default=1.0)
+    p.add_argument("--prefix-cache-tokens", type=int, default=1_000_000)
+    p.add_argument("--block-tokens", type=int, default=64)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--waiting-timeout-seconds", type=float, default=300.0)
+    p.add_argument("--bootstrap-timeout-seconds", type=float, default=300.0)
+    p.add_argument("--startup-seconds", type=float, default=0.0)
+    p.add_argument("--ready-at", type=float, default=None, dest="ready_at_unix_seconds",
+                   help="warm until this Unix time instead (overrides --startup-seconds)")
+    p.add_argument("--drain-timeout-seconds", type=float, default=600.0)
+    p.add_argument("--model-path", help="directory reported to the router as model_path; a "
+                   "word-level tokenizer.json is written there so the router loads it locally "
+                   "instead of asking the Hugging Face hub (default: --model-name, and the "
+                   "router tries the hub)")  # fmt: skip
+    p.add_argument("--log-level", default="INFO")
+    add_timing_arguments(p)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        role=args.role, host=args.host, port=args.port,
+        bootstrap_port=args.bootstrap_port if args.role == Role.PREFILL else None,
+        model_name=args.model_name, time_compression=args.time_compression,
+        prefix_cache_tokens=args.prefix_cache_tokens, block_tokens=args.block_tokens,
+        max_running_requests=args.max_running_requests,
+        waiting_timeout_seconds=args.waiting_timeout_seconds,
+        bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
+        startup_seconds=args.startup_seconds, ready_at_unix_seconds=args.ready_at_unix_seconds,
+        drain_timeout_seconds=args.drain_timeout_seconds,
+        model_path=args.model_path, dialect=args.dialect,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not is_loopback(args.host):
+        print(f"--host {args.host} is not a loopback address; refusing", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(_DropHttp2Probe())
+    config, timing = config_from_args(args), timing_from_args(args)
+    if config.model_path:
+        write_word_tokenizer(config.model_path)
+
+    def ready() -> None:
+        print(f"simengine ready role={args.role} url=http://{args.host}:{args.port}", flush=True)
+
+    return asyncio.run(serve(SimEngine(config, timing), on_ready=ready))

@@ -1,0 +1,66 @@
+"""What differs between the engines the sim imitates: one :class:`Dialect` object per engine.
+
+The engine core (:mod:`.engine`) queues, times and counts the same way for every dialect; a
+dialect adds its own endpoints, names its metrics and says how its router hands the KV of a
+request from prefill to decode. Every hook is abstract, so each dialect's module states its
+whole difference in one place.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .engine import Room, SimEngine
+
+
+class Dialect(ABC):
+    """One engine's API on top of a :class:`~.engine.SimEngine` (``self.engine``)."""
+
+    #: the ``--dialect`` value
+    name: ClassVar[str]
+
+    def __init__(self, engine: SimEngine) -> None:
+        """Raises ValueError for an engine configuration this dialect cannot serve."""
+        self.engine = engine
+
+    # -- HTTP -------------------------------------------------------------------------------
+    @abstractmethod
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        """The dialect's own endpoints, besides the ones every engine has (the OpenAI API,
+        ``/health``, ``/v1/models``, ``/metrics`` and the sim's ``/sim/...``)."""
+
+    @abstractmethod
+    def render_metrics(self) -> str:
+        """``/metrics``: the engine's counters under this dialect's names and labels."""
+
+    # -- the KV hand-off --------------------------------------------------------------------
+    @abstractmethod
+    def prefill_room(self, body: dict[str, Any]) -> Any:
+        """The room whose KV this prefill request leaves for a decode to collect, or None."""
+
+    @abstractmethod
+    def refused_room(self, body: dict[str, Any]) -> Any:
+        """The room a refused prefill request must fail at once (its decode half waits on
+        it), or None."""
+
+    @abstractmethod
+    def kv_source(self, body: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """(host, port, room) of the prefill holding a decode request's KV; host or room None
+        means the decode prefills the prompt itself."""
+
+    @abstractmethod
+    def answer_prefill(self, room: Room, room_id: Any) -> dict[str, Any]:
+        """Count a prefill answered for ``room``; extra fields of its answer body."""
+
+    # -- what else gets counted -------------------------------------------------------------
+    @abstractmethod
+    def count_local_prefill(self, input_tokens: int, cached_tokens: int) -> None:
+        """A decode instance prefilled a prompt itself."""
+
+    @abstractmethod
+    def count_decode_done(self, meta: dict[str, Any], tokens: list[str]) -> None:
+        """A decode request was answered in full (``meta``: its prompt and cached tokens)."""

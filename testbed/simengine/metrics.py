@@ -1,0 +1,90 @@
+"""The engine's metrics registry (counters and latency histograms) and its text exposition.
+
+Both dialects count the same things; each names them its own way when it renders
+(:meth:`.dialect.Dialect.render_metrics`) through an :class:`Exposition`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+# Finer than SGLang's 0.1-400 s buckets at the low end: compressed runs have short latencies.
+LATENCY_BUCKETS_SECONDS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0,
+)  # fmt: skip
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS_SECONDS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, cumulative = [], 0
+        for bound, n in zip(self.buckets, self.counts, strict=True):
+            cumulative += n
+            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}')
+        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum{{{labels}}} {self.total}")
+        out.append(f"{name}_count{{{labels}}} {self.count}")
+        return out
+
+
+@dataclass
+class Metrics:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    aborted_requests: int = 0
+    #: requests answered in full (vLLM's request_success_total)
+    finished_requests: int = 0
+    #: prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries_total)
+    cache_queries: int = 0
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    #: (prompt, cached) tokens of recent prefills, for the cache_hit_rate gauge
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
+
+    def cache_hit_rate(self) -> float:
+        prompt = sum(p for p, _ in self.recent)
+        return sum(c for _, c in self.recent) / prompt if prompt else 0.0
+
+
+class Exposition:
+    """Prometheus text exposition of one engine: samples under fixed labels, then the text."""
+
+    def __init__(self, labels: str) -> None:
+        self.labels = labels
+        self.lines: list[str] = []
+
+    def sample(
+        self, name: str, kind: str, value: float, extra_labels: str = "", declare: bool = True
+    ) -> None:
+        """One sample; ``declare`` = False for a further sample of a declared metric."""
+        if declare:
+            self.lines.append(f"# TYPE {name} {kind}")
+        self.lines.append(f"{name}{{{self.labels}{extra_labels}}} {value}")
+
+    def histogram(self, name: str, hist: Histogram) -> None:
+        self.lines.append(f"# TYPE {name} histogram")
+        self.lines.extend(hist.lines(name, self.labels))
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
