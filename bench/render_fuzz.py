@@ -213,9 +213,8 @@ def m_metadata_maps(rng: random.Random, doc: Any) -> Any:
 
 
 def _spec(doc: Any) -> dict[str, Any] | None:
-    if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
-        return doc["spec"]
-    return None
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    return spec if isinstance(spec, dict) else None
 
 
 def m_placement(rng: random.Random, doc: Any) -> Any:
