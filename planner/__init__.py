@@ -13,7 +13,9 @@ for callers that need only one part, e.g. the metrics reader):
 - ``model``: :class:`PerformanceModel`, :class:`Load`, :class:`Slo`, :func:`calibrate`,
   :func:`calibrate_slo`.
 - ``forecast``: :func:`forecast`, :func:`backtest`.
-- ``solve``: :func:`plan`, :class:`PlannerConfig`, :class:`History`.
+- ``config``: :class:`PlannerConfig` (validated on construction) and :func:`build_config`,
+  the one builder the operator and the replay both call.
+- ``solve``: :func:`plan`, :func:`step`, :class:`History`.
 - ``prometheus``: the metrics reader, the runtime's only I/O module (HTTP to Prometheus).
 
 The replay harness (simulator, policies, traces) is the subpackage ``pdscale.planner.replay``;
