@@ -153,9 +153,15 @@ def history_from_json(text: str | None) -> tuple[History, float | None]:
 
 
 def _load_from(x: list[float | None]) -> Load:
+    """One remembered interval's load; a missing or non-numeric field raises (the caller then
+    starts from an empty memory, never from a half-read one)."""
+    fields = x[:4]
+    if len(fields) < 4 or any(v is None for v in fields):
+        raise ValueError(f"a remembered load needs four numbers, got {fields}")
+    rate, mean_in, mean_out, hit = (float(v) for v in fields if v is not None)
     # memories written before the peak was kept have four fields
     peak = x[4] if len(x) > 4 else None
-    return Load(*map(float, x[:4]), peak_rate_rps=None if peak is None else float(peak))
+    return Load(rate, mean_in, mean_out, hit, peak_rate_rps=None if peak is None else float(peak))
 
 
 def _decision_dict(d: Decision) -> dict[str, Any]:
