@@ -29,6 +29,7 @@ from .pdcluster import (
     RoutingPolicy,
     TransferBackend,
 )
+from .tenant_policy import TenantPolicy, refusals
 
 # Pod annotations the operator owns: the router reads the first, scrapers the next three; the
 # drain writes the last two (a spec that set them could pick which pod a scale-down removes,
@@ -348,12 +349,19 @@ def _check_planner(spec: PDClusterSpec) -> list[Problem]:
     return out
 
 
-def validate(raw: dict[str, Any] | None) -> tuple[PDClusterSpec, Derived]:
-    """Parse and check a spec; raise SpecError listing every problem."""
+def validate(raw: dict[str, Any] | None, policy: TenantPolicy | None = None
+             ) -> tuple[PDClusterSpec, Derived]:
+    """Parse and check a spec, and with ``policy`` hold it to the admin's tenant policy;
+    raise SpecError listing every problem."""
+    from .engines import operator_env_names  # engines needs Derived from here
     from .k8s_rules import check_spec  # what Kubernetes refuses in the children
 
     spec = parse(raw)
     problems = check(spec) + [Problem(field, message) for field, message in check_spec(spec)]
+    if policy is not None:
+        # the operator's own variables are known only for a spec that renders
+        operator_env = operator_env_names(spec, derive(spec)) if not problems else frozenset()
+        problems += [Problem(r.field, r.message) for r in refusals(spec, policy, operator_env)]
     if problems:
         raise SpecError(problems)
     return spec, derive(spec)

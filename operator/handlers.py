@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from . import tenant_policy
 from .clock import now_rfc3339
 from .kube import Kube, api_client_from_environment
 from .names import LABEL_MANAGED_BY, MANAGER
@@ -106,6 +107,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.enabled = False  # we post our own Events, only on meaningful changes
     settings.watching.server_timeout = int(os.environ.get("PDSCALE_WATCH_TIMEOUT_SECONDS", "300"))
     settings.execution.max_workers = int(os.environ.get("PDSCALE_WORKERS", "8"))
+    tenant_policy.configured()  # a malformed policy stops the start here, with its reason
     memo.api = api_client_from_environment()
     memo.retries = Retries()
     # Children's resourceVersions as the last reconcile left them: a child event carrying

@@ -19,6 +19,7 @@ from pdscale.planner.observe import Role
 
 from . import conditions as c
 from . import status as st
+from . import tenant_policy
 from .builders import build_children, planned_replicas, unready_allowance_seconds
 from .checklist import Derived, SpecError, validate
 from .clock import epoch_seconds
@@ -140,7 +141,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
     spec: PDClusterSpec | None
     derived: Derived | None
     try:
-        spec, derived = validate(body.get("spec"))
+        spec, derived = validate(body.get("spec"), tenant_policy.configured())
     except SpecError as exc:
         out.problems = obs.problems = [str(p) for p in exc.problems]
         spec = derived = None

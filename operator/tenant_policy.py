@@ -15,6 +15,7 @@ environment variable the operator renders (refused here, as it depends on the re
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -91,6 +92,14 @@ class TenantPolicy:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{POLICY_ENV} is not JSON: {exc}") from None
         return cls.from_mapping(data)
+
+
+@functools.cache
+def configured() -> TenantPolicy:
+    """The operator process's policy: read once from its environment, so that every caller
+    (the reconcile, the planner loop's reconciles) holds specs to the same rules. A malformed
+    policy raises at the operator's start, never opens the policy."""
+    return TenantPolicy.from_environment()
 
 
 def _camel(snake: str) -> str:

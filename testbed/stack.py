@@ -9,6 +9,7 @@ It uses a token of the ServiceAccount the chart created, so it has exactly the c
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+import yaml
 
 from .localcluster import DEFAULT_BIN_DIR, ClusterError, LocalCluster, _die_with_parent, free_port
 from .localprometheus import LocalPrometheus
@@ -110,6 +113,12 @@ class Stack:
         self.fleet.start()
         self.say("simulated fleet following the operator's pods")
 
+    def tenant_policy_json(self) -> str:
+        """The chart's tenantPolicy values (what the installed release carries), as the
+        operator's environment variable."""
+        values = yaml.safe_load((self.chart / "values.yaml").read_text())
+        return json.dumps({k: v for k, v in values["tenantPolicy"].items() if k != "admission"})
+
     def start_operator(self) -> None:
         """Run the operator (again: the failure tests kill it mid-drain and restart it)."""
         assert self.prometheus is not None
@@ -119,7 +128,9 @@ class Stack:
                "PDSCALE_PLANNER_TICK_SECONDS": str(self.planner_tick_seconds),
                "PDSCALE_METRICS_PORT": str(self.operator_metrics_port),
                "PDSCALE_METRICS_HOST": "127.0.0.1",
-               "PDSCALE_RESYNC_SECONDS": "30"}
+               "PDSCALE_RESYNC_SECONDS": "30",
+               # as the chart's Deployment does: the admin's tenant policy from the values
+               "PDSCALE_TENANT_POLICY": self.tenant_policy_json()}
         log = self.workdir / "operator.log"
         kopf = Path(sys.executable).parent / "kopf"
         with open(log, "ab") as out:

@@ -360,3 +360,23 @@ def test_failed_reconciles_back_off_exponentially_up_to_a_cap():
     assert r.ready(100.0 + RETRY_MAX_SECONDS) == [key]
     r.succeeded(key)
     assert r.ready(1e9) == []
+
+
+def test_the_tenant_policy_refuses_a_spec_with_spec_valid_false_naming_field_and_policy(monkeypatch):
+    from pdscale.operator import tenant_policy
+
+    # an admin whose policy allows only their own registry; the operator reads it at start
+    monkeypatch.setenv(tenant_policy.POLICY_ENV, '{"allowedImagePrefixes": ["registry.corp/"]}')
+    tenant_policy.configured.cache_clear()
+    try:
+        kube = FakeKube()
+        _pdc(kube)
+        out = reconcile(kube, _body(kube), NOW)
+    finally:
+        tenant_policy.configured.cache_clear()
+    assert [k for k in kube.objects if k[0] != "PDCluster"] == []  # nothing rendered
+    valid = c.find(_body(kube)["status"]["conditions"], c.SPEC_VALID)
+    assert valid["status"] == "False"
+    assert "spec.engine.image" in valid["message"] and "allowedImagePrefixes" in valid["message"]
+    assert "spec.router.image" in " ".join(out.problems)
+    assert ("Warning", "SpecInvalid") in [(e.type, e.reason) for e in out.events]
