@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -168,5 +169,78 @@ def test_helm_install_gives_the_operator_exactly_its_permissions(cluster, admin_
         assert refused.value.status == 403
         deployment = client.AppsV1Api(admin_api).read_namespaced_deployment("pdscale-operator", namespace)
         assert deployment.spec.template.spec.service_account_name == "pdscale-operator"
+    finally:
+        helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
+
+
+def test_the_tenant_policy_is_rendered_from_values_for_admission_and_the_operator():
+    docs = render()
+    policy = by_kind(docs, "ValidatingAdmissionPolicy")[0]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["tenantPolicy"]
+    assert json.loads(variables["imagePrefixes"]) == values["allowedImagePrefixes"]
+    assert json.loads(variables["hostPathPrefixes"]) == values["allowedHostPathPrefixes"]
+    binding = by_kind(docs, "ValidatingAdmissionPolicyBinding")[0]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    env = {e["name"]: e.get("value") for e in
+           by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env["PDSCALE_TENANT_POLICY"]) == {k: v for k, v in values.items() if k != "admission"}
+    # switches add their rules; admission can be left to the operator alone
+    strict = by_kind(render("tenantPolicy.allowEnv=false", "tenantPolicy.allowAffinity=false"),
+                     "ValidatingAdmissionPolicy")[0]
+    messages = " ".join(v.get("message", "") for v in strict["spec"]["validations"])
+    assert "allowEnv: false" in messages and "allowAffinity: false" in messages
+    assert not by_kind(render("tenantPolicy.admission=false"), "ValidatingAdmissionPolicy")
+
+
+def _pdcluster(name: str, **changes) -> dict:
+    body = yaml.safe_load((ROOT / "examples" / "sglang-glm-4p8d.yaml").read_text())
+    body["metadata"] = {"name": name}
+    for dotted, value in changes.items():
+        node = body["spec"]
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return body
+
+
+@pytest.mark.cluster
+def test_the_api_server_refuses_what_the_tenant_policy_forbids(cluster, admin_api, namespace):
+    release = f"vap-{uuid.uuid4().hex[:6]}"
+    helm("install", release, str(CHART), "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+         "--set", "grafana.dashboard.enabled=false", "--set", "replicaCount=0",
+         "--set", "tenantPolicy.allowPodAnnotations=false",
+         "--set", "tenantPolicy.reservedEnvNames={NCCL_DEBUG}", "--wait=false")
+    custom = client.CustomObjectsApi(admin_api)
+
+    def create(body: dict) -> ApiException | None:
+        try:
+            custom.create_namespaced_custom_object("pdscale.io", "v1alpha1", namespace, "pdclusters", body)
+        except ApiException as exc:
+            return exc
+        return None
+
+    try:
+        forbidden = {
+            "spec.engine.image": _pdcluster("img", **{"engine.image": "evil.example/miner:1"}),
+            "spec.router.image": _pdcluster("rtr", **{"router.image": "evil.example/router:1"}),
+            "spec.model.weights.hostPath.path": _pdcluster(
+                "host", **{"model.weights": {"hostPath": {"path": "/var/lib/kubelet"}}}),
+            "spec.placement.podAnnotations": _pdcluster(
+                "ann", **{"placement.podAnnotations": {"team": "a"}}),
+            "spec.prefill.env": _pdcluster("env", **{"prefill.env": [{"name": "NCCL_DEBUG", "value": "1"}]}),
+        }
+        # the policy takes a moment to reach the API server's admission chain
+        probe = forbidden["spec.engine.image"]
+        deadline = time.monotonic() + 30
+        while (exc := create(probe)) is None and time.monotonic() < deadline:
+            custom.delete_namespaced_custom_object("pdscale.io", "v1alpha1", namespace, "pdclusters", "img")
+            time.sleep(1)
+        for field, body in forbidden.items():
+            exc = create(body)
+            assert exc is not None and exc.status in (403, 422), f"{field}: admitted"
+            assert field in exc.body and "tenant policy" in exc.body, exc.body
+        assert create(_pdcluster("ok")) is None  # the example itself is allowed
     finally:
         helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
