@@ -565,8 +565,12 @@ def spec_reason(line: str) -> str:
     """The refusal's class: the field named, to two levels (spec.placement, metadata.name)."""
     rest = line.split(": ", 1)[1] if ": " in line else line
     named = rest.split(": ", 1)[0]
-    parts = re.split(r"[.\[]", named)
-    return ".".join(parts[:2]) if parts[0] == "spec" else parts[0]
+    parts = [p for p in re.split(r"[.\[\]]+", named) if p]
+    if parts[:1] == ["spec"]:
+        return ".".join(parts[:2]) if len(parts) > 1 and parts[1].isidentifier() else "spec"
+    if parts[:1] in (["metadata"], ["kind"], ["apiVersion"], ["document"]):
+        return parts[0]
+    return "unknown top-level field"
 
 
 def unnamed_errors(outcome: Outcome) -> list[str]:
