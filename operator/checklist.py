@@ -16,6 +16,8 @@ from typing import Any
 
 import pydantic
 
+from pdscale.planner.profile import shipped_profiles
+
 from .fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from .pdcluster import (
     GPU_PRODUCT_LABEL,
@@ -346,6 +348,10 @@ def _check_planner(spec: PDClusterSpec) -> list[Problem]:
             out.append(Problem("spec.planner.nodeBudget",
                                f"{planner.node_budget} is below prefill.replicas + "
                                f"decode.replicas = {now}"))
+    if planner.profile is not None and planner.profile not in shipped_profiles():
+        # a name, never a path: a tenant must not make the operator open a file of its choice
+        out.append(Problem("spec.planner.profile",
+                           f"{planner.profile!r} is not a shipped profile; shipped: {shipped_profiles()}"))
     return out
 
 

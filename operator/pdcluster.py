@@ -511,8 +511,10 @@ class PlannerSpec(_Model):
     profile: str | None = Field(
         default=None,
         min_length=1,
-        description="Performance profile the planner sizes with (a name under "
-        "planner/profiles); unset: the planner's default.",
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Performance profile the planner sizes with: the name of a shipped "
+        "profile (never a path); unset: the planner's default.",
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
-from pdscale.planner.profile import Profile, load_profile
+from pdscale.planner.profile import Profile, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
 
@@ -42,7 +42,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     The node budget defaults to the two roles' maxima together."""
     p = spec.planner
     return build_config(
-        model=PerformanceModel(profile or load_profile(p.profile)),
+        model=PerformanceModel(profile or shipped_profile(p.profile)),
         slo=Slo(
             ttft_seconds=spec.slo.ttft_seconds,
             tpot_seconds=spec.slo.tpot_seconds,

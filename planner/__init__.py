@@ -9,7 +9,8 @@ for callers that need only one part, e.g. the metrics reader):
 - ``observe``: :class:`Observation`, :class:`Reading` (value + time; stale -> unknown),
   :class:`RoleState`, :class:`Warming`.
 - ``decision``: :class:`Decision` (targets, predicted TTFT/TPOT, cost, explanation).
-- ``profile``: :func:`load_profile`, :func:`parse_profile`, :class:`ProfileError`.
+- ``profile``: :func:`shipped_profile` (by name: the operator's), :func:`load_profile` (a
+  file or a name: the command line's), :func:`parse_profile`, :class:`ProfileError`.
 - ``model``: :class:`PerformanceModel`, :class:`Load`, :class:`Slo`, :func:`calibrate`,
   :func:`calibrate_slo`.
 - ``forecast``: :func:`forecast`, :func:`backtest`.

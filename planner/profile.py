@@ -6,6 +6,7 @@ when it is not."""
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -90,24 +91,50 @@ def parse_profile(data: Any, *, source: str = "<data>") -> Profile:
         raise ProfileError(_describe(exc, source)) from None
 
 
+#: a shipped profile's name: what a PDCluster may name (never a path)
+PROFILE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: a profile file is a few KiB; anything far larger is not one (and is not read whole)
+MAX_PROFILE_BYTES = 256 * 1024
+
+
+def shipped_profiles() -> list[str]:
+    """The names of the profiles that ship with pdscale."""
+    folder = resources.files(__package__ or "pdscale.planner").joinpath("profiles")
+    return sorted(f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
+def shipped_profile(name: str | None = None) -> Profile:
+    """A shipped profile by name (the default if None). This is what the operator loads for a
+    PDCluster's ``spec.planner.profile``: a tenant names a profile, it never opens a file."""
+    name = DEFAULT_PROFILE if name is None else name
+    if not PROFILE_NAME.match(name) or name not in shipped_profiles():
+        raise ProfileError(f"no shipped profile named {name!r}; shipped: {shipped_profiles()}")
+    text = resources.files(__package__ or "pdscale.planner").joinpath("profiles", f"{name}.yaml").read_text()
+    return _parse_text(text, f"{name} (shipped)")
+
+
 def load_profile(path_or_name: str | Path | None = None) -> Profile:
-    """Load a profile from a YAML file path, or a shipped profile by name (default if None)."""
-    if path_or_name is None:
-        path_or_name = DEFAULT_PROFILE
+    """For the command line: a profile from a YAML file the user names, or a shipped profile
+    by name (the default if None)."""
+    if path_or_name is None or (isinstance(path_or_name, str) and PROFILE_NAME.match(path_or_name)
+                                and not Path(path_or_name).exists()):
+        return shipped_profile(None if path_or_name is None else str(path_or_name))
     path = Path(path_or_name)
-    if path.suffix not in (".yaml", ".yml") and not path.exists():
-        text = (
-            resources.files(__package__ or "pdscale.planner")
-            .joinpath("profiles", f"{path_or_name}.yaml")
-            .read_text()
-        )
-        source = f"{path_or_name} (shipped)"
-    else:
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ProfileError(f"cannot read profile {path}: {exc.strerror}") from None
-        source = str(path)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {path}: {exc.strerror}") from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(f"profile {path} is over {MAX_PROFILE_BYTES // 1024} KiB: not a profile")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProfileError(f"profile {path} is not UTF-8 text") from None
+    return _parse_text(text, str(path))
+
+
+def _parse_text(text: str, source: str) -> Profile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -133,3 +133,28 @@ def test_the_policy_from_the_charts_values_round_trips_and_refuses_typos():
     with pytest.raises(ValueError, match="allowedHostPathPrefixes must be a list of strings"):
         TenantPolicy.from_mapping({"allowedHostPathPrefixes": "/"})
     assert TenantPolicy.from_environment({}) == TenantPolicy()
+
+
+@pytest.mark.parametrize("profile", ["/dev/zero", "../../etc/passwd", "nope"])
+def test_the_profile_is_a_shipped_name_never_a_path(profile):
+    spec = spec_of(GLM, **{"planner.profile": profile})
+    with pytest.raises(SpecError, match=re.escape("spec.planner.profile")):
+        validate(spec)
+
+
+def test_the_operator_loads_a_profile_by_name_only():
+    from pdscale.planner.profile import ProfileError, shipped_profile, shipped_profiles
+
+    assert "demo-sim" in shipped_profiles()
+    assert shipped_profile("demo-sim").name
+    with pytest.raises(ProfileError, match="no shipped profile named '/dev/zero'"):
+        shipped_profile("/dev/zero")
+
+
+def test_the_command_line_refuses_a_huge_file_as_a_profile(tmp_path):
+    from pdscale.planner.profile import ProfileError, load_profile
+
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (1 << 20))
+    with pytest.raises(ProfileError, match="not a profile"):
+        load_profile(big)
