@@ -33,8 +33,8 @@ from yaml.scanner import Scanner
 MAX_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 MAX_ALIASES = 128
-# Values (scalars and collections) in one document, aliases expanded; a PDCluster has a few
-# hundred.
+# Values (scalars and collections) in the file as written, and in one document with its
+# aliases expanded; a PDCluster has a few hundred.
 MAX_NODES = 100_000
 # Digits in an integer literal: int64 has 19; this leaves room for the field's own message.
 MAX_INT_DIGITS = 40
@@ -90,6 +90,7 @@ class _LimitedLoader(_Parser, Composer, SafeConstructor, Resolver):
         Resolver.__init__(self)
         self.depth = 0
         self.aliases = 0
+        self.nodes = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -97,6 +98,10 @@ class _LimitedLoader(_Parser, Composer, SafeConstructor, Resolver):
             if self.aliases > MAX_ALIASES:
                 raise yaml.composer.ComposerError(
                     None, None, f"more than {MAX_ALIASES} aliases", self._mark())
+        self.nodes += 1
+        if self.nodes > MAX_NODES:  # bounds the composed graph (and its memory) as well
+            raise yaml.composer.ComposerError(
+                None, None, f"more than {MAX_NODES} values in the file", self._mark())
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:

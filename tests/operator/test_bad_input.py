@@ -86,6 +86,13 @@ def test_an_alias_bomb_is_refused_before_expansion(render):
     assert peak < 20 * 2**20  # 10^9 values if expanded
 
 
+def test_too_many_values_are_refused_while_composing(render, monkeypatch):
+    monkeypatch.setattr(spec_file, "MAX_NODES", 1000)  # the same check, a smaller file
+    code, err = render("x: [" + "1," * 1010 + "1]")
+    assert code == 2
+    assert "document 1: more than 1000 values in the file line 1, column 1999" in err[0]
+
+
 def test_too_many_aliases_are_refused(render):
     n = spec_file.MAX_ALIASES + 1
     text = "".join(f"k{i}: &k{i} v\n" for i in range(n)) + "refs: [" + ", ".join(
