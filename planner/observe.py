@@ -6,7 +6,8 @@ failed Prometheus query read as zero load is how other planners scale a busy fle
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 
@@ -23,8 +24,11 @@ class Reading:
     at_seconds: float
 
     def fresh(self, now_seconds: float, max_age_seconds: float) -> float | None:
-        """The value, or ``None`` (unknown) when it is older than ``max_age_seconds``."""
-        return self.value if now_seconds - self.at_seconds <= max_age_seconds else None
+        """The value, or ``None`` (unknown) when it is older than ``max_age_seconds``, or
+        stamped more than that in the future (two clocks that far apart cannot date it), or
+        stamped at a time that is not a finite number."""
+        age = now_seconds - self.at_seconds
+        return self.value if -max_age_seconds <= age <= max_age_seconds else None
 
 
 @dataclass(frozen=True)
@@ -81,3 +85,132 @@ class Observation:
 
     def role(self, role: Role) -> RoleState:
         return self.prefill if role is Role.PREFILL else self.decode
+
+
+# -- what a usable reading looks like ----------------------------------------------------------
+# A reading outside these ranges is not a measurement of any fleet pdscale can run: it is a
+# unit error, a counter reset read as a rate, a histogram with a broken bucket, or a corrupted
+# answer. The planner holds on it (planner.solve) rather than sizing a fleet for it. Each bound
+# is far above anything real, so that no real load is ever refused.
+
+#: requests/s: the largest public LLM services answer on the order of 1e4-1e5 requests/s over
+#: all their regions; a million per second into one PDCluster is not a load, it is an error
+MAX_RATE_RPS = 1e6
+#: tokens per request: the longest context windows offered are ~1e7 tokens
+MAX_MEAN_TOKENS = 1e7
+#: a prefix hit rate is a share of prompt tokens; counters scraped a moment apart may put it a
+#: little outside [0, 1] (clamped), further out the two counters do not belong together
+HIT_RATE_SLACK = 0.05
+#: seconds to the first token: a request waiting a day for it is lost, not slow (and
+#: histogram_quantile never answers above the highest finite bucket bound, minutes at most)
+MAX_TTFT_SECONDS = 86_400.0
+#: seconds between tokens: ten minutes per token is a stalled engine or a unit error
+MAX_TPOT_SECONDS = 600.0
+#: requests queued or running in one role (the replay's prefill queue is seconds of work):
+#: ten million is beyond the KV memory and the admission queues of any fleet
+MAX_QUEUE = 1e7
+#: instances of one role: the largest GPU clusters hold ~1e5 GPUs, an instance takes >= 1
+MAX_INSTANCES = 100_000
+
+#: reading name -> (lowest, highest) usable value
+READING_BOUNDS: dict[str, tuple[float, float]] = {
+    "rate_rps": (0.0, MAX_RATE_RPS),
+    "peak_rate_rps": (0.0, MAX_RATE_RPS),
+    "mean_input_tokens": (0.0, MAX_MEAN_TOKENS),
+    "mean_output_tokens": (0.0, MAX_MEAN_TOKENS),
+    "prefix_hit_rate": (-HIT_RATE_SLACK, 1.0 + HIT_RATE_SLACK),
+    "ttft_p50_seconds": (0.0, MAX_TTFT_SECONDS),
+    "ttft_p99_seconds": (0.0, MAX_TTFT_SECONDS),
+    "tpot_p50_seconds": (0.0, MAX_TPOT_SECONDS),
+    "tpot_p99_seconds": (0.0, MAX_TPOT_SECONDS),
+    "queue_depth": (0.0, MAX_QUEUE),
+    "running_requests": (0.0, MAX_QUEUE),
+}
+
+
+def _real(x: object) -> float | None:
+    """``x`` as a float if it is a real number (not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
+def _check_value(name: str, value: object) -> str | None:
+    x = _real(value)
+    if x is None:
+        return f"{name} is not a number ({value!r})"
+    if not math.isfinite(x):
+        return f"{name} is not finite ({value!r})"
+    lo, hi = READING_BOUNDS[name.rsplit(".", 1)[-1]]
+    if x < lo:
+        return f"{name} is below {lo:g} ({x:g})"
+    if x > hi:
+        return f"{name} is implausibly large ({x:g} > {hi:g})"
+    return None
+
+
+def _check_count(name: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} is not a whole count ({value!r})"
+    if not 0 <= value <= MAX_INSTANCES:
+        return f"{name} is outside [0, {MAX_INSTANCES}] ({value})"
+    return None
+
+
+def _check_role(role: Role, st: object) -> str | None:
+    if not isinstance(st, RoleState):
+        return f"{role} state is not a RoleState ({type(st).__name__})"
+    for name in ("ready", "draining", "recently_ready"):
+        why = _check_count(f"{role}.{name}", getattr(st, name))
+        if why:
+            return why
+    if not isinstance(st.warming, tuple) or len(st.warming) > MAX_INSTANCES:
+        return f"{role}.warming is not a tuple of at most {MAX_INSTANCES} warm-ups"
+    for w in st.warming:
+        at = _real(getattr(w, "ready_at_seconds", None)) if isinstance(w, Warming) else None
+        if at is None or not math.isfinite(at):
+            return f"{role}.warming has a warm-up with no finite ready time ({w!r})"
+    return None
+
+
+def unusable(obs: Observation, max_age_seconds: float) -> str | None:
+    """Why the planner cannot use ``obs`` (None: it can). Readings that are missing or stale
+    are unknown, which the planner handles (unknown load: hold; unknown latency: nothing
+    learned); a reading that is fresh but negative, not finite, implausibly large, or
+    inconsistent with another, or a fleet count that is not a count, is unusable: the whole
+    observation is then distrusted (one broken answer says the source may be broken)."""
+    if not isinstance(obs, Observation):
+        return f"observation is not an Observation ({type(obs).__name__})"
+    now = _real(obs.now_seconds)
+    if now is None or not math.isfinite(now):
+        return f"now_seconds is not a finite time ({obs.now_seconds!r})"
+    values: dict[str, float] = {}
+    sources = [(f.name, getattr(obs, f.name)) for f in fields(Observation) if f.name in READING_BOUNDS]
+    for role in Role:
+        st = obs.role(role)
+        why = _check_role(role, st)
+        if why:
+            return why
+        sources += [(f"{role}.queue_depth", st.queue_depth), (f"{role}.running_requests", st.running_requests)]
+    for name, r in sources:
+        if r is None:
+            continue
+        if not isinstance(r, Reading):
+            return f"{name} is not a Reading ({type(r).__name__})"
+        at = _real(r.at_seconds)
+        if at is None or not math.isfinite(at) or abs(now - at) > max_age_seconds:
+            continue  # stale, future or undated: unknown, not unusable
+        why = _check_value(name, r.value)
+        if why:
+            return why
+        values[name] = _real(r.value) or 0.0
+    return _inconsistent(values)
+
+
+def _inconsistent(v: dict[str, float]) -> str | None:
+    """Readings that cannot all be true together."""
+    if v.get("rate_rps", 0.0) > 0:
+        for name in ("mean_input_tokens", "mean_output_tokens"):
+            if v.get(name) == 0.0:
+                return f"{name} is 0 with a positive rate ({v['rate_rps']:g} req/s)"
+    return None

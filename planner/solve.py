@@ -45,8 +45,16 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from .config import PlannerConfig
 from .decision import Decision
 from .forecast import forecast, rise_margin
-from .model import Calibration, Load, calibrate_slo
-from .observe import Observation, Reading
+from .model import HEADROOM_BOUNDS, Calibration, Load, calibrate_slo
+from .observe import (
+    MAX_INSTANCES,
+    MAX_MEAN_TOKENS,
+    MAX_RATE_RPS,
+    Observation,
+    Reading,
+    Role,
+    unusable,
+)
 
 __all__ = ["History", "PlannerConfig", "current_load", "plan", "recalibrate", "remember", "step"]
 
@@ -132,12 +140,118 @@ def step(
 ) -> tuple[Decision, History]:
     """One planning interval as the operator and the replay both run it: learn the model's
     correction from the observation, plan with it, remember. Pure; the history is the only
-    state carried from one interval to the next."""
-    calibration = recalibrate(observation, config, history)
-    model = replace(config.model, calibration=calibration)
-    decision = plan(observation, config=replace(config, model=model), history=history, now=now,
-                    future_loads=future_loads)
-    return decision, replace(remember(history, observation, decision, config), calibration=calibration)
+    state carried from one interval to the next.
+
+    Never raises for any observation or history content: a reading the planner cannot use
+    (``observe.unusable``: negative, not finite, implausibly large, inconsistent) holds, and
+    teaches the calibration nothing; any other failure holds too, naming the error. Every
+    decision is within the current bounds (``_within_bounds``): a max or a budget lowered under
+    the fleet lowers the target at once, and the operator gets there by draining (a target is
+    where to go, the drains pace the way down)."""
+    history = _sane_history(history)
+    try:
+        why = unusable(observation, config.max_age_seconds)
+        if why is None and not (isinstance(now, (int, float)) and math.isfinite(now)):
+            why = f"the planning time is not finite ({now!r})"
+        if why is not None:
+            decision = _hold(observation, history, now, f"unusable reading: {why}", config)
+            return decision, history.record(None, decision)
+        calibration = recalibrate(observation, config, history)
+        model = replace(config.model, calibration=calibration)
+        decision = plan(observation, config=replace(config, model=model), history=history, now=now,
+                        future_loads=future_loads)
+        decision = _within_bounds(decision, config)
+        return decision, replace(remember(history, observation, decision, config), calibration=calibration)
+    except Exception as exc:  # the last line of defence: a planning error must not stop the tick
+        decision = _hold(observation, history, now, f"planner error ({type(exc).__name__}: {exc})",
+                         config)
+        return decision, history.record(None, decision)
+
+
+def _sane_history(history: History) -> History:
+    """``history`` without entries no planning could have produced (a remembered history
+    restored from storage, or written by hand): an implausible load becomes unknown, an odd
+    decision is dropped, a calibration outside its bounds is forgotten. The same object when
+    all is well."""
+    loads = tuple(ld if _load_ok(ld) else None for ld in history.loads)
+    decisions = tuple(d for d in history.decisions if _decision_ok(d))
+    cal = history.calibration if _calibration_ok(history.calibration) else None
+    if (cal is history.calibration and len(decisions) == len(history.decisions)
+            and all(a is b for a, b in zip(loads, history.loads, strict=True))):
+        return history
+    return replace(history, loads=loads, decisions=decisions, calibration=cal)
+
+
+def _finite_in(x: object, lo: float, hi: float) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and lo <= x <= hi)
+
+
+def _load_ok(ld: object) -> bool:
+    if not isinstance(ld, Load):
+        return False
+    peak = ld.peak_rate_rps
+    return (_finite_in(ld.rate_rps, 0.0, MAX_RATE_RPS)
+            and _finite_in(ld.mean_input_tokens, 0.0, MAX_MEAN_TOKENS)
+            and _finite_in(ld.mean_output_tokens, 0.0, MAX_MEAN_TOKENS)
+            and _finite_in(ld.prefix_hit_rate, 0.0, 1.0)
+            and (peak is None or _finite_in(peak, 0.0, MAX_RATE_RPS)))
+
+
+def _decision_ok(d: object) -> bool:
+    if not isinstance(d, Decision):
+        return False
+    counts = (d.prefill, d.decode, *d.desired) if isinstance(d.desired, tuple) else ()
+    return len(counts) == 4 and all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_INSTANCES for n in counts)
+
+
+def _calibration_ok(cal: object) -> bool:
+    if cal is None:
+        return True
+    if not isinstance(cal, Calibration):
+        return False
+    lo, hi = HEADROOM_BOUNDS
+    return (_finite_in(cal.prefill_headroom, lo, hi) and _finite_in(cal.decode_headroom, lo, hi)
+            and _finite_in(cal.prefill_factor, 1e-6, 1e6) and _finite_in(cal.decode_factor, 1e-6, 1e6))
+
+
+def _clamp(p: int, d: int, cfg: PlannerConfig) -> tuple[int, int, list[str]]:
+    """Counts moved into the current bounds: each role within its min and max, then both
+    within the node budget, cutting each role in proportion to what it has above its min.
+    The minima win over the budget (a config may ask for more than the budget holds)."""
+    why = []
+    if p > cfg.max_prefill or p < cfg.min_prefill:
+        why.append(f"prefill bounds [{cfg.min_prefill}, {cfg.max_prefill}]")
+        p = min(max(p, cfg.min_prefill), cfg.max_prefill)
+    if d > cfg.max_decode or d < cfg.min_decode:
+        why.append(f"decode bounds [{cfg.min_decode}, {cfg.max_decode}]")
+        d = min(max(d, cfg.min_decode), cfg.max_decode)
+    over = p + d - cfg.nodes
+    if over > 0:
+        room_p, room_d = p - cfg.min_prefill, d - cfg.min_decode
+        cut_p = min(room_p, over * room_p // max(room_p + room_d, 1))
+        cut_d = min(room_d, over - cut_p)
+        cut_p = min(room_p, over - cut_d)
+        p, d = p - cut_p, d - cut_d
+        why.append(f"node budget {cfg.nodes}" + (" (the minima exceed it)" if p + d > cfg.nodes else ""))
+    return p, d, why
+
+
+def _within_bounds(decision: Decision, cfg: PlannerConfig) -> Decision:
+    """``decision`` with its target inside the current bounds, and why if it moved. The MILP
+    brings a fleet outside bounds just moved back by its step limits and never forces removals
+    to fit a lowered budget; the target says where the bounds are, and the operator's drains
+    bring the fleet down to it. (Switches are dropped: a fleet cut to new bounds has no role
+    to switch into.)"""
+    p, d, why = _clamp(decision.prefill, decision.decode, cfg)
+    if not why:
+        return decision
+    return replace(
+        decision, prefill=p, decode=d, switch_to_prefill=0, switch_to_decode=0,
+        explanation=f"{decision.explanation}; target {decision.prefill}P{decision.decode}D clamped "
+                    f"to {p}P{d}D by the {' and '.join(why)} (scaled down through drains)",
+    )
 
 
 def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Calibration:
@@ -206,7 +320,7 @@ def plan(
     """
     load = _observed_load(observation, config, history)
     if load is None:
-        return _hold(observation, history, now, "load metrics unknown or stale")
+        return _hold(observation, history, now, "load metrics unknown or stale", config)
     H = max(1, config.horizon_intervals)
     if future_loads:
         known = list(future_loads)[:H]
@@ -310,7 +424,7 @@ def _plan_for(
     x, how = _solve(program.c, program.A, program.lo, program.hi, program.ub,
                     program.integrality, cfg.solver_time_limit_seconds)
     if x is None:
-        return _hold(observation, history, now, f"solver failed ({how}); holding")
+        return _hold(observation, history, now, f"solver failed ({how})", cfg)
     outcome = _outcome(program, timing, x)
     return _decision(cfg, now, load, future, needs, timing, floor, outcome, how)
 
@@ -755,25 +869,41 @@ def _solve(
     return lp.x, "lp-rounded"
 
 
-def _hold(obs: Observation, history: History, now: float, why: str) -> Decision:
+def _hold(obs: Observation, history: History, now: float, why: str, cfg: PlannerConfig) -> Decision:
+    """Hold the previous decision (or, with none, the current counts), inside the current
+    bounds: a hold after a lowered max or budget lowers the target to it."""
     if history.decisions:
         last = history.decisions[-1]
         p, d = last.prefill, last.decode
         src = "the previous decision"
     else:
-        p, d = obs.prefill.committed, obs.decode.committed
+        p, d = _committed_or(obs, Role.PREFILL, cfg.min_prefill), _committed_or(obs, Role.DECODE, cfg.min_decode)
         src = "the current counts"
+    hp, hd, clamped = _clamp(p, d, cfg)
+    text = f"{why}: holding {src} {p}P{d}D (unknown is not zero)"
+    if clamped:
+        text += f"; clamped to {hp}P{hd}D by the {' and '.join(clamped)} (scaled down through drains)"
     return Decision(
         at_seconds=now,
-        prefill=p,
-        decode=d,
+        prefill=hp,
+        decode=hd,
         predicted_ttft_seconds=math.nan,
         predicted_tpot_seconds=math.nan,
         cost_gpu_hours=math.nan,
-        explanation=f"{why}: holding {src} {p}P{d}D (unknown is not zero)",
+        explanation=text,
         held=True,
-        desired=history.decisions[-1].desired if history.decisions else (p, d),
+        desired=history.decisions[-1].desired if history.decisions else (hp, hd),
     )
+
+
+def _committed_or(obs: Observation, role: Role, default: int) -> int:
+    """The role's ready + warming instances, or ``default`` when the observation does not
+    hold a count (a hold on a broken observation must not break too)."""
+    st = getattr(obs, role.value, None)
+    ready, warming = getattr(st, "ready", None), getattr(st, "warming", None)
+    if isinstance(ready, int) and not isinstance(ready, bool) and isinstance(warming, tuple):
+        return max(0, ready) + len(warming)
+    return default
 
 
 def _explain(
