@@ -18,6 +18,7 @@ query name so that a condition can say which query failed and why.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -169,21 +170,59 @@ def render_queries(
     return rendered
 
 
-def to_reading(result: Any, at_seconds: float) -> tuple[Reading | None, str | None]:
-    """Interpret one instant-query answer (the ``result`` list of a vector).
+#: a sample value as the HTTP API writes it: a decimal number string (Prometheus formats
+#: floats without an exponent; compatible servers may add one). NaN and infinities are spelled
+#: "NaN", "+Inf" and "-Inf" and are unknown, not numbers.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NOT_A_NUMBER = frozenset({"nan", "+inf", "-inf", "inf"})
 
+
+def to_reading(
+    result: Any, now_seconds: float, max_age_seconds: float | None = None
+) -> tuple[Reading | None, str | None]:
+    """Interpret one instant-query answer: the ``result`` of a vector (a list of
+    ``{"metric": {...}, "value": [timestamp, "number"]}``) or of a scalar
+    (``[timestamp, "number"]``), as the HTTP API documents them.
+
+    The reading is stamped at the sample's timestamp, so the planner dates it by the time
+    Prometheus evaluated it, not by when the answer arrived. Anything not exactly of that
+    shape is unknown: a value that is not a finite decimal number string (a number, bytes, a
+    string with other characters), a missing or non-numeric timestamp, more than one series,
+    or (with ``max_age_seconds``) a sample older, or further in the future, than that.
     Returns the reading, or ``None`` with the reason it is unknown."""
     if not isinstance(result, list) or not result:
         return None, "no data"
-    if len(result) > 1:
+    if _is_sample(result):
+        sample = result  # a scalar answer
+    elif len(result) > 1:
         return None, f"{len(result)} series (the query must aggregate to one)"
-    try:
-        value = float(result[0]["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None, "malformed answer"
-    if math.isnan(value) or math.isinf(value):
+    else:
+        series = result[0]
+        if (not isinstance(series, dict) or not isinstance(series.get("metric", {}), dict)
+                or not _is_sample(series.get("value"))):
+            return None, "malformed answer (expected {'metric': {...}, 'value': [time, 'number']})"
+        sample = series["value"]
+    at, text = float(sample[0]), sample[1]
+    if not math.isfinite(at):
+        return None, f"malformed answer (sample time {sample[0]!r})"
+    if text.strip().lower() in _NOT_A_NUMBER:
         return None, "not a number (no traffic in the window?)"
-    return Reading(value, at_seconds), None
+    if _DECIMAL.fullmatch(text) is None:
+        return None, f"malformed answer (value {text[:40]!r} is not a decimal number)"
+    value = float(text)
+    if not math.isfinite(value):
+        return None, f"not a number (value {text[:40]!r} overflows)"
+    if max_age_seconds is not None and not -max_age_seconds <= now_seconds - at <= max_age_seconds:
+        return None, f"stale (sample at {at:.0f}, {now_seconds - at:.0f} s before now; allowed {max_age_seconds:.0f} s)"
+    return Reading(value, at), None
+
+
+def _is_sample(x: object) -> bool:
+    """``[timestamp, "value"]``: a two-element list of a real number and a string (a JSON
+    answer has no tuples, but a client may hand one over)."""
+    return (isinstance(x, (list, tuple)) and len(x) == 2
+            and isinstance(x[0], (int, float)) and not isinstance(x[0], bool)
+            and isinstance(x[1], str))
 
 
 @dataclass(frozen=True)
@@ -211,11 +250,17 @@ class QueryClient(Protocol):
     def custom_query(self, query: str) -> Any: ...
 
 
-def read_metrics(client: QueryClient, queries: Mapping[str, str], now_seconds: float) -> MetricsSnapshot:
+def read_metrics(
+    client: QueryClient, queries: Mapping[str, str], now_seconds: float,
+    max_age_seconds: float | None = None,
+) -> MetricsSnapshot:
     """Run every query; a failure makes that reading unknown, never zero.
 
     ``client`` is a ``prometheus_api_client.PrometheusConnect`` (or anything with its
-    ``custom_query``); ``now_seconds`` stamps the readings (the caller's clock)."""
+    ``custom_query``); readings carry their samples' timestamps, which the planner compares
+    with its own clock (``Reading.fresh``). With ``max_age_seconds`` (the planner's), a
+    sample that old is unknown here already, and the failure says it was stale;
+    ``now_seconds`` is the caller's clock for that comparison."""
     readings: dict[str, Reading | None] = {}
     failures: dict[str, str] = {}
     for name, query in queries.items():
@@ -225,7 +270,7 @@ def read_metrics(client: QueryClient, queries: Mapping[str, str], now_seconds: f
             readings[name] = None
             failures[name] = _describe_error(exc)
             continue
-        readings[name], reason = to_reading(answer, now_seconds)
+        readings[name], reason = to_reading(answer, now_seconds, max_age_seconds)
         if reason:
             failures[name] = reason
     return MetricsSnapshot(readings, failures)

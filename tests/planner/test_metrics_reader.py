@@ -65,8 +65,9 @@ def test_unknown_answers_are_none_with_a_reason(answer, reason):
 
 
 def test_a_zero_is_a_real_zero():
-    reading, why = to_reading([{"metric": {}, "value": [0, "0"]}], 7.0)
-    assert reading is not None and reading.value == 0.0 and reading.at_seconds == 7.0
+    # (stamped at the sample's time, not the caller's)
+    reading, why = to_reading([{"metric": {}, "value": [6.5, "0"]}], 7.0)
+    assert reading is not None and reading.value == 0.0 and reading.at_seconds == 6.5
     assert why is None
 
 
