@@ -22,6 +22,7 @@ Warming pods are removed before any Ready pod is drained: they hold no request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,9 @@ DRAINING_ANNOTATION = "pdscale.io/draining-since"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 #: deletion cost of a pod being drained: lower than any default (0) so the ReplicaSet picks it
 DRAINING_DELETION_COST = -1000
+#: the start of a drain whose annotation cannot be read: long ago, so the drain has timed out
+#: (see ``drain_started_at``)
+DRAIN_START_UNREADABLE = -math.inf
 #: a pod Ready for less than this is "recently ready": its first passes are not yet warm
 RECENTLY_READY_SECONDS = 120.0
 
@@ -69,6 +73,26 @@ class PodView:
         return self.ready and not self.draining and not self.deleting
 
 
+def drain_started_at(annotation: object) -> float | None:
+    """The drain's start (epoch seconds) from a pod's draining annotation; None: not draining.
+
+    An annotation that is not a finite, non-negative number of seconds ("nan", "inf", "-inf",
+    "-5", "soon") reads as a drain that started long ago and has timed out
+    (``DRAIN_START_UNREADABLE``), never as one that never times out. Not as "started now":
+    the annotation is the drain's only record, read afresh every tick, so "now" would be now
+    at every tick, a drain without end unless the read rewrote the mark. A timed-out drain
+    still waits for the router to let the pod go (rule 6) and for warming pods; only requests
+    still in flight on a pod already out of the router may be cut, which is what the drain
+    timeout accepts anyway. (A start ahead of the clock is bounded in ``plan_role_actions``.)"""
+    if annotation is None or annotation == "":
+        return None
+    try:
+        since = float(str(annotation))
+    except ValueError:
+        return DRAIN_START_UNREADABLE
+    return since if math.isfinite(since) and since >= 0 else DRAIN_START_UNREADABLE
+
+
 def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
     """What the loop needs of one pod as the API lists it (a plain dict). A field the API
     has not filled yet reads as its absence: no IP yet, not Ready, no creation time (0, so a
@@ -86,7 +110,7 @@ def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
         ready_since_seconds=(epoch_seconds(ready_cond.get("lastTransitionTime"))
                              if ready and ready_cond is not None else None),
         deleting=meta.get("deletionTimestamp") is not None,
-        draining_since_seconds=float(draining) if draining else None,
+        draining_since_seconds=drain_started_at(draining),
     )
 
 
@@ -186,9 +210,11 @@ def plan_role_actions(
             # Rule 6: the router lets go first. Not even the drain timeout overrides it.
             waiting.append(f"{p.name} drains; still listed by the router")
             continue
-        since = p.draining_since_seconds or now_seconds
+        since = p.draining_since_seconds if p.draining_since_seconds is not None else now_seconds
         idle = p.in_flight == 0
-        timed_out = now_seconds - since >= drain_timeout_seconds
+        # a start more than a timeout ahead of this clock was not written by a clock near it
+        timed_out = (now_seconds - since >= drain_timeout_seconds
+                     or since - now_seconds > drain_timeout_seconds)
         if p.awaited_by_prefill and not timed_out:
             waiting.append(f"{p.name} drains; requests queued at prefill may still be sent to it")
             continue
