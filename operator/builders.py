@@ -15,6 +15,7 @@ from pdscale.planner.observe import Role
 from . import engines, names, router
 from .checklist import Derived
 from .names import Owner, metadata
+from .network import NetworkSettings, network_policies
 from .pdcluster import GPU_PRODUCT_LABEL, GPU_RESOURCE, PDClusterSpec, PlannerMode
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -240,11 +241,14 @@ def planned_replicas(spec: PDClusterSpec, status: dict[str, Any] | None) -> dict
 
 
 def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived,
-                   replicas: dict[str, int] | None = None) -> list[dict[str, Any]]:
+                   replicas: dict[str, int] | None = None,
+                   network: NetworkSettings | None = None) -> list[dict[str, Any]]:
     """Every child of the PDCluster, in apply order: identity and RBAC for the router, the
     worker Services and Deployments, then the router (which needs workers to be useful)."""
     replicas = replicas or {}
-    children: list[dict[str, Any]] = [*router.rbac(owner, spec)]
+    # who may reach the pods comes first: no pod of ours ever runs unfenced
+    children: list[dict[str, Any]] = [*network_policies(owner, spec, network or NetworkSettings()),
+                                      *router.rbac(owner, spec)]
     for role in Role:  # manifests carry plain strings (YAML has no enum)
         children.append(worker_service(owner, spec, role.value))
         children.append(worker_deployment(owner, spec, derived, role.value, replicas.get(role)))

@@ -37,6 +37,7 @@ KINDS = {
     "ConfigMap": Kind("v1", "configmaps"),
     "Deployment": Kind("apps/v1", "deployments"),
     "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
 }
 
 

@@ -8,6 +8,8 @@ What each rule is for:
 - ServiceAccounts: the router's identity (it has no permissions: the operator, not the
   router, keeps its worker list).
 - Pods: read engine and router pods for the planner and the router sync; patch engine pods
+- NetworkPolicies: who may reach the engines and the router (``network``), applied like the
+  other children.
   to mark a drain (annotation and pod-deletion-cost). No delete: the ReplicaSet removes the
   drained pod when the planner lowers replicas.
 - ConfigMaps: the planner's memory (<name>-planner), owned by the PDCluster.
@@ -44,6 +46,7 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": _READ},
     ]
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _APPLY},
 
 
 def cluster_role(name: str = NAME) -> dict[str, Any]:

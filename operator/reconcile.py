@@ -18,8 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from pdscale.planner.observe import Role
 
 from . import conditions as c
+from . import network, tenant_policy
 from . import status as st
-from . import tenant_policy
 from .builders import build_children, planned_replicas, unready_allowance_seconds
 from .checklist import Derived, SpecError, validate
 from .clock import epoch_seconds
@@ -149,7 +149,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
     if spec is not None and derived is not None:
         obs.derived = derived.as_status()
         replicas = planned_replicas(spec, previous)
-        for desired in build_children(owner, spec, derived, replicas):
+        for desired in build_children(owner, spec, derived, replicas, network.configured()):
             kind, name = desired["kind"], desired["metadata"]["name"]
             live = kube.get(kind, owner.namespace, name)
             if live is not None and not is_ours(live, owner.uid or ""):

@@ -244,3 +244,14 @@ def test_the_api_server_refuses_what_the_tenant_policy_forbids(cluster, admin_ap
         assert create(_pdcluster("ok")) is None  # the example itself is allowed
     finally:
         helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
+
+
+def test_the_operator_is_told_its_own_pod_labels_for_the_network_policies():
+    docs = render("networkPolicy.monitoringNamespaces={prom}")
+    deployment = by_kind(docs, "Deployment")[0]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = json.loads(env["PDSCALE_NETWORK_POLICY"])
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert settings["operatorPodLabels"].items() <= pod_labels.items()  # selects the operator's pods
+    assert settings["operatorNamespace"] == "pdscale-system"
+    assert settings["monitoringNamespaces"] == ["prom"] and settings["enabled"] is True

@@ -104,8 +104,8 @@ def test_first_reconcile_creates_every_child_then_a_noop_writes_nothing():
     _pdc(kube)
     first = reconcile(kube, _body(kube), NOW)
     kinds = sorted(k for (k, _, _) in kube.objects)
-    assert kinds == ["Deployment"] * 3 + ["PDCluster"] + ["Service"] * 3 + ["ServiceAccount"]
-    assert [e.reason for e in first.events].count("Created") == 7
+    assert kinds == ["Deployment"] * 3 + ["NetworkPolicy"] * 2 + ["PDCluster"] + ["Service"] * 3 + ["ServiceAccount"]
+    assert [e.reason for e in first.events].count("Created") == 9
     kube.make_ready()
     reconcile(kube, _body(kube), NOW)  # status catches up with readiness
     before = kube.versions()

@@ -16,6 +16,7 @@ def test_render_prints_every_child(capsys):
     assert main(["render", "-f", str(SAMPLE), "-n", "serving"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("NetworkPolicy", "glm53-engines"), ("NetworkPolicy", "glm53-router"),
         ("ServiceAccount", "glm53-router"), ("Service", "glm53-prefill"),
         ("Deployment", "glm53-prefill"), ("Service", "glm53-decode"),
         ("Deployment", "glm53-decode"), ("Service", "glm53-router"),
