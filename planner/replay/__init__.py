@@ -4,7 +4,10 @@ It imports the runtime planner (the same pure ``step()`` the operator runs) and 
 operator, the command line or the test bed; the runtime planner never imports it.
 
 - ``traces``: :func:`load_trace`, the readers, :func:`scale_trace`, :class:`TraceError`.
-- ``simulate``: :func:`simulate`, :class:`SimConfig` (the discrete-event PD fleet).
+- ``simulate``: :func:`simulate`, :class:`SimConfig` (the discrete-event PD fleet), built from
+  its parts: ``fleet`` (instances warming, serving, draining; the event heap), ``routers``
+  (one class per routing policy), ``prefix_index`` (cache hits per instance),
+  ``decode_admission`` (off / queue / shed) and ``interval_stats`` (what each interval observes).
 - ``policies``: the policies compared in replay (pdscale, reactive, sla-interp, static, oracle).
 - ``run``: :class:`ReplaySetup` and :func:`run_policy`, what ``pdscale replay`` and the
   benchmarks call.
