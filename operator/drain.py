@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from pdscale.planner.observe import Role
@@ -27,14 +28,15 @@ from .fleet import (
     DRAINING_DELETION_COST,
     PodView,
     plan_role_actions,
+    pod_view,
 )
 from .kube import Kube
-from .pdcluster import PDClusterSpec
+from .pdcluster import GROUP, PLURAL, VERSION, PDClusterSpec
 from .reconcile import reconcile_current
 from .routersync import normalize_url
 from .telemetry import Reporter
 from .vllm_discovery import PrefillBacklog, PrefillCount
-from .workerlist import WorkerList, desired_workers
+from .workerlist import WorkerList, WorkerLists, desired_workers
 
 log = logging.getLogger(__name__)
 
@@ -184,3 +186,135 @@ class Drains:
         awaited = self.prefill_waits.awaited(ns, leaving, serving, counts, now,
                                              minimum_transfer_timeout_seconds(spec))
         return [replace(p, awaited_by_prefill=True) if p.name in awaited else p for p in decode]
+
+
+# ---------------------------------------------------------------------------------------
+# Deletion: a PDCluster deleted while it serves goes through the same drain, all at once.
+
+#: the operator's finalizer on every PDCluster it reconciles
+FINALIZER = "pdscale.io/drain"
+#: how long a deletion waits for in-flight work when the spec gives no drain timeout
+DEFAULT_DELETION_DRAIN_SECONDS = 300.0
+
+
+def deletion_timeout_seconds(body: dict[str, Any]) -> float:
+    """The longest drain timeout of the spec's roles (a drain never waits longer); the
+    default when the spec is not valid."""
+    try:
+        spec = PDClusterSpec.model_validate(body.get("spec") or {})
+    except ValueError:
+        return DEFAULT_DELETION_DRAIN_SECONDS
+    return max(drain_timeout_seconds(spec, role) for role in Role)
+
+
+def finalizer_added(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The JSON patch that adds our finalizer, or None when it is there or the PDCluster is
+    being deleted (no finalizer may be added then). The test op makes a concurrent change of
+    the list fail (409/422) instead of being overwritten."""
+    meta = body["metadata"]
+    finalizers = meta.get("finalizers")
+    if meta.get("deletionTimestamp") or FINALIZER in (finalizers or []):
+        return None
+    if finalizers is None:
+        # an "add" would replace a list added since: only onto the version read
+        return [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+    return [{"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
+
+
+def finalizer_removed(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The JSON patch that removes our finalizer (others stay), or None when it is not there."""
+    finalizers = list(body["metadata"].get("finalizers") or [])
+    if FINALIZER not in finalizers:
+        return None
+    return [{"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "replace", "path": "/metadata/finalizers",
+             "value": [f for f in finalizers if f != FINALIZER]}]
+
+
+def patch_pdcluster(kube: Kube, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
+    """JSON-patch a PDCluster's metadata (the finalizer; the operator never writes the spec)."""
+    kube.writes += 1
+    # Kube has no PDCluster metadata patch of its own: its generic call, the same door.
+    kube._call("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+               body=patch, content_type="application/json-patch+json")
+
+
+@dataclass(frozen=True)
+class DeletionState:
+    """Where a deletion drain stands (pure summary of one look)."""
+
+    listed: tuple[str, ...]  # engine pods a router still lists
+    busy: tuple[str, ...]  # engine pods whose engine holds work (or does not answer)
+    overdue: bool  # the drain timeout has passed since the deletion
+
+    @property
+    def done(self) -> bool:
+        return self.overdue or not (self.listed or self.busy)
+
+
+def deletion_state(engines: Sequence[PodView], port: int, listed: set[str] | None,
+                   in_flight: Mapping[str, int | None], deleted_at: float, now: float,
+                   timeout_seconds: float) -> DeletionState:
+    """The drain rules of a deletion: every engine out of the router (``listed`` None:
+    unknown, so listed) and every engine idle (no answer is not idle; a pod without an IP
+    serves nothing). All engines idle at once also means no request held at a prefill can
+    still reach a decode."""
+    out = tuple(p.name for p in engines
+                if p.ip and (listed is None or normalize_url(f"http://{p.ip}:{port}") in listed))
+    busy = tuple(p.name for p in engines if p.ip and in_flight.get(p.name) != 0)
+    return DeletionState(out, busy, now - deleted_at >= timeout_seconds)
+
+
+class DeletionDrain:
+    """A deleted PDCluster, one level-based step at a time: every engine out of the router,
+    wait until they are idle (bounded by the drain timeout, counted from the deletion), then
+    remove the finalizer so garbage collection removes the children. Its only state is the
+    PDCluster's deletionTimestamp: a restarted operator (or a new leader) carries on."""
+
+    def __init__(self, kube: Kube, worker_lists: WorkerLists, *,
+                 in_flight: Callable[[str | None, int], int | None] = engine_in_flight):
+        self.kube = kube
+        self.worker_lists = worker_lists
+        self.in_flight = in_flight
+
+    def step(self, body: dict[str, Any], now: float) -> bool:
+        """True once the finalizer is gone (or was never ours)."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            return True
+        deleted_at = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00")).timestamp()
+        timeout = deletion_timeout_seconds(body)
+        try:
+            spec: PDClusterSpec | None = PDClusterSpec.model_validate(body.get("spec") or {})
+        except ValueError:
+            spec = None  # nothing could have been built from it that serves
+        if spec is not None:
+            pods = self.kube.list_pods(ns, {names.LABEL_INSTANCE: names.base_name(name),
+                                            names.LABEL_MANAGED_BY: names.MANAGER})
+            role_of = {p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE)
+                       for p in pods}
+            engines = [pod_view(p, str(role_of[p["metadata"]["name"]])) for p in pods
+                       if role_of[p["metadata"]["name"]] in (Role.PREFILL, Role.DECODE)]
+            routers = [pod_view(p, "router") for p in pods if role_of[p["metadata"]["name"]] == "router"]
+            workers = self.worker_lists.of(spec, routers)
+            workers.make_equal(frozenset())  # every engine out of the router first
+            port = spec.engine.port
+            state = deletion_state(engines, port, workers.listed(),
+                                   {p.name: self.in_flight(p.ip, port) for p in engines if p.ip},
+                                   deleted_at, now, timeout)
+            if not state.done:
+                log.info("deletion of %s/%s waits: listed %s, busy %s", ns, name,
+                         list(state.listed), list(state.busy))
+                return False
+            if state.overdue and (state.listed or state.busy):
+                log.warning("deletion of %s/%s: drain timeout (%.0f s) passed; removing anyway "
+                            "(listed %s, busy %s)", ns, name, timeout, list(state.listed),
+                            list(state.busy))
+        patch = finalizer_removed(body)
+        if patch is not None:
+            patch_pdcluster(self.kube, ns, name, patch)
+            log.info("deletion of %s/%s: engines drained; finalizer removed", ns, name)
+        return True

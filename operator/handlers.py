@@ -4,9 +4,23 @@ Run with ``kopf run -m pdscale.operator.handlers --all-namespaces``. The planner
 worker lists, planning, drains; ``planner_loop``) starts and stops with the operator here.
 
 Only event-watching handlers are used, never change-detecting ones or timers: those make kopf
-keep state on the PDCluster (annotations, a finalizer), i.e. write to it on every change and
-block deletion while the operator is down. Here the operator's only writes are children that
-differ, status that differs, and Events. Failed reconciles are retried with backoff by the
+keep state on the PDCluster (annotations, its own finalizer), i.e. write to it on every change.
+Here the operator's writes are children that differ, status that differs, Events, and one
+finalizer of its own (``drain.FINALIZER``), added once per PDCluster by a patch when missing.
+
+Why a finalizer: without one, deleting a PDCluster lets garbage collection remove the router
+and every engine at once, and requests in flight fail. With it, the deletion goes through the
+drains: every engine leaves the router, the operator waits until the engines are idle (at most
+the spec's drain timeout, counted from the deletion), then removes the finalizer and garbage
+collection removes the children (``drain.DeletionDrain``; its only state is the
+deletionTimestamp, so a restarted operator or a new leader carries on). The cost: while no
+operator runs, a deletion waits for one (the PDCluster stays, with its deletionTimestamp, and
+keeps serving); removing the finalizer by hand deletes at once. A foreground deletion
+(propagationPolicy Foreground) removes the children first and is not drained.
+
+Replicas elect a leader through a Lease (``leader``): a startup handler blocks until this
+process holds it, so a follower watches nothing and acts on nothing; a leader that cannot
+renew exits and restarts as a follower. Failed reconciles are retried with backoff by the
 operator's own loop, which also resyncs every PDCluster periodically (level-based: a missed
 event costs latency, never correctness).
 """
@@ -24,8 +38,9 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import tenant_policy
+from . import leader, tenant_policy
 from .clock import now_rfc3339
+from .drain import DeletionDrain, finalizer_added, patch_pdcluster
 from .kube import Kube, api_client_from_environment
 from .names import LABEL_MANAGED_BY, MANAGER
 from .pdcluster import GROUP, KIND, PLURAL, VERSION
@@ -68,6 +83,9 @@ def _run(memo: kopf.Memo, body: dict[str, Any]) -> Outcome:
     key = (meta["namespace"], meta["name"])
     try:
         outcome = reconcile(Kube(memo.api), body, now_rfc3339())
+        if (patch := finalizer_added(body)) is not None:
+            # deletion then goes through the drains (see the module's docstring)
+            patch_pdcluster(Kube(memo.api), *key, patch)
     except ApiException as exc:
         delay = memo.retries.failed(key, time.monotonic())
         log.warning("reconcile of %s/%s failed (HTTP %s %s); retrying in %.0f s",
@@ -103,7 +121,8 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.peering.standalone = True  # one replica; no peering CRD to require
+    # no kopf peering (and no peering CRD to require): our own Lease elects the one that acts
+    settings.peering.standalone = True
     settings.posting.enabled = False  # we post our own Events, only on meaningful changes
     settings.watching.server_timeout = int(os.environ.get("PDSCALE_WATCH_TIMEOUT_SECONDS", "300"))
     settings.execution.max_workers = int(os.environ.get("PDSCALE_WORKERS", "8"))
@@ -113,6 +132,29 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Children's resourceVersions as the last reconcile left them: a child event carrying
     # the same version tells nothing new (e.g. the initial listing after a restart).
     memo.seen = {}
+    memo.deletions = {}
+
+
+@kopf.on.startup()
+async def become_leader(memo: kopf.Memo, **_: Any) -> None:
+    """Block the operator's start (every later startup handler, every watch) until this
+    process holds the leader Lease; then renew it in a thread that exits the process when
+    the Lease is lost."""
+    if not leader.enabled():
+        log.warning("leader election off (PDSCALE_LEADER_ELECTION): run one replica only")
+        return
+    settings = leader.Settings.from_environment()
+    elector = leader.Elector(leader.KubeLeases(Kube(api_client_from_environment()),
+                                               settings.namespace, settings.name), settings)
+    log.info("leader election: %s asks for Lease %s/%s", settings.identity, settings.namespace,
+             settings.name)
+    health = os.environ.get("PDSCALE_HEALTH_PORT")
+    async with leader.follower_health(int(health) if health else None):
+        await elector.acquire()
+    memo.elector = elector
+    memo.elector_stop = threading.Event()
+    threading.Thread(target=elector.renew_until_lost, args=(memo.elector_stop, leader.exit_now),
+                     name="leader-lease", daemon=True).start()
 
 
 @kopf.on.startup()
@@ -131,6 +173,7 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
 async def start_planner(memo: kopf.Memo, **_: Any) -> None:
     serve_metrics_from_environment()
     loop = PlannerLoop(Kube(api_client_from_environment()))
+    memo.planner_loop = loop  # its routers' worker lists serve the deletion drains too
     memo.announcer_stop = threading.Event()
     # ZMQ sockets are not thread-safe: the vLLM announcer owns its own thread
     threading.Thread(target=loop.worker_lists.announcer.run, args=(memo.announcer_stop,),
@@ -221,3 +264,54 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
     import copy
 
     return copy.deepcopy(dict(body))
+
+
+# ---------------------------------------------------------------------------------------
+# Deletion (the finalizer) and stepping down
+
+DELETION_TICK_SECONDS = float(os.environ.get("PDSCALE_DELETION_TICK_SECONDS", "2"))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def pdcluster_deleting(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A PDCluster with a deletionTimestamp: drain it (one task per PDCluster) before its
+    children go. The initial listing brings deletions pending from before a restart here."""
+    meta = body.get("metadata", {})
+    if type == "DELETED" or not meta.get("deletionTimestamp"):
+        return
+    key = (meta["namespace"], meta["name"])
+    task = memo.deletions.get(key)
+    if task is None or task.done():
+        memo.deletions[key] = asyncio.create_task(_drain_deletion(memo, *key, meta["uid"]))
+
+
+async def _drain_deletion(memo: kopf.Memo, namespace: str, name: str, uid: str) -> None:
+    drain = DeletionDrain(Kube(memo.api), memo.planner_loop.worker_lists)
+    kube = Kube(memo.api)
+    log.info("PDCluster %s/%s deleted: draining its engines before its children go", namespace, name)
+    while True:
+        try:
+            body = await asyncio.to_thread(kube.get, "PDCluster", namespace, name)
+            if body is None or body["metadata"]["uid"] != uid:
+                return
+            if await asyncio.to_thread(drain.step, body, time.time()):
+                return
+        except ApiException as exc:
+            log.warning("deletion drain of %s/%s: HTTP %s %s; retrying", namespace, name,
+                        exc.status, exc.reason)
+        except Exception:  # keep trying: a deletion must not stall on one bad tick
+            log.exception("deletion drain of %s/%s failed; retrying", namespace, name)
+        await asyncio.sleep(DELETION_TICK_SECONDS)
+
+
+@kopf.on.cleanup()
+async def step_down(memo: kopf.Memo, **_: Any) -> None:
+    """A graceful stop: stop the deletion drains, then give the Lease up so that a follower
+    takes over at once instead of after the Lease's duration."""
+    for task in getattr(memo, "deletions", {}).values():
+        task.cancel()
+    stop = getattr(memo, "elector_stop", None)
+    if stop is not None:
+        stop.set()
+        with contextlib.suppress(ApiException, OSError):
+            await asyncio.to_thread(memo.elector.release)

@@ -1,7 +1,10 @@
 """The operator's least-privilege RBAC, as pure builders (the Helm chart and tests use them).
 
 What each rule is for:
-- PDClusters: watch them, write only their status (never their spec).
+- PDClusters: watch them, write their status, and patch their metadata for the operator's
+  finalizer (added once, removed when a deletion has drained). RBAC cannot narrow a patch to
+  metadata: the code's only PDCluster patch is a JSON patch of /metadata/finalizers (with a
+  test op), never the spec. No update, no delete.
 - Deployments, Services: create and server-side apply the children (SSA create needs create
   and patch), watch them for ready counts and drift. No delete: garbage collection removes
   children through their owner references.
@@ -15,12 +18,16 @@ What each rule is for:
 - ConfigMaps: the planner's memory (<name>-planner), owned by the PDCluster.
 - Events: report.
 - CustomResourceDefinitions (read): kopf checks that the PDCluster resource exists.
+
+Leader election (``leader_rules``): a Role in the operator's own namespace, not cluster-wide:
+create Leases (create cannot be limited to a name), get and update only the leader Lease.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .leader import LEASE_NAME
 from .pdcluster import GROUP, PLURAL
 
 NAME = "pdscale-operator"
@@ -32,7 +39,7 @@ _APPLY = ["get", "create", "patch"]
 
 def rules() -> list[dict[str, Any]]:
     return [
-        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": _READ},
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": [*_READ, "patch"]},
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
         # Setting blockOwnerDeletion on children needs update on the owner's finalizers
         # where the OwnerReferencesPermissionEnforcement admission plugin is on.
@@ -65,5 +72,36 @@ def cluster_role_binding(name: str = NAME, namespace: str = NAMESPACE,
         "kind": "ClusterRoleBinding",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pdscale"}},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+    }
+
+
+def leader_rules(lease: str = LEASE_NAME) -> list[dict[str, Any]]:
+    return [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease],
+         "verbs": ["get", "update"]},
+    ]
+
+
+def leader_role(name: str = NAME, namespace: str = NAMESPACE) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": f"{name}-leader-election", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "pdscale"}},
+        "rules": leader_rules(),
+    }
+
+
+def leader_role_binding(name: str = NAME, namespace: str = NAMESPACE,
+                        service_account: str = NAME) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{name}-leader-election", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "pdscale"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": f"{name}-leader-election"},
         "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
     }

@@ -64,7 +64,7 @@ def test_helm_lint_strict_passes():
 
 @pytest.mark.parametrize(("value", "field", "reason"), [
     ("replicaCount=two", "/replicaCount", "want integer"),
-    ("replicaCount=2", "/replicaCount", "maximum"),
+    ("replicaCount=6", "/replicaCount", "maximum"),
     ("operator.logLevel=verbose", "/operator/logLevel", "must be one of"),
     ("metrics.serviceMonitor.interval=soon", "/metrics/serviceMonitor/interval", "pattern"),
     ("operatr.workers=3", "", "additional properties 'operatr' not allowed"),

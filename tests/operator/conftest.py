@@ -48,6 +48,14 @@ def operator_installed(cluster) -> None:
                        rbac.cluster_role())
     _create_or_replace(rb.create_cluster_role_binding, rb.read_cluster_role_binding,
                        rb.replace_cluster_role_binding, rbac.cluster_role_binding())
+    # leader election: the Lease in the operator's namespace, through a Role (as the chart)
+    role, binding = rbac.leader_role(), rbac.leader_role_binding()
+    _create_or_replace(lambda b: rb.create_namespaced_role(rbac.NAMESPACE, b),
+                       lambda n: rb.read_namespaced_role(n, rbac.NAMESPACE),
+                       lambda n, b: rb.replace_namespaced_role(n, rbac.NAMESPACE, b), role)
+    _create_or_replace(lambda b: rb.create_namespaced_role_binding(rbac.NAMESPACE, b),
+                       lambda n: rb.read_namespaced_role_binding(n, rbac.NAMESPACE),
+                       lambda n, b: rb.replace_namespaced_role_binding(n, rbac.NAMESPACE, b), binding)
     core = client.CoreV1Api(api)
     cpu = h200_node(CPU_NODE, POOL)
     for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory"):
@@ -74,6 +82,7 @@ def run_operator(cluster, operator_installed, monkeypatch) -> Iterator[Callable[
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.operator_kubeconfig))
     monkeypatch.setenv("PDSCALE_WATCH_TIMEOUT_SECONDS", "10")
+    monkeypatch.setenv("PDSCALE_LEADER_NAMESPACE", "pdscale-system")
     runners: list[KopfRunner] = []
 
     def start() -> KopfRunner:

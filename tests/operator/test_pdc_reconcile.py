@@ -307,7 +307,8 @@ def test_rbac_is_least_privilege():
              for g in rule["apiGroups"] for r in rule["resources"]}
     assert all("*" not in v and "delete" not in v and "escalate" not in v and "bind" not in v
                for v in verbs.values())
-    assert verbs[("pdscale.io", "pdclusters")] == {"get", "list", "watch"}  # never writes spec
+    # patch: the finalizer only (a JSON patch of /metadata/finalizers); no update, no delete
+    assert verbs[("pdscale.io", "pdclusters")] == {"get", "list", "watch", "patch"}
     assert verbs[("pdscale.io", "pdclusters/status")] == {"get", "patch"}
     assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
     assert ("", "secrets") not in verbs
