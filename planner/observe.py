@@ -212,5 +212,5 @@ def _inconsistent(v: dict[str, float]) -> str | None:
     if v.get("rate_rps", 0.0) > 0:
         for name in ("mean_input_tokens", "mean_output_tokens"):
             if v.get(name) == 0.0:
-                return f"{name} is 0 with a positive rate ({v['rate_rps']:g} req/s)"
+                return f"{name} is zero with a positive rate ({v['rate_rps']:g} req/s)"
     return None
