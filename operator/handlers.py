@@ -44,9 +44,9 @@ from .drain import DeletionDrain, finalizer_added, patch_pdcluster
 from .kube import Kube, api_client_from_environment
 from .names import LABEL_MANAGED_BY, MANAGER
 from .pdcluster import GROUP, KIND, PLURAL, VERSION
-from .planner_loop import PlannerLoop, run_forever
+from .planner_loop import PlannerLoop, run_forever, supervise
 from .reconcile import Outcome, reconcile
-from .telemetry import serve_metrics_from_environment
+from .telemetry import HEARTBEATS, serve_metrics_from_environment
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.peering.standalone = True
     settings.posting.enabled = False  # we post our own Events, only on meaningful changes
     settings.watching.server_timeout = int(os.environ.get("PDSCALE_WATCH_TIMEOUT_SECONDS", "300"))
+    # A watch the API server left hanging (a paused or restarted server) ends client-side too.
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.connect_timeout = 10
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = int(os.environ.get("PDSCALE_KOPF_REQUEST_TIMEOUT_SECONDS", "60"))
     settings.execution.max_workers = int(os.environ.get("PDSCALE_WORKERS", "8"))
     tenant_policy.configured()  # a malformed policy stops the start here, with its reason
     memo.api = api_client_from_environment()
@@ -181,6 +186,18 @@ async def start_planner(memo: kopf.Memo, **_: Any) -> None:
     memo.planner_task = asyncio.create_task(run_forever(loop))
 
 
+@kopf.on.probe(id="loops")
+def loops_alive(**_: Any) -> dict[str, float]:
+    """Liveness: fails (kopf's /healthz answers 500) when a background loop's tick has been
+    blocked past its bound; a loop that keeps failing is retrying, not stuck."""
+    now = time.monotonic()
+    stuck = HEARTBEATS.stuck(now)
+    if stuck:
+        raise RuntimeError("background loop stuck: " + ", ".join(
+            f"{loop} finished no tick for {age:.0f} s" for loop, age in sorted(stuck.items())))
+    return {loop: round(now - last, 1) for loop, (last, _, _) in HEARTBEATS.beats.items()}
+
+
 @kopf.on.cleanup()
 async def stop_planner(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "planner_task", None)
@@ -191,30 +208,35 @@ async def stop_planner(memo: kopf.Memo, **_: Any) -> None:
         stop.set()
 
 
-async def _resync_loop(memo: kopf.Memo) -> None:
-    last_full = time.monotonic()
-    while True:
-        await asyncio.sleep(RETRY_MIN_SECONDS)
+class _Resync:
+    """The resync loop's tick: PDClusters due for a retry, and every one each RESYNC_SECONDS."""
+
+    def __init__(self, memo: kopf.Memo):
+        self.memo = memo
+        self.last_full = time.monotonic()
+
+    async def tick(self) -> None:
+        memo = self.memo
         now = time.monotonic()
         keys = memo.retries.ready(now)
-        full = now - last_full >= RESYNC_SECONDS
-        try:
-            if full:
-                last_full = now
-                bodies = await asyncio.to_thread(Kube(memo.api).list_pdclusters)
-            else:
-                bodies = [b for k in keys if (b := await asyncio.to_thread(_fresh, memo, *k))]
-                for k in keys:
-                    if not any((b["metadata"]["namespace"], b["metadata"]["name"]) == k for b in bodies):
-                        memo.retries.succeeded(k)  # gone
-        except ApiException as exc:
-            log.warning("resync listing failed: HTTP %s", exc.status)
-            continue
+        if now - self.last_full >= RESYNC_SECONDS:
+            bodies = await asyncio.to_thread(Kube(memo.api).list_pdclusters)
+            self.last_full = now  # only once the listing is in hand: a failed one is retried
+        else:
+            bodies = [b for k in keys if (b := await asyncio.to_thread(_fresh, memo, *k))]
+            for k in keys:
+                if not any((b["metadata"]["namespace"], b["metadata"]["name"]) == k for b in bodies):
+                    memo.retries.succeeded(k)  # gone
         for body in bodies:
             if body["metadata"].get("deletionTimestamp"):
                 continue
             with contextlib.suppress(kopf.TemporaryError):  # already scheduled for retry
                 await asyncio.to_thread(_run, memo, body)
+
+
+async def _resync_loop(memo: kopf.Memo) -> None:
+    # supervised: an API-server restart or any other failure is logged, counted, retried
+    await supervise("resync", _Resync(memo).tick, RETRY_MIN_SECONDS)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -9,6 +9,7 @@ as the builders made them.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +37,8 @@ KINDS = {
     "Service": Kind("v1", "services"),
     "ConfigMap": Kind("v1", "configmaps"),
     "Deployment": Kind("apps/v1", "deployments"),
-    "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
+    "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
 }
 
 
@@ -55,13 +56,32 @@ def api_client_from_environment() -> client.ApiClient:
         return api
 
 
+def request_timeout_from_environment() -> tuple[float, float]:
+    """(connect, read) seconds for every API call: ``PDSCALE_KUBE_TIMEOUT_SECONDS`` as
+    "CONNECT,READ" (or one number for both); (5, 30) by default. Without one, a connection the
+    API server dropped without a word (a restart, a paused process) hangs its caller for ever."""
+    raw = os.environ.get("PDSCALE_KUBE_TIMEOUT_SECONDS", "").strip()
+    if not raw:
+        return DEFAULT_REQUEST_TIMEOUT
+    parts = [float(p) for p in raw.split(",")]
+    connect, read = (parts[0], parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    if not (0 < connect < math.inf and 0 < read < math.inf):
+        raise ValueError(f"PDSCALE_KUBE_TIMEOUT_SECONDS={raw!r}: want positive seconds")
+    return connect, read
+
+
+DEFAULT_REQUEST_TIMEOUT = (5.0, 30.0)
+
+
 class Kube:
     """Thin, synchronous wrapper over one ApiClient. Counts the writes it makes, which is what
-    the no-op reconcile tests and the benchmark measure."""
+    the no-op reconcile tests and the benchmark measure. Every call carries a (connect, read)
+    timeout."""
 
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, request_timeout: tuple[float, float] | None = None):
         self.api = api
         self.writes = 0
+        self.request_timeout = request_timeout or request_timeout_from_environment()
 
     def _call(self, method: str, path: str, *, body: Any = None,
               query: list[tuple[str, str]] | None = None,
@@ -73,7 +93,7 @@ class Kube:
             method=method, resource_path=path, query_params=query or [],
             header_params=headers, body=body, auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(*params)
+        response = self.api.call_api(*params, _request_timeout=self.request_timeout)
         # RESTResponse.read is unannotated (kubernetes 37); it returns the body's bytes.
         data: bytes | None = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:

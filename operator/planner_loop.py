@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -44,11 +44,11 @@ from .fleet import PodView, pod_view, role_state
 from .kube import Kube
 from .names import Owner
 from .pdcluster import PDClusterSpec, PlannerMode
-from .planner_memory import PlannerMemory
+from .planner_memory import PlannerMemory, memory_problem
 from .planning import history_from_json, history_keep, history_to_json, planner_config
 from .reconcile import reconcile_current
 from .status import overdue_pods
-from .telemetry import Reporter
+from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_after_seconds
 from .vllm_discovery import Announcer
 from .workerlist import WorkerLists, desired_workers
 
@@ -160,7 +160,13 @@ class PlannerLoop:
         last one remembered (None before the first)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        history, last_plan = history_from_json(self.memory.load(ns, name))
+        stored = self.memory.load(ns, name)
+        problem = None if stored is None else memory_problem(stored, now)
+        if problem is not None:
+            # start from an empty memory: one stabilization window of caution, not a stop
+            self.report.memory_ignored(body, problem)
+            stored = None
+        history, last_plan = history_from_json(stored)
         decision = history.decisions[-1] if history.decisions else None
         if last_plan is not None and now - last_plan < spec.planner.interval_seconds:
             return decision
@@ -174,7 +180,8 @@ class PlannerLoop:
             role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds),
         )
         decision, history = step(obs, config=config, history=history, now=now)
-        self.memory.save(owner_of(body), history_to_json(history, now, history_keep(config)))
+        if not self.memory.save(owner_of(body), history_to_json(history, now, history_keep(config))):
+            return previous  # another writer's newer memory stands; the next tick plans on it
         self.report.plan_seconds(ns, name, time.monotonic() - started)
         self.report.decision(body, spec, decision, previous, snapshot, obs)
         return decision
@@ -192,10 +199,47 @@ class PlannerLoop:
         return read_metrics(prometheus_client(url), queries, now)
 
 
-async def run_forever(loop: PlannerLoop) -> None:
+#: the longest wait between retries of a failing loop tick (well under the stuck bound)
+MAX_BACKOFF_SECONDS = float(os.environ.get("PDSCALE_LOOP_MAX_BACKOFF_SECONDS", "30"))
+
+
+def backoff_seconds(interval_seconds: float, failures: int,
+                    cap_seconds: float = MAX_BACKOFF_SECONDS) -> float:
+    """The wait before the next tick: the interval, doubled per failure in a row, capped."""
+    if failures <= 0:
+        return interval_seconds
+    return min(cap_seconds, max(interval_seconds, 1.0) * 2.0 ** failures)
+
+
+async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_seconds: float,
+                    heartbeats: Heartbeats = HEARTBEATS) -> None:
+    """Run ``tick`` every ``interval_seconds`` for ever. Any failure (the API server
+    restarting, a timeout, a bug) is logged with its exception, counted in
+    ``pdscale_loop_errors_total{loop}`` and retried with capped exponential backoff; each
+    finished tick, failed or not, is a heartbeat for the liveness probe."""
+    bound = stuck_after_seconds(interval_seconds)
+    failures = 0
+    delay = interval_seconds
+    heartbeats.beat(name, time.monotonic(), delay, bound)
     while True:
-        await asyncio.sleep(TICK_SECONDS)
+        await asyncio.sleep(delay)
         try:
-            await asyncio.to_thread(loop.tick_all)
-        except ApiException as exc:
-            log.warning("planner loop: listing PDClusters failed: HTTP %s", exc.status)
+            await tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            delay = backoff_seconds(interval_seconds, failures)
+            LOOP_ERRORS.labels(name).inc()
+            log.warning("%s loop: tick failed (%d in a row): %s: %s; retrying in %.1f s", name,
+                        failures, type(exc).__name__, exc, delay, exc_info=exc)
+        else:
+            if failures:
+                log.info("%s loop: tick succeeded after %d failures", name, failures)
+            failures = 0
+            delay = interval_seconds
+        heartbeats.beat(name, time.monotonic(), delay, bound)
+
+
+async def run_forever(loop: PlannerLoop, heartbeats: Heartbeats = HEARTBEATS) -> None:
+    await supervise("planner", lambda: asyncio.to_thread(loop.tick_all), TICK_SECONDS, heartbeats)

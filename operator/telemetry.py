@@ -38,6 +38,47 @@ PLAN_SECONDS = Histogram("pdscale_planner_plan_duration_seconds", "Time to read 
                          _labels[:2], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 DECISIONS = Counter("pdscale_planner_decisions_total", "Planner decisions by what bound them",
                     (*_labels[:2], "bound"))
+LOOP_ERRORS = Counter("pdscale_loop_errors_total",
+                      "Failed ticks of the operator's background loops (each retried with backoff)",
+                      ("loop",))
+LOOP_LAST_TICK = Gauge("pdscale_loop_last_tick_timestamp_seconds",
+                       "When a background loop last finished a tick (succeeded or failed)", ("loop",))
+
+#: how long a loop may go without finishing a tick, past its next due start, before the
+#: liveness probe calls it stuck; default max(3 x its interval, 60 s)
+STUCK_SECONDS_ENV = "PDSCALE_LOOP_STUCK_SECONDS"
+
+
+def stuck_after_seconds(interval_seconds: float) -> float:
+    """The bound past which a loop that has not finished a tick is stuck (its tick blocked)."""
+    configured = os.environ.get(STUCK_SECONDS_ENV)
+    if configured:
+        return float(configured)
+    return max(3 * interval_seconds, 60.0)
+
+
+class Heartbeats:
+    """The last tick each background loop finished, for the liveness probe. A loop that keeps
+    failing still beats (it is retrying, and says so in its log and LOOP_ERRORS); only one whose
+    tick never returns stops beating. Times are ``time.monotonic()`` seconds."""
+
+    def __init__(self) -> None:
+        #: loop -> (when it last finished a tick, when its next tick is due to start, bound)
+        self.beats: dict[str, tuple[float, float, float]] = {}
+
+    def beat(self, loop: str, now: float, next_in_seconds: float, bound_seconds: float) -> None:
+        self.beats[loop] = (now, now + next_in_seconds, bound_seconds)
+        LOOP_LAST_TICK.labels(loop).set_to_current_time()
+
+    def stuck(self, now: float) -> dict[str, float]:
+        """Loops whose next tick, due by now, has not finished within their bound: loop ->
+        seconds since it last finished one."""
+        return {loop: now - last for loop, (last, due, bound) in self.beats.items()
+                if now - due > bound}
+
+
+#: the process's loops (the planner loop, the resync loop)
+HEARTBEATS = Heartbeats()
 
 
 def serve_metrics_from_environment() -> None:
@@ -97,6 +138,14 @@ class Reporter:
         event = decision_event(decision, previous)
         if event is not None:
             post_event(self.kube, body, Event(*event), now_rfc3339())
+
+    def memory_ignored(self, body: dict[str, Any], problem: str) -> None:
+        """The stored planner memory was not fit to plan from: planning starts afresh."""
+        meta = body["metadata"]
+        log.warning("planner memory of %s/%s ignored: %s", meta["namespace"], meta["name"], problem)
+        post_event(self.kube, body, Event("Warning", "PlannerMemoryIgnored",
+                                          f"planner memory ignored, starting from an empty one: "
+                                          f"{problem}"), now_rfc3339())
 
     def drain_started(self, body: dict[str, Any], role: Role, pod: str) -> None:
         post_event(self.kube, body, Event("Normal", "DrainStarted",
