@@ -83,7 +83,7 @@ def drain_started_at(annotation: object) -> float | None:
     at every tick, a drain without end unless the read rewrote the mark. A timed-out drain
     still waits for the router to let the pod go (rule 6) and for warming pods; only requests
     still in flight on a pod already out of the router may be cut, which is what the drain
-    timeout accepts anyway. (A start ahead of the clock is bounded in ``plan_role_actions``.)"""
+    timeout accepts anyway. (A start ahead of the clock: ``drain_timed_out``.)"""
     if annotation is None or annotation == "":
         return None
     try:
@@ -91,6 +91,15 @@ def drain_started_at(annotation: object) -> float | None:
     except ValueError:
         return DRAIN_START_UNREADABLE
     return since if math.isfinite(since) and since >= 0 else DRAIN_START_UNREADABLE
+
+
+def drain_timed_out(since: float | None, now_seconds: float, timeout_seconds: float) -> bool:
+    """A drain started at ``since`` has run its time out. A start more than a timeout ahead
+    of this clock was not written by a clock near it: timed out as well (a start a little
+    ahead waits at most two timeouts)."""
+    if since is None:
+        return False
+    return now_seconds - since >= timeout_seconds or since - now_seconds > timeout_seconds
 
 
 def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
@@ -210,11 +219,8 @@ def plan_role_actions(
             # Rule 6: the router lets go first. Not even the drain timeout overrides it.
             waiting.append(f"{p.name} drains; still listed by the router")
             continue
-        since = p.draining_since_seconds if p.draining_since_seconds is not None else now_seconds
         idle = p.in_flight == 0
-        # a start more than a timeout ahead of this clock was not written by a clock near it
-        timed_out = (now_seconds - since >= drain_timeout_seconds
-                     or since - now_seconds > drain_timeout_seconds)
+        timed_out = drain_timed_out(p.draining_since_seconds, now_seconds, drain_timeout_seconds)
         if p.awaited_by_prefill and not timed_out:
             waiting.append(f"{p.name} drains; requests queued at prefill may still be sent to it")
             continue
