@@ -6,6 +6,9 @@ reads the engines, writes the marks and tells the reporter.
 
 Drain state lives on the pods (annotations), so a restarted operator finishes the same
 drains; only the prefill-backlog waits live in memory (see ``PrefillWaits``).
+
+A deleted PDCluster is drained whole (``DeletionDrain``): the operator's finalizer holds the
+deletion until every engine is out of the router and idle, or the drain timeout has passed.
 """
 
 from __future__ import annotations
@@ -259,11 +262,13 @@ def deletion_state(engines: Sequence[PodView], port: int, listed: set[str] | Non
                    timeout_seconds: float) -> DeletionState:
     """The drain rules of a deletion: every engine out of the router (``listed`` None:
     unknown, so listed) and every engine idle (no answer is not idle; a pod without an IP
-    serves nothing). All engines idle at once also means no request held at a prefill can
-    still reach a decode."""
+    serves nothing; a pod already being deleted is going anyway, after its own drain or
+    preStop). All engines idle at once also means no request held at a prefill can still
+    reach a decode."""
+    engines = [p for p in engines if p.ip and not p.deleting]
     out = tuple(p.name for p in engines
-                if p.ip and (listed is None or normalize_url(f"http://{p.ip}:{port}") in listed))
-    busy = tuple(p.name for p in engines if p.ip and in_flight.get(p.name) != 0)
+                if listed is None or normalize_url(f"http://{p.ip}:{port}") in listed)
+    busy = tuple(p.name for p in engines if in_flight.get(p.name) != 0)
     return DeletionState(out, busy, now - deleted_at >= timeout_seconds)
 
 
@@ -303,7 +308,8 @@ class DeletionDrain:
             workers.make_equal(frozenset())  # every engine out of the router first
             port = spec.engine.port
             state = deletion_state(engines, port, workers.listed(),
-                                   {p.name: self.in_flight(p.ip, port) for p in engines if p.ip},
+                                   {p.name: self.in_flight(p.ip, port) for p in engines
+                                    if p.ip and not p.deleting},
                                    deleted_at, now, timeout)
             if not state.done:
                 log.info("deletion of %s/%s waits: listed %s, busy %s", ns, name,

@@ -2,8 +2,10 @@
 8xH200 nodes, a real Prometheus, the Helm chart installed, the operator running under the
 chart's ServiceAccount, and the simulated fleet following the operator's pods.
 
-The operator runs as a local process rather than in its (fake) pod: kwok pods run nothing.
-It uses a token of the ServiceAccount the chart created, so it has exactly the chart's RBAC.
+The operator runs as local processes rather than in its (fake) pods: kwok pods run nothing.
+They use a token of the ServiceAccount the chart created, so they have exactly the chart's
+RBAC. Several may run at once, each with its own identity (as the chart's replicas): they elect
+a leader through the Lease in the release's namespace.
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ class Stack:
     local: LocalCluster | None = None
     prometheus: LocalPrometheus | None = None
     fleet: SimFleet | None = None
-    operator: subprocess.Popen[bytes] | None = None
+    #: the operator processes by leader-election identity
+    operators: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     operator_metrics_port: int = 0
+    #: leader election: Lease duration, renew deadline, retry period (shorter than the
+    #: operator's defaults, so that a takeover costs a test seconds)
+    lease_seconds: tuple[float, float, float] = (8.0, 6.0, 1.0)
     _cleanups: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -119,9 +125,12 @@ class Stack:
         values = yaml.safe_load((self.chart / "values.yaml").read_text())
         return json.dumps({k: v for k, v in values["tenantPolicy"].items() if k != "admission"})
 
-    def start_operator(self) -> None:
-        """Run the operator (again: the failure tests kill it mid-drain and restart it)."""
+    def start_operator(self, identity: str = "operator-0") -> None:
+        """Run an operator process (again: the failure tests kill it mid-drain and restart
+        it; the same identity is the same pod restarting, which renews its own Lease)."""
         assert self.prometheus is not None
+        assert identity not in self.operators, f"operator {identity} already runs"
+        duration, deadline, retry = self.lease_seconds
         op_kubeconfig = self._operator_kubeconfig()
         env = {**os.environ, "KUBECONFIG": str(op_kubeconfig), "PYTHONSAFEPATH": "1",
                "PDSCALE_PROMETHEUS_URL": self.prometheus.url,
@@ -129,19 +138,41 @@ class Stack:
                "PDSCALE_METRICS_PORT": str(self.operator_metrics_port),
                "PDSCALE_METRICS_HOST": "127.0.0.1",
                "PDSCALE_RESYNC_SECONDS": "30",
+               "PDSCALE_LEADER_NAMESPACE": self.release_namespace,
+               "PDSCALE_LEADER_IDENTITY": identity,
+               "PDSCALE_LEADER_LEASE_DURATION_SECONDS": str(duration),
+               "PDSCALE_LEADER_RENEW_DEADLINE_SECONDS": str(deadline),
+               "PDSCALE_LEADER_RETRY_PERIOD_SECONDS": str(retry),
                # as the chart's Deployment does: the admin's tenant policy from the values
                "PDSCALE_TENANT_POLICY": self.tenant_policy_json()}
-        log = self.workdir / "operator.log"
+        log = self.workdir / ("operator.log" if identity == "operator-0" else f"operator-{identity}.log")
         kopf = Path(sys.executable).parent / "kopf"
         with open(log, "ab") as out:
-            self.operator = subprocess.Popen(
+            self.operators[identity] = subprocess.Popen(
                 [str(kopf), "run", "--all-namespaces", "--standalone",
                  "-m", "pdscale.operator.handlers"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent,
             )
-        self.say(f"operator running as {self.release_namespace}/{OPERATOR_SERVICE_ACCOUNT} (log: {log})")
+        self.say(f"operator {identity} running as {self.release_namespace}/{OPERATOR_SERVICE_ACCOUNT} "
+                 f"(log: {log})")
 
+    def leader(self) -> str | None:
+        """The identity holding the operator's leader Lease (None: no one)."""
+        from kubernetes import client
+
+        from .nodes import api_client
+
+        assert self.kubeconfig is not None
+        try:
+            lease = client.CoordinationV1Api(api_client(self.kubeconfig)).read_namespaced_lease(
+                "pdscale-operator-leader", self.release_namespace)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        holder: str | None = lease.spec.holder_identity
+        return holder
     def remove_pdcluster(self, namespace: str, name: str, timeout_seconds: float = 120) -> None:
         """Delete a PDCluster and wait for its pods to go (garbage collection through the
         owner references): on a shared cluster (KUBECONFIG) the next user starts clean."""
@@ -162,25 +193,27 @@ class Stack:
                 namespace, label_selector=f"app.kubernetes.io/instance={name}").items:
             time.sleep(1)
 
-    def kill_operator(self) -> None:
-        """SIGKILL: no cleanup handler runs, as when a node dies under the operator's pod."""
-        if self.operator is not None:
-            self.operator.kill()
-            self.operator.wait()
-            self.operator = None
+    def kill_operator(self, identity: str | None = None) -> None:
+        """SIGKILL one operator (None: every one): no cleanup handler runs, as when a node
+        dies under the operator's pod."""
+        for name in [identity] if identity is not None else list(self.operators):
+            process = self.operators.pop(name)
+            process.kill()
+            process.wait()
 
     def stop(self) -> None:
         if self.fleet is not None:
             self.fleet.stop()
             self.fleet = None
-        if self.operator is not None:
-            self.operator.terminate()
+        for process in self.operators.values():
+            process.terminate()
+        for process in self.operators.values():
             try:
-                self.operator.wait(timeout=15)
+                process.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
-            self.operator = None
+                process.kill()
+                process.wait()
+        self.operators.clear()
         if "helm" in self._cleanups and self.local is None and self.kubeconfig is not None:
             # On a user's cluster, leave nothing behind; a local cluster is removed whole.
             with contextlib.suppress(ClusterError, subprocess.SubprocessError):

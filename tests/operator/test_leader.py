@@ -231,7 +231,8 @@ def _engine(name: str, ip: str | None) -> PodView:
 
 
 def test_a_deletion_waits_for_every_engine_out_of_the_router_and_idle_or_the_timeout():
-    engines = [_engine("p0", "10.0.0.1"), _engine("d0", "10.0.0.2"), _engine("d1", None)]
+    engines = [_engine("p0", "10.0.0.1"), _engine("d0", "10.0.0.2"), _engine("d1", None),
+               replace(_engine("d2", "10.0.0.3"), deleting=True)]  # drained before, going
 
     def state(listed, in_flight, now=10.0):
         return drain.deletion_state(engines, 8000, listed, in_flight, 0.0, now, 150.0)
@@ -292,3 +293,24 @@ def test_the_charts_leader_role_is_the_operators():
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["PDSCALE_LEADER_NAMESPACE"] == "ops" and env["PDSCALE_HEALTH_PORT"] == "8080"
+
+
+def test_a_waiting_follower_answers_the_liveness_probe_then_frees_the_port():
+    import asyncio
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        async with leader.follower_health(port):
+            answer = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status)
+            assert answer == 200
+        with socket.socket() as again:  # kopf's own endpoint can bind it now
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("0.0.0.0", port))
+
+    asyncio.run(main())
