@@ -193,7 +193,8 @@ def loops_alive(**_: Any) -> dict[str, float]:
     now = time.monotonic()
     stuck = HEARTBEATS.stuck(now)
     if stuck:
-        raise RuntimeError("background loop stuck: " + ", ".join(
+        # permanent: kopf retries a probe's other errors, and /healthz would hang, not fail
+        raise kopf.PermanentError("background loop stuck: " + ", ".join(
             f"{loop} finished no tick for {age:.0f} s" for loop, age in sorted(stuck.items())))
     return {loop: round(now - last, 1) for loop, (last, _, _) in HEARTBEATS.beats.items()}
 

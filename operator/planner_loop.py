@@ -212,7 +212,8 @@ def backoff_seconds(interval_seconds: float, failures: int,
 
 
 async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_seconds: float,
-                    heartbeats: Heartbeats = HEARTBEATS) -> None:
+                    heartbeats: Heartbeats = HEARTBEATS, *,
+                    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
     """Run ``tick`` every ``interval_seconds`` for ever. Any failure (the API server
     restarting, a timeout, a bug) is logged with its exception, counted in
     ``pdscale_loop_errors_total{loop}`` and retried with capped exponential backoff; each
@@ -222,7 +223,7 @@ async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_sec
     delay = interval_seconds
     heartbeats.beat(name, time.monotonic(), delay, bound)
     while True:
-        await asyncio.sleep(delay)
+        await sleep(delay)
         try:
             await tick()
         except asyncio.CancelledError:

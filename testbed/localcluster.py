@@ -300,11 +300,50 @@ class LocalCluster:
         except ClusterError as exc:
             raise ClusterError(str(exc).replace("not ready", "did not create the default ServiceAccount")) from None
 
+    # ---------------------------------------------------------------- faults
+    def component(self, name: str) -> Component:
+        found = next((c for c in self.components if c.name == name), None)
+        if found is None or found.process is None:
+            raise ClusterError(f"no {name} running in this cluster")
+        return found
+
+    def restart_apiserver(self, down_seconds: float = 0.0) -> None:
+        """Stop the kube-apiserver (SIGTERM, SIGKILL after 10 s), leave it down for
+        ``down_seconds``, start it again on the same port and wait until it is ready: every
+        client's connections and watches break, as in a control-plane upgrade."""
+        old = self.component("kube-apiserver")
+        assert old.process is not None
+        old.process.terminate()
+        try:
+            old.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            old.process.kill()
+            old.process.wait()
+        self.components.remove(old)
+        time.sleep(down_seconds)
+        self._spawn(old.name, old.args)
+        # the controllers were started after it: keep the stop order (reverse of start)
+        self.components.insert(1, self.components.pop())
+        self._wait_http("kube-apiserver", f"{self.server}/readyz", lambda body: body == b"ok")
+
+    def pause_apiserver(self) -> None:
+        """SIGSTOP the kube-apiserver: its connections stay open and answer nothing (a hung
+        server, the case a timeout must catch). ``resume_apiserver`` undoes it."""
+        process = self.component("kube-apiserver").process
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+
+    def resume_apiserver(self) -> None:
+        process = self.component("kube-apiserver").process
+        assert process is not None
+        process.send_signal(signal.SIGCONT)
+
     # ---------------------------------------------------------------- stop
     def stop(self) -> None:
         """Stop in reverse order; SIGTERM, then SIGKILL after a grace period. Idempotent."""
         for c in reversed(self.components):
             if c.process is not None and c.process.poll() is None:
+                c.process.send_signal(signal.SIGCONT)  # a paused one would not hear SIGTERM
                 c.process.terminate()
         deadline = time.monotonic() + 10
         for c in reversed(self.components):
