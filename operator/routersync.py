@@ -230,6 +230,9 @@ class SGLangWorkerList:
     LIST_TIMEOUT_SECONDS = 5.0
     #: a sync waits for each added worker to be reached, so it gets longer than a listing
     SYNC_TIMEOUT_SECONDS = 10.0
+    #: a whole sync of one router, so that a router slow to list new workers costs the tick
+    #: seconds, not minutes
+    SYNC_DEADLINE_SECONDS = 30.0
 
     def __init__(self, routers: Sequence[str]):
         self.addresses = tuple(routers)
@@ -249,7 +252,10 @@ class SGLangWorkerList:
                     except (ClientError, RouterError, TimeoutError):
                         return None
             return urls
-        return asyncio.run(ask())
+        try:  # one deadline over every router's answer, however slowly they drip
+            return asyncio.run(asyncio.wait_for(ask(), self.LIST_TIMEOUT_SECONDS))
+        except TimeoutError:
+            return None
 
     def make_equal(self, desired: frozenset[WorkerSpec]) -> None:
         """Each router lists exactly ``desired``; a router that fails is logged and left for
@@ -261,8 +267,8 @@ class SGLangWorkerList:
         async def sync() -> SyncPlan:
             async with ClientSession(timeout=ClientTimeout(total=self.SYNC_TIMEOUT_SECONDS)) as session:
                 return await RouterClient(url, session).sync(desired)
-        try:
-            done = asyncio.run(sync())
+        try:  # one deadline over the whole sync: each added worker may be waited for
+            done = asyncio.run(asyncio.wait_for(sync(), self.SYNC_DEADLINE_SECONDS))
         except (ClientError, RouterError, TimeoutError) as exc:
             log.warning("router %s: worker sync failed: %s", url, exc)
             return
