@@ -126,6 +126,14 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create an object that must not exist yet: HTTP 409 (AlreadyExists) when it does,
+        never a write over someone else's."""
+        meta = manifest["metadata"]
+        self.writes += 1
+        return self._call("POST", KINDS[manifest["kind"]].path(meta["namespace"]), body=manifest,
+                          query=[("fieldManager", MANAGER)], content_type="application/json")
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch the PDCluster's status subresource."""
         self.writes += 1

@@ -5,9 +5,9 @@ The memory is not trusted as read: anyone with write access to ConfigMaps can ed
 future ``lastPlanAtSeconds`` alone would stop planning for good. ``memory_problem`` names what
 is wrong with a stored memory (the loop then starts from an empty one and says so).
 
-Writes carry the resourceVersion that was read, as a precondition: a write that lost a race
-(another writer got there first, HTTP 409) does not clobber the newer memory; it is dropped,
-and the next tick reads the newer one.
+Writes carry the resourceVersion that was read, as a precondition (a create when none was
+read): a write that lost a race (another writer got there first, HTTP 409) does not clobber
+the newer memory; it is dropped, and the next tick reads the newer one.
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ class PlannerMemory:
         key = (owner.namespace, owner.name)
         manifest = planner_memory(owner, history_json)
         version = self.versions.get(key)
-        if version is not None:
-            manifest["metadata"]["resourceVersion"] = version  # server-side apply precondition
         try:
-            written = self.kube.apply(manifest, force=True)
+            if version is None:  # none was read: it must not exist now either
+                written = self.kube.create(manifest)
+            else:
+                manifest["metadata"]["resourceVersion"] = version  # the apply's precondition
+                written = self.kube.apply(manifest, force=True)
         except ApiException as exc:
             if exc.status != 409:
                 raise

@@ -15,7 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdscale.operator.engine_probe import engine_in_flight, engine_vllm_totals, in_flight_from_get_load
+from pdscale.operator.engine_probe import (
+    engine_in_flight,
+    engine_vllm_totals,
+    in_flight_from_get_load,
+)
 from pdscale.operator.routersync import SGLangWorkerList
 
 SLACK_SECONDS = 0.5
@@ -35,7 +39,7 @@ def _handler(replies: Replies) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: object) -> None:
             pass
 
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             status, body, drip = replies.paths.get(self.path, (404, b"not found", 0.0))
             try:
                 if drip and self.path.endswith("headers"):

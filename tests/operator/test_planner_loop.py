@@ -9,6 +9,7 @@ import pathlib
 from dataclasses import replace
 
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from pdscale.operator import names
 from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory
@@ -214,6 +215,12 @@ class FakeKube:
         obj["metadata"]["resourceVersion"] = str(self.writes)
         self.objects[key] = obj
         return copy.deepcopy(obj)
+
+    def create(self, manifest):
+        key = (manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        if key in self.objects:
+            raise ApiException(status=409, reason="AlreadyExists")
+        return self.apply(manifest)
 
     def patch_status(self, namespace, name, status):
         self.writes += 1
