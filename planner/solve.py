@@ -172,14 +172,18 @@ def _sane_history(history: History) -> History:
     """``history`` without entries no planning could have produced (a remembered history
     restored from storage, or written by hand): an implausible load becomes unknown, an odd
     decision is dropped, a calibration outside its bounds is forgotten. The same object when
-    all is well."""
-    loads = tuple(ld if _load_ok(ld) else None for ld in history.loads)
-    decisions = tuple(d for d in history.decisions if _decision_ok(d))
-    cal = history.calibration if _calibration_ok(history.calibration) else None
-    if (cal is history.calibration and len(decisions) == len(history.decisions)
-            and all(a is b for a, b in zip(loads, history.loads, strict=True))):
+    all is well (checked every interval: a few ms for a full history)."""
+    bad = {k for k, ld in enumerate(history.loads) if ld is not None and not _load_ok(ld)}
+    decisions_ok = all(map(_decision_ok, history.decisions))
+    calibration_ok = _calibration_ok(history.calibration)
+    if not bad and decisions_ok and calibration_ok:
         return history
-    return replace(history, loads=loads, decisions=decisions, calibration=cal)
+    return replace(
+        history,
+        loads=tuple(None if k in bad else ld for k, ld in enumerate(history.loads)),
+        decisions=tuple(d for d in history.decisions if _decision_ok(d)),
+        calibration=history.calibration if calibration_ok else None,
+    )
 
 
 def _finite_in(x: object, lo: float, hi: float) -> bool:
@@ -188,22 +192,27 @@ def _finite_in(x: object, lo: float, hi: float) -> bool:
 
 
 def _load_ok(ld: object) -> bool:
+    """A load as ``current_load`` makes them (NaN and infinities fail the comparisons)."""
     if not isinstance(ld, Load):
         return False
     peak = ld.peak_rate_rps
-    return (_finite_in(ld.rate_rps, 0.0, MAX_RATE_RPS)
-            and _finite_in(ld.mean_input_tokens, 0.0, MAX_MEAN_TOKENS)
-            and _finite_in(ld.mean_output_tokens, 0.0, MAX_MEAN_TOKENS)
-            and _finite_in(ld.prefix_hit_rate, 0.0, 1.0)
-            and (peak is None or _finite_in(peak, 0.0, MAX_RATE_RPS)))
+    try:
+        return bool(0.0 <= ld.rate_rps <= MAX_RATE_RPS
+                    and 0.0 <= ld.mean_input_tokens <= MAX_MEAN_TOKENS
+                    and 0.0 <= ld.mean_output_tokens <= MAX_MEAN_TOKENS
+                    and 0.0 <= ld.prefix_hit_rate <= 1.0
+                    and (peak is None or 0.0 <= peak <= MAX_RATE_RPS))
+    except TypeError:  # not numbers at all
+        return False
 
 
 def _decision_ok(d: object) -> bool:
-    if not isinstance(d, Decision):
+    if not isinstance(d, Decision) or not isinstance(d.desired, tuple) or len(d.desired) != 2:
         return False
-    counts = (d.prefill, d.decode, *d.desired) if isinstance(d.desired, tuple) else ()
-    return len(counts) == 4 and all(
-        isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_INSTANCES for n in counts)
+    p, q, (dp, dq) = d.prefill, d.decode, d.desired
+    return (type(p) is int and type(q) is int and type(dp) is int and type(dq) is int
+            and 0 <= p <= MAX_INSTANCES and 0 <= q <= MAX_INSTANCES
+            and 0 <= dp <= MAX_INSTANCES and 0 <= dq <= MAX_INSTANCES)
 
 
 def _calibration_ok(cal: object) -> bool:
@@ -301,7 +310,8 @@ def plan(
 
     Returns a :class:`Decision` whose ``prefill``/``decode`` are replica counts (ready +
     warming). Unknown or stale load metrics hold the previous decision (or the current counts)
-    and say so; they are never read as zero load. Solves in milliseconds for horizons of tens
+    and say so, clamped to the current bounds; they are never read as zero load. (Readings
+    that are present but unusable are ``step``'s to refuse: ``observe.unusable``.) Solves in milliseconds for horizons of tens
     of intervals and budgets of thousands of nodes.
 
     Examples
