@@ -222,24 +222,27 @@ async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_sec
     failures = 0
     delay = interval_seconds
     heartbeats.beat(name, time.monotonic(), delay, bound)
-    while True:
-        await sleep(delay)
-        try:
-            await tick()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failures += 1
-            delay = backoff_seconds(interval_seconds, failures)
-            LOOP_ERRORS.labels(name).inc()
-            log.warning("%s loop: tick failed (%d in a row): %s: %s; retrying in %.1f s", name,
-                        failures, type(exc).__name__, exc, delay, exc_info=exc)
-        else:
-            if failures:
-                log.info("%s loop: tick succeeded after %d failures", name, failures)
-            failures = 0
-            delay = interval_seconds
-        heartbeats.beat(name, time.monotonic(), delay, bound)
+    try:
+        while True:
+            await sleep(delay)
+            try:
+                await tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = backoff_seconds(interval_seconds, failures)
+                LOOP_ERRORS.labels(name).inc()
+                log.warning("%s loop: tick failed (%d in a row): %s: %s; retrying in %.1f s", name,
+                            failures, type(exc).__name__, exc, delay, exc_info=exc)
+            else:
+                if failures:
+                    log.info("%s loop: tick succeeded after %d failures", name, failures)
+                failures = 0
+                delay = interval_seconds
+            heartbeats.beat(name, time.monotonic(), delay, bound)
+    finally:  # stopped on purpose (cancelled): not stuck
+        heartbeats.forget(name)
 
 
 async def run_forever(loop: PlannerLoop, heartbeats: Heartbeats = HEARTBEATS) -> None:

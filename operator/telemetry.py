@@ -70,6 +70,10 @@ class Heartbeats:
         self.beats[loop] = (now, now + next_in_seconds, bound_seconds)
         LOOP_LAST_TICK.labels(loop).set_to_current_time()
 
+    def forget(self, loop: str) -> None:
+        """A loop that was stopped (cancelled) on purpose is not stuck."""
+        self.beats.pop(loop, None)
+
     def stuck(self, now: float) -> dict[str, float]:
         """Loops whose next tick, due by now, has not finished within their bound: loop ->
         seconds since it last finished one."""

@@ -27,6 +27,16 @@ class Stop(BaseException):
     """Ends a supervised loop in a test (not an Exception: the loop must not swallow it)."""
 
 
+class RecordedBeats(Heartbeats):
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded: list[float] = []
+
+    def beat(self, loop: str, now: float, next_in_seconds: float, bound_seconds: float) -> None:
+        self.recorded.append(next_in_seconds)
+        super().beat(loop, now, next_in_seconds, bound_seconds)
+
+
 def _failures() -> list[BaseException]:
     return [ApiException(status=503, reason="Service Unavailable"),
             urllib3.exceptions.MaxRetryError(None, "/api", "connection refused"),  # type: ignore[arg-type]
@@ -39,7 +49,7 @@ def test_a_failing_tick_is_logged_counted_and_retried_with_capped_backoff(caplog
     errors = _failures()
     ticks: list[str] = []
     delays: list[float] = []
-    beats = Heartbeats()
+    beats = RecordedBeats()
 
     async def tick() -> None:
         if errors:
@@ -63,16 +73,22 @@ def test_a_failing_tick_is_logged_counted_and_retried_with_capped_backoff(caplog
     logged = [r for r in caplog.records if "test-fails loop: tick failed" in r.getMessage()]
     assert len(logged) == 5 and all(r.exc_info for r in logged)
     assert "KeyError" in logged[-1].getMessage()
-    assert "test-fails" in beats.beats  # every finished tick, failed or not, is a beat
+    # the start, and every finished tick, failed or not, is a beat; stopping forgets the loop
+    assert beats.recorded == delays
+    assert "test-fails" not in beats.beats
 
 
-def test_cancelling_a_supervised_loop_stops_it():
+def test_cancelling_a_supervised_loop_stops_it_and_it_no_longer_counts_for_the_probe():
+    beats = Heartbeats()
+
     async def main() -> None:
-        task = asyncio.create_task(supervise("test-cancel", _noop, 0.01, Heartbeats()))
+        task = asyncio.create_task(supervise("test-cancel", _noop, 0.01, beats))
         await asyncio.sleep(0.05)
+        assert "test-cancel" in beats.beats
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert "test-cancel" not in beats.beats
 
     asyncio.run(main())
 
