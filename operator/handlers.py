@@ -83,9 +83,12 @@ def _run(memo: kopf.Memo, body: dict[str, Any]) -> Outcome:
     key = (meta["namespace"], meta["name"])
     try:
         outcome = reconcile(Kube(memo.api), body, now_rfc3339())
-        if (patch := finalizer_added(body)) is not None:
-            # deletion then goes through the drains (see the module's docstring)
-            patch_pdcluster(Kube(memo.api), *key, patch)
+        if finalizer_added(body) is not None:
+            # deletion then goes through the drains (see the module's docstring); the patch is
+            # made against the version read now (the reconcile may have just written status)
+            fresh = Kube(memo.api).get("PDCluster", *key)
+            if fresh is not None and (patch := finalizer_added(fresh)) is not None:
+                patch_pdcluster(Kube(memo.api), *key, patch)
     except ApiException as exc:
         delay = memo.retries.failed(key, time.monotonic())
         log.warning("reconcile of %s/%s failed (HTTP %s %s); retrying in %.0f s",
