@@ -221,11 +221,17 @@ def test_an_object_of_the_same_name_that_is_not_ours_is_left_alone(k, run_operat
 
 
 def test_deleting_the_pdcluster_removes_every_child(k, run_operator):
+    # The operator's finalizer holds the deletion until the engines are drained (idle, or the
+    # drain timeout, 5 x preStopDrainSeconds = 20 s here); these kwok engines serve nothing.
     doc = sample("vllm-nixl-2p4d.yaml", "gone", **{"prefill.replicas": 1, "decode.replicas": 1,
-                                                   "decode.minReplicas": 1})
+                                                   "decode.minReplicas": 1,
+                                                   "prefill.preStopDrainSeconds": 4,
+                                                   "decode.preStopDrainSeconds": 4})
     with run_operator():
         k.create(doc)
         wait_for(lambda: k.children("gone") == expected_children(doc, k.ns), what="children")
+        wait_for(lambda: k.get("gone")["metadata"].get("finalizers") == ["pdscale.io/drain"],
+                 what="the operator's finalizer")
         k.delete("gone")
         wait_for(lambda: k.children("gone") == NONE,
                  timeout_seconds=60, what="garbage collection")
