@@ -8,11 +8,11 @@ What each rule is for:
 - Deployments, Services: create and server-side apply the children (SSA create needs create
   and patch), watch them for ready counts and drift. No delete: garbage collection removes
   children through their owner references.
+- NetworkPolicies: who may reach the engines and the router (``network``), applied like the
+  other children.
 - ServiceAccounts: the router's identity (it has no permissions: the operator, not the
   router, keeps its worker list).
 - Pods: read engine and router pods for the planner and the router sync; patch engine pods
-- NetworkPolicies: who may reach the engines and the router (``network``), applied like the
-  other children.
   to mark a drain (annotation and pod-deletion-cost). No delete: the ReplicaSet removes the
   drained pod when the planner lowers replicas.
 - ConfigMaps: the planner's memory (<name>-planner), owned by the PDCluster.
@@ -46,6 +46,7 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": [*_READ, "create", "patch"]},
         {"apiGroups": [""], "resources": ["services"], "verbs": [*_READ, "create", "patch"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _APPLY},
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": _APPLY},
         {"apiGroups": [""], "resources": ["pods"], "verbs": [*_READ, "patch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": _APPLY},
@@ -53,7 +54,6 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": _READ},
     ]
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _APPLY},
 
 
 def cluster_role(name: str = NAME) -> dict[str, Any]:
