@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.util.retry import Retry
 
 from .names import MANAGER
 from .pdcluster import GROUP, PLURAL, VERSION
@@ -49,11 +50,23 @@ def api_client_from_environment() -> client.ApiClient:
     # documented: nothing, and an ApiClient.
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
+        configuration = client.Configuration.get_default_copy()
+        configuration.retries = call_retries()
+        return client.ApiClient(configuration)
     except config.ConfigException:
+        configuration = client.Configuration()
+        configuration.retries = call_retries()
         api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=os.environ.get("KUBECONFIG"))
+            config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
         return api
+
+
+def call_retries() -> Retry:
+    """A refused connection is retried (briefly: the API server restarting); a read that timed
+    out is not. urllib3's default retries a read three more times, so that one call to a hung
+    API server would take four read timeouts, not one."""
+    return Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2,
+                 raise_on_status=False)
 
 
 def request_timeout_from_environment() -> tuple[float, float]:

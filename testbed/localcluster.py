@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -86,6 +87,9 @@ class LocalCluster:
     ports: dict[str, int] = field(default_factory=dict)
     admin_token: str = ""
     start_timeout_seconds: float = START_TIMEOUT_SECONDS
+    #: the pods' addresses, a /16 of the loopback range drawn per cluster: two clusters on
+    #: one machine (two test runs at once) must not give two routers the same address
+    pod_cidr: str = field(default_factory=lambda: f"127.{random.randint(2, 254)}.0.1/16")
 
     def __post_init__(self) -> None:
         # Components run with their own working directory: every path handed to them is
@@ -253,7 +257,7 @@ class LocalCluster:
             str(self.bin_dir / "kwok"), f"--kubeconfig={kc}",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             f"--server-address=127.0.0.1:{self.ports['kwok']}",
-            "--cidr=127.1.0.1/16", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
+            f"--cidr={self.pod_cidr}", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
             *stages,
         ])
 
