@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from pdscale.operator.tenant_policy import TenantPolicy
+
 EXIT_INVALID = 2
 # Top-level fields of a PDCluster document; status is what `kubectl get -o yaml` adds.
 DOCUMENT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
@@ -28,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: 'default')")
     parser.add_argument("--include-crd", action="store_true",
                         help="print the PDCluster CRD first")
+    parser.add_argument("--tenant-policy", metavar="VALUES.yaml",
+                        help="hold the PDClusters to this tenant policy: a Helm values file "
+                             "with a tenantPolicy key, or the tenantPolicy mapping itself "
+                             "(default: the chart's default policy, as the operator does)")
 
 
 def _document_problems(doc: dict[Any, Any]) -> list[str]:
@@ -65,7 +71,8 @@ def _label(number: int, doc: Any) -> str:
     return f"document {number}"
 
 
-def render_one(number: int, doc: Any, namespace: str) -> tuple[list[dict[str, Any]], list[str]]:
+def render_one(number: int, doc: Any, namespace: str, policy: TenantPolicy | None = None
+               ) -> tuple[list[dict[str, Any]], list[str]]:
     """(manifests, errors) for document NUMBER of the file."""
     from pdscale.operator.builders import build_children
     from pdscale.operator.checklist import SpecError, validate
@@ -80,7 +87,7 @@ def render_one(number: int, doc: Any, namespace: str) -> tuple[list[dict[str, An
         return [], [f"{where}: {e}" for e in errors]
     if isinstance(doc.get("spec"), dict):
         try:
-            spec, derived = validate(doc["spec"])
+            spec, derived = validate(doc["spec"], policy or TenantPolicy())
         except SpecError as exc:
             errors += [str(p) for p in exc.problems]
     if errors:
@@ -90,7 +97,8 @@ def render_one(number: int, doc: Any, namespace: str) -> tuple[list[dict[str, An
     return build_children(owner, spec, derived), []
 
 
-def render(docs: list[Any], namespace: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+def render(docs: list[Any], namespace: str | None, policy: TenantPolicy | None = None
+           ) -> tuple[list[dict[str, Any]], list[str]]:
     """(manifests, errors) for the documents of one file, in order (None: an empty document,
     skipped); anything but a valid PDCluster is an error naming its field."""
     from pdscale.operator import k8s_rules
@@ -103,7 +111,7 @@ def render(docs: list[Any], namespace: str | None) -> tuple[list[dict[str, Any]]
     for number, doc in enumerate(docs, start=1):
         if doc is None:
             continue
-        out, errs = render_one(number, doc, ns)
+        out, errs = render_one(number, doc, ns, policy)
         manifests += out
         errors += errs
     return manifests, errors
@@ -117,7 +125,14 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, SpecFileError) as exc:
         print(f"error: {args.filename}: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    manifests, errors = render(docs, args.namespace)
+    policy = None
+    if args.tenant_policy:
+        try:
+            policy = read_tenant_policy(args.tenant_policy)
+        except (OSError, SpecFileError, ValueError) as exc:
+            print(f"error: --tenant-policy {args.tenant_policy}: {exc}", file=sys.stderr)
+            return EXIT_INVALID
+    manifests, errors = render(docs, args.namespace, policy)
     if errors:
         for line in errors:
             print(f"error: {line}", file=sys.stderr)
@@ -128,6 +143,17 @@ def run(args: argparse.Namespace) -> int:
         manifests.insert(0, build_crd())
     sys.stdout.write(dump(manifests))
     return 0
+
+
+def read_tenant_policy(path: str) -> TenantPolicy:
+    """A tenant policy from a values file (its ``tenantPolicy``) or the bare mapping."""
+    from pdscale.spec_file import read
+
+    docs = [d.data for d in read(path)]
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise ValueError("must be one YAML mapping")
+    data = docs[0].get("tenantPolicy", docs[0])
+    return TenantPolicy.from_mapping(data)
 
 
 def dump(manifests: list[dict[str, Any]]) -> str:

@@ -57,3 +57,24 @@ def test_a_document_of_another_kind_is_refused(tmp_path, capsys):
 def test_unreadable_file_exits_2(tmp_path, capsys):
     assert main(["render", "-f", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_render_holds_the_spec_to_the_tenant_policy_as_the_operator_does(tmp_path, capsys):
+    doc = yaml.safe_load(SAMPLE.read_text())
+    doc["spec"]["engine"]["image"] = "registry.corp/sglang:1"
+    spec_file = tmp_path / "pdc.yaml"
+    spec_file.write_text(yaml.safe_dump(doc))
+    # the chart's default policy refuses an image from elsewhere, naming field and key
+    assert main(["render", "-f", str(spec_file)]) == 2
+    err = capsys.readouterr().err
+    assert "spec.engine.image" in err and "allowedImagePrefixes" in err
+    # the admin's values allow it
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"tenantPolicy": {
+        "allowedImagePrefixes": ["registry.corp/", "lmsysorg/sglang:"]}}))
+    assert main(["render", "-f", str(spec_file), "--tenant-policy", str(values)]) == 0
+    capsys.readouterr()
+    # a typo in the policy is refused, never read as "allow everything"
+    values.write_text(yaml.safe_dump({"tenantPolicy": {"allowedImagePrefix": ["*"]}}))
+    assert main(["render", "-f", str(spec_file), "--tenant-policy", str(values)]) == 2
+    assert "allowedImagePrefix" in capsys.readouterr().err
