@@ -34,7 +34,8 @@ def sample(name: str, cluster_name: str | None = None, **overrides: Any) -> dict
 
 
 PLURALS = {"Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
-           "Role": "roles", "RoleBinding": "rolebindings", "ConfigMap": "configmaps"}
+           "Role": "roles", "RoleBinding": "rolebindings", "ConfigMap": "configmaps",
+           "NetworkPolicy": "networkpolicies"}
 
 
 def expected_children(doc: dict[str, Any], namespace: str) -> dict[str, list[str]]:

@@ -58,6 +58,7 @@ def test_every_child_is_built_and_owned(sglang_children):
     assert sorted(sglang_children) == [
         ("Deployment", "glm53-decode"), ("Deployment", "glm53-prefill"),
         ("Deployment", "glm53-router"),
+        ("NetworkPolicy", "glm53-engines"), ("NetworkPolicy", "glm53-router"),
         ("Service", "glm53-decode"), ("Service", "glm53-prefill"), ("Service", "glm53-router"),
         ("ServiceAccount", "glm53-router"),
     ]

@@ -23,6 +23,7 @@ class Cluster:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
+        self.net = client.NetworkingV1Api(api)
 
     def create(self, doc):
         return self.co.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, doc)
@@ -56,6 +57,7 @@ class Cluster:
             "roles": self.rbac.list_namespaced_role,
             "rolebindings": self.rbac.list_namespaced_role_binding,
             "configmaps": self.core.list_namespaced_config_map,
+            "networkpolicies": self.net.list_namespaced_network_policy,
         }
         return {plural: sorted(x.metadata.name for x in f(self.ns, label_selector=sel).items)
                 for plural, f in lists.items()}
