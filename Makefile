@@ -6,7 +6,7 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo cluster down chart-sync e2e-kind
+.PHONY: setup test lint demo cluster down chart-sync e2e-kind image chart-package
 
 setup:
 	@e2e/setup
@@ -41,6 +41,16 @@ chart-sync: setup
 	$(VENV)/bin/python -c "import json, yaml; from pdscale.operator import rbac; \
 	print(yaml.safe_dump(json.loads(json.dumps(rbac.rules())), sort_keys=False), end='')" \
 	> charts/pdscale/rbac-rules.yaml
+
+# The operator image ghcr.io/pdscale/pdscale-operator:<version> as an OCI archive,
+# out/image/pdscale-operator-<version>.oci.tar, built here without Docker (mmdebstrap + umoci,
+# as root); nothing to do when its inputs are unchanged. With Docker: image/Containerfile.
+image:
+	image/build
+
+# The chart as out/chart/pdscale-<version>.tgz (its appVersion is the image's tag).
+chart-package: setup
+	$(BIN)/helm package charts/pdscale --destination out/chart
 
 # The same e2e suite and the demo on a kind cluster (needs Docker and kind; kwok runs inside
 # it and manages the fake 8xH200 nodes). The tests and the demo only see KUBECONFIG.
