@@ -129,7 +129,8 @@ def test_sample_becomes_a_ready_fleet_pinned_to_h200(k, run_operator):
         managers = {m.manager for m in deployment.metadata.managed_fields if m.operation == "Apply"}
         assert managers == {"pdscale-operator"}
         reasons = [r for _, r, _ in k.events("glm53")]
-        assert reasons.count("Created") == 7 and "Ready" in reasons
+        assert reasons.count("Created") == sum(map(len, expected_children(doc, k.ns).values())) \
+            and "Ready" in reasons
 
 
 def test_replica_and_image_changes_roll_the_deployments(k, run_operator):
