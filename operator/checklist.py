@@ -367,7 +367,7 @@ def validate(raw: dict[str, Any] | None, policy: TenantPolicy | None = None
     if policy is not None:
         # the operator's own variables are known only for a spec that renders
         operator_env = operator_env_names(spec, derive(spec)) if not problems else frozenset()
-        problems += [Problem(r.field, r.message) for r in refusals(spec, policy, operator_env)]
+        problems += [Problem(f, why) for f, why in refusals(spec, policy, operator_env)]
     if problems:
         raise SpecError(problems)
     return spec, derive(spec)

@@ -107,15 +107,6 @@ def _camel(snake: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-@dataclass(frozen=True)
-class Refusal:
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
 def _image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
     return ANY in prefixes or any(image.startswith(p) for p in prefixes)
 
@@ -130,21 +121,22 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[str] = frozenset()
-             ) -> list[Refusal]:
-    """Every field of ``spec`` that ``policy`` (or the operator's ownership) refuses.
+             ) -> list[tuple[str, str]]:
+    """(field, why) for every field of ``spec`` that ``policy`` (or the operator's ownership)
+    refuses; the checklist reports them as its problems.
 
     ``operator_env`` are the environment variable names the operator renders for this spec; a
     spec may not set them (a duplicate name in a container takes the last value)."""
-    out: list[Refusal] = []
+    out: list[tuple[str, str]] = []
     for path, image in (("spec.engine.image", spec.engine.image), ("spec.router.image", spec.router.image)):
         if not _image_allowed(image, policy.allowed_image_prefixes):
-            out.append(Refusal(path, f"image {image!r} is not allowed by the tenant policy "
+            out.append((path, f"image {image!r} is not allowed by the tenant policy "
                                      f"(allowedImagePrefixes: {list(policy.allowed_image_prefixes)})"))
     weights = spec.model.weights
     if weights is not None and weights.host_path is not None:
         host = weights.host_path.path
         if not any(_under(host, p) for p in policy.allowed_host_path_prefixes):
-            out.append(Refusal("spec.model.weights.hostPath.path",
+            out.append(("spec.model.weights.hostPath.path",
                                f"{host!r} is not under an allowed directory (tenant policy "
                                f"allowedHostPathPrefixes: {list(policy.allowed_host_path_prefixes)})"))
     if not policy.allow_extra_args:
@@ -153,30 +145,30 @@ def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[
                            ("spec.decode.extraArgs", spec.decode.extra_args),
                            ("spec.router.extraArgs", spec.router.extra_args)):
             if args:
-                out.append(Refusal(path, "extra arguments are not allowed by the tenant policy "
+                out.append((path, "extra arguments are not allowed by the tenant policy "
                                          "(allowExtraArgs: false)"))
     reserved_env = set(policy.reserved_env_names) | set(operator_env)
     for path, env in (("spec.engine.env", spec.engine.env), ("spec.prefill.env", spec.prefill.env),
                       ("spec.decode.env", spec.decode.env)):
         if env and not policy.allow_env:
-            out.append(Refusal(path, "extra environment is not allowed by the tenant policy "
+            out.append((path, "extra environment is not allowed by the tenant policy "
                                      "(allowEnv: false)"))
             continue
         for i, var in enumerate(env):
             if var.name in reserved_env:
                 owner = "the operator sets it" if var.name in operator_env else "reservedEnvNames"
-                out.append(Refusal(f"{path}[{i}].name", f"{var.name!r} is reserved ({owner})"))
+                out.append((f"{path}[{i}].name", f"{var.name!r} is reserved ({owner})"))
     if spec.placement.pod_annotations and not policy.allow_pod_annotations:
-        out.append(Refusal("spec.placement.podAnnotations", "pod annotations are not allowed by "
+        out.append(("spec.placement.podAnnotations", "pod annotations are not allowed by "
                                                             "the tenant policy (allowPodAnnotations: false)"))
     if ANY not in policy.allowed_toleration_keys:
         for i, t in enumerate(spec.placement.tolerations):
             if t.key != GPU_RESOURCE and t.key not in policy.allowed_toleration_keys:
                 what = repr(t.key) if t.key else "an empty key (it tolerates every taint)"
-                out.append(Refusal(f"spec.placement.tolerations[{i}].key",
+                out.append((f"spec.placement.tolerations[{i}].key",
                                    f"{what} is not allowed by the tenant policy "
                                    f"(allowedTolerationKeys: {list(policy.allowed_toleration_keys)})"))
     if spec.placement.affinity and not policy.allow_affinity:
-        out.append(Refusal("spec.placement.affinity", "affinity is not allowed by the tenant policy "
+        out.append(("spec.placement.affinity", "affinity is not allowed by the tenant policy "
                                                       "(allowAffinity: false)"))
     return out

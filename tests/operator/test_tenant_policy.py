@@ -32,8 +32,7 @@ def spec_of(path: Path, **changes) -> dict:
 
 def refused(spec_dict: dict, policy: TenantPolicy | None = None) -> dict[str, str]:
     spec, derived = validate(spec_dict)
-    return {r.field: r.message
-            for r in refusals(spec, policy or TenantPolicy(), operator_env_names(spec, derived))}
+    return dict(refusals(spec, policy or TenantPolicy(), operator_env_names(spec, derived)))
 
 
 GLM = ROOT / "examples" / "sglang-glm-4p8d.yaml"
