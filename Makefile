@@ -38,9 +38,10 @@ down:
 # into the Helm chart; tests/chart fails when they drift.
 chart-sync: setup
 	cp crds/pdclusters.pdscale.io.yaml charts/pdscale/crds/
-	$(VENV)/bin/python -c "import json, yaml; from pdscale.operator import rbac; \
-	print(yaml.safe_dump(json.loads(json.dumps(rbac.rules())), sort_keys=False), end='')" \
-	> charts/pdscale/rbac-rules.yaml
+	for part in namespaced cluster; do $(VENV)/bin/python -c "import json, sys, yaml; \
+	from pdscale.operator import rbac; rules = getattr(rbac, sys.argv[1] + '_rules')(); \
+	print(yaml.safe_dump(json.loads(json.dumps(rules)), sort_keys=False), end='')" $$part \
+	> charts/pdscale/rbac-$$part-rules.yaml; done
 
 # The operator image ghcr.io/pdscale/pdscale-operator:<version> as an OCI archive,
 # out/image/pdscale-operator-<version>.oci.tar, built here without Docker (mmdebstrap + umoci,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,14 +170,33 @@ class Kube:
                           content_type="application/strategic-merge-patch+json")
 
     def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """Pods carrying ``labels``, in ``namespace`` or (None) in every namespace."""
+        """Pods carrying ``labels``, in ``namespace`` or (None) in every watched namespace."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        path = "/api/v1/pods" if namespace is None else f"/api/v1/namespaces/{namespace}/pods"
-        return _items(self._call("GET", path, query=[("labelSelector", selector)]))
+        query = [("labelSelector", selector)]
+        if namespace is not None:
+            return _items(self._call("GET", f"/api/v1/namespaces/{namespace}/pods", query=query))
+        watched = watch_namespaces()
+        if watched is None:
+            return _items(self._call("GET", "/api/v1/pods", query=query))
+        return [p for ns in watched
+                for p in _items(self._call("GET", f"/api/v1/namespaces/{ns}/pods", query=query))]
 
     def list_pdclusters(self) -> list[dict[str, Any]]:
+        """Every PDCluster in the watched namespaces."""
         kind = KINDS["PDCluster"]
-        return _items(self._call("GET", f"/apis/{kind.api_version}/{kind.plural}"))
+        watched = watch_namespaces()
+        if watched is None:
+            return _items(self._call("GET", f"/apis/{kind.api_version}/{kind.plural}"))
+        return [b for ns in watched for b in _items(self._call("GET", kind.path(ns)))]
+
+
+def watch_namespaces(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """The namespaces the operator watches (``PDSCALE_WATCH_NAMESPACES``, comma-separated, as
+    the chart sets it next to kopf's ``--namespace`` flags); None: every namespace. With a list
+    the operator's RBAC is a Role in each, so it must never list cluster-wide."""
+    raw = (os.environ if environ is None else environ).get("PDSCALE_WATCH_NAMESPACES", "")
+    names = tuple(sorted({n.strip() for n in raw.split(",") if n.strip()}))
+    return names or None
 
 
 def _items(listing: dict[str, Any]) -> list[dict[str, Any]]:

@@ -38,6 +38,19 @@ _APPLY = ["get", "create", "patch"]
 
 
 def rules() -> list[dict[str, Any]]:
+    """Everything the operator needs, as one ClusterRole (watching all namespaces)."""
+    return [*namespaced_rules(), *cluster_rules()]
+
+
+def cluster_rules() -> list[dict[str, Any]]:
+    """What only a ClusterRole can grant: reading the CRD (kopf checks the resource exists)."""
+    return [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+             "verbs": _READ}]
+
+
+def namespaced_rules() -> list[dict[str, Any]]:
+    """What the operator needs in a namespace it watches; with ``watchNamespaces`` the chart
+    grants these as a Role in each of them and nowhere else."""
     return [
         {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": [*_READ, "patch"]},
         {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
@@ -51,8 +64,6 @@ def rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": [*_READ, "patch"]},
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": _APPLY},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-         "verbs": _READ},
     ]
 
 

@@ -54,7 +54,7 @@ def test_chart_crd_is_the_crd_in_crds_folder():
 def test_chart_rbac_rules_are_the_operators_rules():
     rendered = by_kind(render(), "ClusterRole")[0]["rules"]
     assert rendered == json.loads(json.dumps(rbac.rules())), (
-        "regenerate charts/pdscale/rbac-rules.yaml from pdscale.operator.rbac.rules()"
+        "make chart-sync: regenerate charts/pdscale/rbac-*-rules.yaml from pdscale.operator.rbac"
     )
 
 
@@ -91,6 +91,25 @@ def test_operator_pod_meets_the_restricted_pod_security_standard():
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert "--all-namespaces" in container["args"]
     assert container["resources"]["limits"]["memory"] == "1Gi"
+
+
+def test_watch_namespaces_grant_roles_there_and_only_the_crd_cluster_wide():
+    docs = render("operator.watchNamespaces={team-a,team-b}")
+    cluster_role = by_kind(docs, "ClusterRole")[0]
+    assert cluster_role["rules"] == json.loads(json.dumps(rbac.cluster_rules()))
+    roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(docs, "Role")
+             if r["metadata"]["name"] == cluster_role["metadata"]["name"]}
+    assert roles == {ns: json.loads(json.dumps(rbac.namespaced_rules())) for ns in ("team-a", "team-b")}
+    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")
+                if b["roleRef"]["name"] == cluster_role["metadata"]["name"]}
+    assert set(bindings) == {"team-a", "team-b"}
+    assert bindings["team-a"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pdscale-operator", "namespace": "pdscale-system"}]
+    env = {e["name"]: e.get("value") for e in
+           by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PDSCALE_WATCH_NAMESPACES"] == "team-a,team-b"
+    assert not by_kind(render(), "Role") or all(
+        r["metadata"]["name"] != cluster_role["metadata"]["name"] for r in by_kind(render(), "Role"))
 
 
 def test_watch_namespaces_replace_all_namespaces():
@@ -255,3 +274,37 @@ def test_the_operator_is_told_its_own_pod_labels_for_the_network_policies():
     assert settings["operatorPodLabels"].items() <= pod_labels.items()  # selects the operator's pods
     assert settings["operatorNamespace"] == "pdscale-system"
     assert settings["monitoringNamespaces"] == ["prom"] and settings["enabled"] is True
+
+
+@pytest.mark.cluster
+def test_with_watch_namespaces_the_operator_cannot_write_outside_them(cluster, admin_api, namespace):
+    release = f"ns-{uuid.uuid4().hex[:6]}"
+    other = f"{namespace}-other"
+    core = client.CoreV1Api(admin_api)
+    core.create_namespace({"metadata": {"name": other}})
+    helm("install", release, str(CHART), "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+         "--set", "grafana.dashboard.enabled=false", "--set", "replicaCount=0",
+         "--set", "tenantPolicy.admission=false", "--set", f"operator.watchNamespaces={{{namespace}}}",
+         "--wait=false")
+    try:
+        token = core.create_namespaced_service_account_token(
+            "pdscale-operator", namespace, {"spec": {"expirationSeconds": 600}}).status.token
+        cfg = client.Configuration()
+        cfg.host = admin_api.configuration.host
+        cfg.ssl_ca_cert = admin_api.configuration.ssl_ca_cert
+        cfg.api_key = {"authorization": f"Bearer {token}"}
+        apps = client.AppsV1Api(client.ApiClient(cfg))
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "probe"},
+                      "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                          "metadata": {"labels": {"a": "b"}},
+                          "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}
+        apps.create_namespaced_deployment(namespace, deployment, dry_run="All")  # watched: allowed
+        for forbidden in (lambda: apps.create_namespaced_deployment(other, deployment, dry_run="All"),
+                          lambda: apps.list_deployment_for_all_namespaces(),
+                          lambda: client.CoreV1Api(client.ApiClient(cfg)).list_pod_for_all_namespaces()):
+            with pytest.raises(ApiException) as refused:
+                forbidden()
+            assert refused.value.status == 403
+    finally:
+        helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
+        core.delete_namespace(other)
