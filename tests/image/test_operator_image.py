@@ -38,7 +38,7 @@ from kubernetes.client.rest import ApiException
 from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.localcluster import DEFAULT_BIN_DIR, K8S_VERSION, free_port
-from pdscale.testbed.nodes import ensure_cpu_nodes, wait_nodes_ready
+from pdscale.testbed.nodes import ensure_cpu_nodes, ensure_h200_nodes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -370,22 +370,26 @@ def http_get(url: str) -> bytes | None:
 def test_operator_from_the_image_reconciles_a_pdcluster(image, cluster, admin_api, namespace,
                                                         tmp_path):
     health, metrics = free_port(), free_port()
-    # The chart as released into this test's namespace, watching only it.
-    docs = helm_template(namespace, f"operator.watchNamespaces={{{namespace}}}",
-                         f"operator.healthPort={health}", f"operator.metricsPort={metrics}",
-                         "grafana.dashboard.enabled=false")
+    # The chart as released into this test's namespace, with its default values but for the
+    # ports (the host's network is shared): it watches all namespaces.
+    docs = helm_template(namespace, f"operator.healthPort={health}",
+                         f"operator.metricsPort={metrics}", "grafana.dashboard.enabled=false")
     pod, container = operator_container(docs)
     uid, gid = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
     assert image.config["User"] == f"{uid}:{gid}" and uid != 0 and gid != 0
     server = urllib.parse.urlsplit(admin_api.configuration.host)
     log = tmp_path / "operator.log"
+    # fake nodes for the sample (3 GPU nodes, a CPU node for the router); kwok readies them
+    # while the operator starts
+    ensure_h200_nodes(cluster.kubeconfig, 3, POOL)
+    ensure_cpu_nodes(cluster.kubeconfig, 1, POOL)
     with chart_identity(cluster.kubeconfig, admin_api, docs), \
             KubernetesService(SERVICE, (server.hostname, server.port or 443)) as service:
         mount_service_account(image.rootfs, admin_api, namespace, pod["serviceAccountName"])
         with operator_pod(image, pod, container, tmp_path) as process:
             try:
                 check_operator_pod(image, process, health, container, uid, gid)
-                check_reconciles_sample(cluster, admin_api, namespace)
+                check_reconciles_sample(admin_api, namespace)
                 page = wait_for(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"),
                                 what="the operator's metrics (the chart's port)")
                 assert b"pdscale_planner_recommended_replicas" in page
@@ -420,11 +424,9 @@ def check_operator_pod(image: Image, process: subprocess.Popen[bytes], health: i
                        *(a.encode() for a in container["args"])], cmdline
 
 
-def check_reconciles_sample(cluster, api: client.ApiClient, namespace: str) -> None:
-    """The demo's PDCluster, planner off (no Prometheus here), on fake nodes of its own: its
+def check_reconciles_sample(api: client.ApiClient, namespace: str) -> None:
+    """The demo's PDCluster, planner off (no Prometheus here), on this test's fake nodes: its
     prefill and decode Deployments appear, then status conditions, then Ready."""
-    cluster.ensure_h200_nodes(3, POOL)
-    wait_nodes_ready(cluster.kubeconfig, ensure_cpu_nodes(cluster.kubeconfig, 1, POOL))
     doc = yaml.safe_load((ROOT / "examples" / "demo-sim.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
     doc["spec"].setdefault("placement", {}).setdefault("nodeSelector", {})[
