@@ -96,7 +96,7 @@ def test_operator_pod_meets_the_restricted_pod_security_standard():
 def test_watch_namespaces_grant_roles_there_and_only_the_crd_cluster_wide():
     docs = render("operator.watchNamespaces={team-a,team-b}")
     cluster_role = by_kind(docs, "ClusterRole")[0]
-    assert cluster_role["rules"] == json.loads(json.dumps(rbac.cluster_rules()))
+    assert cluster_role["rules"] == json.loads(json.dumps(rbac.watching_rules() + rbac.cluster_rules()))
     roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(docs, "Role")
              if r["metadata"]["name"] == cluster_role["metadata"]["name"]}
     assert roles == {ns: json.loads(json.dumps(rbac.namespaced_rules())) for ns in ("team-a", "team-b")}
