@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shlex
 import shutil
@@ -52,9 +53,9 @@ ARCHIVE = ROOT / "out" / "image" / f"pdscale-operator-{PACKAGE_VERSION}.oci.tar"
 REF = f"ghcr.io/pdscale/pdscale-operator:{PACKAGE_VERSION}"
 SERVICE_ACCOUNT_DIR = "var/run/secrets/kubernetes.io/serviceaccount"
 POOL = "image"  # the fake nodes this test's PDCluster is pinned to
-# Where the kubernetes Service answers the pod: 127.0.0.1 is in the API server's certificate
-# (as are the kubernetes.default.svc names), 443 is the Service's port.
-SERVICE = ("127.0.0.1", 443)
+# Where the kubernetes Service's name leads (port 443): a loopback address of its own, so that
+# two runs on one machine do not collide.
+SERVICE_ADDRESSES = [f"127.0.96.{i}" for i in range(1, 255)]
 VENV_SITE = "opt/pdscale/lib/python3.11/site-packages"
 
 # Inside a private mount namespace (the host sees none of it, and it all goes when the process
@@ -80,19 +81,25 @@ exec /usr/bin/unshare --root="$root" --wd="$workdir" --setgid="$gid" --setuid="$
 
 
 class KubernetesService:
-    """The `kubernetes` Service as kube-proxy gives it to pods: connections to its address
-    (SERVICE) reach the API server. kopf's in-cluster login ignores
-    KUBERNETES_SERVICE_HOST/PORT and always uses https://kubernetes.default.svc, so the pod
-    needs the Service by name (cluster DNS; here /etc/hosts) and by port 443."""
+    """The `kubernetes` Service as kube-proxy gives it to pods: connections to port 443 of its
+    address reach the API server. kopf's in-cluster login ignores KUBERNETES_SERVICE_HOST/PORT
+    and always calls https://kubernetes.default.svc, so the pod needs the Service by name
+    (cluster DNS; here the pod's /etc/hosts) on port 443. The API server's certificate names
+    kubernetes.default.svc, so TLS checks out as in a cluster."""
 
-    def __init__(self, address: tuple[str, int], api_server: tuple[str, int]):
+    def __init__(self, api_server: tuple[str, int]):
         self.api_server = api_server
         self.accepted = 0
         self.sockets: list[socket.socket] = []
-        try:
-            self.listener = socket.create_server(address)
-        except OSError as exc:
-            pytest.fail(f"cannot stand in for the kubernetes Service on {address}: {exc}")
+        for address in random.sample(SERVICE_ADDRESSES, 20):
+            try:
+                self.listener = socket.create_server((address, 443))
+                self.address = address
+                break
+            except OSError as exc:
+                error = exc
+        else:
+            pytest.fail(f"cannot stand in for the kubernetes Service on port 443: {error}")
         self.listener.settimeout(0.5)
         self.stopping = threading.Event()
         threading.Thread(target=self._accept, name="kubernetes-service", daemon=True).start()
@@ -321,23 +328,25 @@ def mount_service_account(rootfs: Path, api: client.ApiClient, namespace: str,
 
 
 @contextlib.contextmanager
-def operator_pod(image: Image, pod: dict[str, Any], container: dict[str, Any], workdir: Path
-                 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The chart's operator container started from the image's root (see LAUNCH), with the
-    environment a kubelet gives it: the image's, the chart's, then the kubernetes Service's
-    address and the pod's hostname. Stopped with SIGTERM, as a pod is, whatever happens."""
+def operator_pod(image: Image, pod: dict[str, Any], container: dict[str, Any], workdir: Path,
+                 service: KubernetesService) -> Iterator[subprocess.Popen[bytes]]:
+    """The chart's operator container started from the image's root (see LAUNCH), with what
+    a kubelet gives it: the image's environment, the chart's, then the kubernetes Service's
+    (KUBERNETES_SERVICE_HOST/PORT: here the API server itself, whose certificate names
+    127.0.0.1) and the pod's hostname; and the pod's /etc/hosts, where the Service's name
+    stands in for cluster DNS. Stopped with SIGTERM, as a pod is, whatever happens."""
     hostname = "pdscale-operator-image-test"
-    # the pod's /etc/hosts; the kubernetes Service's name stands in for cluster DNS
     hosts = workdir / "hosts"
     hosts.write_text(
         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
         f"127.0.0.1\t{hostname}\n"
-        f"{SERVICE[0]}\tkubernetes kubernetes.default kubernetes.default.svc "
+        f"{service.address}\tkubernetes kubernetes.default kubernetes.default.svc "
         "kubernetes.default.svc.cluster.local\n")
     env = dict(e.split("=", 1) for e in image.config["Env"])
     assert all("value" in e for e in container["env"]), "valueFrom is not simulated here"
     env.update({e["name"]: str(e["value"]) for e in container["env"]})
-    env.update({"KUBERNETES_SERVICE_HOST": SERVICE[0], "KUBERNETES_SERVICE_PORT": str(SERVICE[1]),
+    host, port = service.api_server
+    env.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port),
                 "HOSTNAME": hostname})
     env.setdefault("HOME", "/home/pdscale")
     security = pod["securityContext"]
@@ -384,9 +393,9 @@ def test_operator_from_the_image_reconciles_a_pdcluster(image, cluster, admin_ap
     ensure_h200_nodes(cluster.kubeconfig, 3, POOL)
     ensure_cpu_nodes(cluster.kubeconfig, 1, POOL)
     with chart_identity(cluster.kubeconfig, admin_api, docs), \
-            KubernetesService(SERVICE, (server.hostname, server.port or 443)) as service:
+            KubernetesService((server.hostname, server.port or 443)) as service:
         mount_service_account(image.rootfs, admin_api, namespace, pod["serviceAccountName"])
-        with operator_pod(image, pod, container, tmp_path) as process:
+        with operator_pod(image, pod, container, tmp_path, service) as process:
             try:
                 check_operator_pod(image, process, health, container, uid, gid)
                 check_reconciles_sample(admin_api, namespace)
