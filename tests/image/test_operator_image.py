@@ -390,22 +390,32 @@ def test_operator_from_the_image_reconciles_a_pdcluster(image, cluster, admin_ap
     log = tmp_path / "operator.log"
     # fake nodes for the sample (3 GPU nodes, a CPU node for the router); kwok readies them
     # while the operator starts
-    ensure_h200_nodes(cluster.kubeconfig, 3, POOL)
-    ensure_cpu_nodes(cluster.kubeconfig, 1, POOL)
-    with chart_identity(cluster.kubeconfig, admin_api, docs), \
-            KubernetesService((server.hostname, server.port or 443)) as service:
-        mount_service_account(image.rootfs, admin_api, namespace, pod["serviceAccountName"])
-        with operator_pod(image, pod, container, tmp_path, service) as process:
+    nodes = ensure_h200_nodes(cluster.kubeconfig, 3, POOL) + ensure_cpu_nodes(cluster.kubeconfig, 1, POOL)
+    try:
+        with chart_identity(cluster.kubeconfig, admin_api, docs), \
+                KubernetesService((server.hostname, server.port or 443)) as service:
+            mount_service_account(image.rootfs, admin_api, namespace, pod["serviceAccountName"])
+            with operator_pod(image, pod, container, tmp_path, service) as process:
+                try:
+                    check_operator_pod(image, process, health, container, uid, gid)
+                    check_reconciles_sample(admin_api, namespace)
+                    page = wait_for(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"),
+                                    what="the operator's metrics (the chart's port)")
+                    assert b"pdscale_planner_recommended_replicas" in page
+                    assert service.accepted > 0, "the operator never went through the Service"
+                except BaseException:
+                    print(f"---- the operator's log ----\n{log.read_text(errors='replace')[-8000:]}")
+                    raise
+    finally:
+        # The cluster is the whole session's: a CPU node left behind would take the router pods
+        # of later tests, which expect theirs.
+        core = client.CoreV1Api(admin_api)
+        for node in nodes:
             try:
-                check_operator_pod(image, process, health, container, uid, gid)
-                check_reconciles_sample(admin_api, namespace)
-                page = wait_for(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics"),
-                                what="the operator's metrics (the chart's port)")
-                assert b"pdscale_planner_recommended_replicas" in page
-                assert service.accepted > 0, "the operator never went through the Service"
-            except BaseException:
-                print(f"---- the operator's log ----\n{log.read_text(errors='replace')[-8000:]}")
-                raise
+                core.delete_node(node)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
 
 def check_operator_pod(image: Image, process: subprocess.Popen[bytes], health: int,
