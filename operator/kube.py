@@ -23,6 +23,90 @@ from .names import MANAGER
 from .pdcluster import GROUP, PLURAL, VERSION
 
 
+@dataclass(frozen=True, order=True)
+class Need:
+    """One permission the API server's authorizer checks: API group ("" is the core group),
+    resource (with ``/subresource``) and verb, as an RBAC rule and an audit event name them."""
+
+    group: str
+    resource: str
+    verb: str
+
+
+_HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+
+
+def need_of(method: str, path: str, query: list[tuple[str, str]] | None = None) -> Need:
+    """The permission a request to ``path`` needs, read the way the API server reads it:
+    GET of a named object is get, of a collection list (watch with ``watch=true``); POST
+    create, PUT update, PATCH patch, DELETE delete or deletecollection."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 3:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
+        group, rest = parts[1], parts[3:]
+    else:
+        raise ValueError(f"{method} {path}: not a resource path")
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        rest = rest[2:]  # the namespace scopes the request; the resource follows it
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) >= 3 else "")
+    named = len(rest) >= 2
+    if method == "GET":
+        verb = "get" if named else "watch" if ("watch", "true") in (query or []) else "list"
+    elif method == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    elif method in _HTTP_VERBS and (named or method == "POST"):
+        verb = _HTTP_VERBS[method]
+    else:
+        raise ValueError(f"{method} {path}: no verb for this method and path")
+    return Need(group, resource, verb)
+
+
+#: Every request the operator's own code makes, as the permission it needs, and who makes it.
+#: ``Kube._call`` refuses any other request before it leaves (``Undeclared``), so a new call
+#: cannot reach the server without a line here; ``rbac`` grants exactly these, plus
+#: ``IMPLIED`` and kopf's own (``rbac.KOPF_NEEDS``); tests/operator/test_rbac*.py hold the
+#: three together and compare them with the API server's audit log.
+REQUESTS: dict[Need, str] = {
+    Need(GROUP, PLURAL, "get"): "Kube.get: reconcile, the resync's fresh read, deletion drain",
+    Need(GROUP, PLURAL, "list"): "Kube.list_pdclusters: the resync, the planner loop",
+    Need(GROUP, PLURAL, "patch"): "drain.patch_pdcluster: add and remove the finalizer",
+    Need(GROUP, f"{PLURAL}/status", "patch"): "Kube.patch_status: conditions, planner status",
+    Need("apps", "deployments", "get"): "Kube.get: reconcile reads each child; drains read replicas",
+    Need("apps", "deployments", "patch"): "Kube.apply: reconcile applies the engines and router",
+    Need("", "services", "get"): "Kube.get: reconcile reads each child",
+    Need("", "services", "patch"): "Kube.apply: reconcile",
+    Need("", "serviceaccounts", "get"): "Kube.get: reconcile reads each child",
+    Need("", "serviceaccounts", "patch"): "Kube.apply: reconcile (the router's identity)",
+    Need("networking.k8s.io", "networkpolicies", "get"): "Kube.get: reconcile reads each child",
+    Need("networking.k8s.io", "networkpolicies", "patch"): "Kube.apply: reconcile",
+    Need("", "configmaps", "get"): "Kube.get: planner memory (planner_memory)",
+    Need("", "configmaps", "patch"): "Kube.apply: planner memory, when it exists",
+    Need("", "configmaps", "create"): "Kube.create: planner memory, the first time",
+    Need("", "pods", "list"): "Kube.list_pods: ready counts, planner, router sync, drains",
+    Need("", "pods", "patch"): "Kube.patch_pod: drain marks (annotation, deletion cost)",
+    Need("", "events", "create"): "Kube.create_event: reconcile's and the planner's Events",
+    Need("coordination.k8s.io", "leases", "get"): "leader.KubeLeases.get",
+    Need("coordination.k8s.io", "leases", "create"): "leader.KubeLeases.create: first leader",
+    Need("coordination.k8s.io", "leases", "update"): "leader.KubeLeases.update: renew, take, release",
+}
+
+#: Permissions the API server checks beyond a request's own verb (absent from its audit log).
+IMPLIED: dict[Need, str] = {
+    **{Need(group, resource, "create"): "Kube.apply of a missing object creates it: the server "
+       "checks create as well as patch"
+       for group, resource in [("apps", "deployments"), ("", "services"), ("", "serviceaccounts"),
+                               ("networking.k8s.io", "networkpolicies")]},
+    Need(GROUP, f"{PLURAL}/finalizers", "update"): "children set blockOwnerDeletion: the "
+    "OwnerReferencesPermissionEnforcement admission plugin, where on, checks this",
+}
+
+
+class Undeclared(RuntimeError):
+    """A request missing from ``REQUESTS``: a programming error, refused before it is sent
+    (the RBAC would refuse it too, later and less clearly)."""
+
+
 @dataclass(frozen=True)
 class Kind:
     api_version: str
@@ -100,6 +184,9 @@ class Kube:
     def _call(self, method: str, path: str, *, body: Any = None,
               query: list[tuple[str, str]] | None = None,
               content_type: str | None = None) -> dict[str, Any]:
+        need = need_of(method, path, query)
+        if need not in REQUESTS:
+            raise Undeclared(f"{method} {path} needs {need}, which kube.REQUESTS does not declare")
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type

@@ -309,7 +309,7 @@ def test_rbac_is_least_privilege():
                for v in verbs.values())
     # patch: the finalizer only (a JSON patch of /metadata/finalizers); no update, no delete
     assert verbs[("pdscale.io", "pdclusters")] == {"get", "list", "watch", "patch"}
-    assert verbs[("pdscale.io", "pdclusters/status")] == {"get", "patch"}
+    assert verbs[("pdscale.io", "pdclusters/status")] == {"patch"}
     assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch"}
     assert ("", "secrets") not in verbs
     binding = rbac.cluster_role_binding()
