@@ -71,12 +71,23 @@ from .engine import (
     DecodeSequence,
     EngineBusy,
     EngineConfig,
+    KvUnavailable,
     Room,
     SimEngine,
 )
-from .metrics import LATENCY_BUCKETS_SECONDS, Exposition, Histogram, Metrics
+from .metrics import (
+    SGLANG_E2E_BUCKETS_SECONDS,
+    SGLANG_ITL_BUCKETS_SECONDS,
+    SGLANG_TTFT_BUCKETS_SECONDS,
+    VLLM_E2E_BUCKETS_SECONDS,
+    VLLM_ITL_BUCKETS_SECONDS,
+    VLLM_TTFT_BUCKETS_SECONDS,
+    Exposition,
+    Histogram,
+    Metrics,
+)
 from .prefix_cache import PrefixCache
-from .sglang import SGLang, render_metrics
+from .sglang import LOADS_SECTIONS, SGLang, render_metrics
 from .timing import LinearTiming, TimingModel, planner_timing
 from .tokenizer import WORD_TOKENIZER, write_word_tokenizer
 from .vllm import (
@@ -98,8 +109,11 @@ from .wire import (
 )
 
 __all__ = [
-    "DIALECTS", "DIALECT_CLASSES", "LATENCY_BUCKETS_SECONDS", "WORD_TOKENIZER", "DecodeSequence",
-    "Dialect", "EngineBusy", "EngineConfig", "Exposition", "Histogram", "LinearTiming", "Metrics",
+    "DIALECTS", "DIALECT_CLASSES", "LOADS_SECTIONS", "SGLANG_E2E_BUCKETS_SECONDS",
+    "SGLANG_ITL_BUCKETS_SECONDS", "SGLANG_TTFT_BUCKETS_SECONDS", "VLLM_E2E_BUCKETS_SECONDS",
+    "VLLM_ITL_BUCKETS_SECONDS", "VLLM_TTFT_BUCKETS_SECONDS", "WORD_TOKENIZER", "DecodeSequence",
+    "Dialect", "EngineBusy", "EngineConfig", "Exposition", "Histogram", "KvUnavailable",
+    "LinearTiming", "Metrics",
     "PrefixCache", "Room", "SGLang", "SimEngine", "TimingModel", "Vllm", "add_timing_arguments",
     "build_parser", "config_from_args", "finish_reason", "full_response", "is_loopback", "main",
     "max_new_tokens", "planner_timing", "prefill_kv_params", "prompt_tokens",

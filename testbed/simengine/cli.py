@@ -98,6 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "word-level tokenizer.json is written there so the router loads it locally "
                    "instead of asking the Hugging Face hub (default: --model-name, and the "
                    "router tries the hub)")  # fmt: skip
+    p.add_argument("--decode-log-interval", type=int, default=40,
+                   help="SGLang: a decode refreshes its gauges every this many decode steps")
+    p.add_argument("--idle-log-interval-seconds", type=float, default=30.0,
+                   help="SGLang: an idle engine refreshes its gauges this often")
+    for name in ("time-to-first-token", "inter-token-latency", "e2e-request-latency"):
+        p.add_argument(f"--bucket-{name}", type=float, nargs="+", default=None,
+                       help="histogram buckets in seconds, as SGLang's flag of that name "
+                       "(default: the dialect's upstream buckets)")  # fmt: skip
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="decode KV memory in tokens: requests wait in the prealloc queue "
+                   "until theirs fits (default unlimited)")  # fmt: skip
+    p.add_argument("--kv-lease-seconds", type=float, default=30.0,
+                   help="vllm dialect: a prefill keeps a finished request's KV pinned this "
+                   "long for its decode to pull")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
     add_timing_arguments(p)
     return p
@@ -115,7 +129,17 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         startup_seconds=args.startup_seconds, ready_at_unix_seconds=args.ready_at_unix_seconds,
         drain_timeout_seconds=args.drain_timeout_seconds,
         model_path=args.model_path, dialect=args.dialect,
+        decode_log_interval=args.decode_log_interval,
+        idle_log_interval_seconds=args.idle_log_interval_seconds,
+        bucket_time_to_first_token=_buckets(args.bucket_time_to_first_token),
+        bucket_inter_token_latency=_buckets(args.bucket_inter_token_latency),
+        bucket_e2e_request_latency=_buckets(args.bucket_e2e_request_latency),
+        max_total_tokens=args.max_total_tokens, kv_lease_seconds=args.kv_lease_seconds,
     )  # fmt: skip
+
+
+def _buckets(values: list[float] | None) -> tuple[float, ...] | None:
+    return tuple(sorted(values)) if values else None
 
 
 def main(argv: list[str] | None = None) -> int:

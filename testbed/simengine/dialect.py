@@ -22,6 +22,14 @@ class Dialect(ABC):
 
     #: the ``--dialect`` value
     name: ClassVar[str]
+    #: a prefill request waits in a bootstrap queue until its decode asks for its room
+    #: (SGLang), or is computed at once because its decode is sent only afterwards (vLLM)
+    waits_for_handshake: ClassVar[bool]
+    #: a prefill request finishes (answers, is counted) only once its KV reached the decode
+    #: (SGLang), or right after it is computed (vLLM, whose KV then stays pinned)
+    finishes_after_transfer: ClassVar[bool]
+    #: computed KV nobody pulled is freed after ``kv_lease_seconds`` (vLLM's NIXL lease)
+    pins_kv: ClassVar[bool]
 
     def __init__(self, engine: SimEngine) -> None:
         """Raises ValueError for an engine configuration this dialect cannot serve."""
@@ -32,6 +40,10 @@ class Dialect(ABC):
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """The dialect's own endpoints, besides the ones every engine has (the OpenAI API,
         ``/health``, ``/v1/models``, ``/metrics`` and the sim's ``/sim/...``)."""
+
+    @abstractmethod
+    def default_buckets(self) -> tuple[tuple[float, ...], ...]:
+        """Upstream default buckets (TTFT, inter-token latency, e2e latency), seconds."""
 
     @abstractmethod
     def render_metrics(self) -> str:
@@ -62,5 +74,13 @@ class Dialect(ABC):
         """A decode instance prefilled a prompt itself."""
 
     @abstractmethod
-    def count_decode_done(self, meta: dict[str, Any], tokens: list[str]) -> None:
-        """A decode request was answered in full (``meta``: its prompt and cached tokens)."""
+    def count_first_token(self, meta: dict[str, Any]) -> None:
+        """A decode request produced its first token (``meta``: its prompt and cached tokens)."""
+
+    @abstractmethod
+    def count_token(self) -> None:
+        """A decode request produced one token."""
+
+    @abstractmethod
+    def count_decode_done(self, meta: dict[str, Any], tokens: list[str], n_out: int) -> None:
+        """A decode request was answered in full with ``n_out`` tokens."""

@@ -1,10 +1,23 @@
 """The engine core: queues, timing, the KV hand-off between prefill and decode, metrics.
 
-A prefill instance computes prompts one at a time, first come first served, and keeps each
-room's KV until its decode collects it from the bootstrap server (``GET /sim/kv/{room}``, a
-long poll); a decode instance waits for its room's KV and the transfer time, then runs the
-request in a continuous batch at the timing model's TPOT. Everything a specific engine's API
-adds (endpoints, metric names, how the room is named) is its :class:`~.dialect.Dialect`.
+A request's path follows the engines' own queues (docs/conformance.md names each one and the
+upstream file it copies):
+
+- **SGLang prefill**: bootstrap queue (waits until its decode has room and has asked for the
+  room's KV), waiting queue (FIFO, one prompt at a time), running, then the inflight queue
+  while the KV is transferred to the decode; the request finishes, and is counted, only then.
+- **vLLM prefill (NIXL)**: waiting, running; the request finishes with its one token and its KV
+  stays *pinned* until the decode pulls it or ``kv_lease_seconds`` pass (then it is freed and
+  a late pull fails).
+- **decode** (both): prealloc queue (waits for KV memory, ``max_total_tokens``), transfer queue
+  (waits for its room's KV: vLLM's ``deferred`` waiting), waiting queue (waits for a running
+  slot, ``max_running_requests``), the running batch at the timing model's TPOT.
+
+The decode collects a room's KV from the prefill's bootstrap server (``GET /sim/kv/{room}``, a
+long poll standing in for the KV connector); that ask is also SGLang's bootstrap handshake, and
+the prefill side holds the KV for the transfer time before answering. Everything a specific
+engine's API adds (endpoints, metric names, when it counts, how the room is named) is its
+:class:`~.dialect.Dialect`.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from pdscale.planner.observe import Role
 
 from .dialect import Dialect
-from .metrics import Metrics
+from .metrics import Histogram, Metrics
 from .prefix_cache import PrefixCache
 from .sglang import SGLang
 from .timing import TimingModel
@@ -52,7 +65,8 @@ class EngineConfig:
     max_running_requests: int = 256
     #: decode waits this long for its room's prefill (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)
     waiting_timeout_seconds: float = 300.0
-    #: prefill keeps an uncollected room's KV this long (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)
+    #: an SGLang prefill waits this long for its decode's handshake, and keeps a room nobody
+    #: collects this long (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)
     bootstrap_timeout_seconds: float = 300.0
     #: simulated warm-up: /health answers 503 for this long after start (wall seconds)
     startup_seconds: float = 0.0
@@ -65,6 +79,23 @@ class EngineConfig:
     model_path: str | None = None
     #: which engine's API and metric names to speak: "sglang" or "vllm"
     dialect: str = "sglang"
+    #: SGLang --decode-log-interval: a decode refreshes its gauges every this many steps
+    decode_log_interval: int = 40
+    #: an idle SGLang scheduler refreshes its gauges when this long passed since the last
+    #: refresh (wall seconds; SGLang's check_memory uses 30 s)
+    idle_log_interval_seconds: float = 30.0
+    #: histogram buckets (SGLang --bucket-time-to-first-token, --bucket-inter-token-latency,
+    #: --bucket-e2e-request-latency); None = the dialect's upstream defaults
+    bucket_time_to_first_token: tuple[float, ...] | None = None
+    bucket_inter_token_latency: tuple[float, ...] | None = None
+    bucket_e2e_request_latency: tuple[float, ...] | None = None
+    #: decode KV memory in tokens (SGLang --max-total-tokens): a request waits in the prealloc
+    #: queue until its prompt + output fit; None = unlimited. Also token_usage's denominator
+    #: (prefix_cache_tokens when None).
+    max_total_tokens: int | None = None
+    #: vLLM prefill (NIXL): a finished request's KV stays pinned this long for its decode to
+    #: pull (wall seconds), then is freed and a later pull fails
+    kv_lease_seconds: float = 30.0
 
 
 #: the dialects by ``--dialect`` name
@@ -73,17 +104,34 @@ DIALECTS = tuple(DIALECT_CLASSES)
 
 
 class Room:
-    """The prefill side of one bootstrap room: computed-or-not and collected-or-not."""
+    """The prefill side of one bootstrap room: its decode's handshake, the prompt computed,
+    the KV transferred (or the room failed)."""
 
     def __init__(self) -> None:
-        self.done = asyncio.Event()
+        self.decode_ready = asyncio.Event()  # SGLang: the decode has KV room and asked for it
+        self.done = asyncio.Event()  # computed (or failed: then nobody may wait on it)
+        self.transferred = asyncio.Event()  # the KV reached the decode (or the room failed)
         self.input_tokens = 0
         self.cached_tokens = 0
         self.owned = False  # a prefill request for this room arrived (else only a decode poll)
-        self.serving = False  # its HTTP handler still runs (and is counted as such)
-        self.failed = False  # the prefill was refused: the decode half must fail, not wait
-        self.collected = False
+        self.failed = False  # refused, timed out or its lease expired: the decode half fails
+        self.transferring = False
         self.created = time.monotonic()
+        self.computed_at: float | None = None
+
+    @property
+    def collected(self) -> bool:
+        return self.transferred.is_set()
+
+    def fail(self) -> None:
+        self.failed = True
+        self.done.set()
+        self.transferred.set()
+
+    def holds_kv(self) -> bool:
+        """Computed KV that has not reached its decode yet (SGLang's inflight queue, vLLM's
+        pinned blocks)."""
+        return self.owned and self.done.is_set() and not self.transferred.is_set()
 
 
 @dataclass
@@ -99,6 +147,10 @@ class EngineBusy(Exception):
     """The engine refuses new work (warming up or draining) -> HTTP 503."""
 
 
+class KvUnavailable(Exception):
+    """A decode request's KV never came (prefill refused, timed out, gone or lease expired)."""
+
+
 class SimEngine:
     """One simulated instance: a prefill FIFO or a decode batch, timed by ``timing``, that
     speaks ``config.dialect`` (:attr:`dialect`) over HTTP."""
@@ -110,11 +162,18 @@ class SimEngine:
             raise ValueError("time_compression must be > 0")
         if config.dialect not in DIALECT_CLASSES:
             raise ValueError(f"dialect must be one of {DIALECTS}, not {config.dialect!r}")
+        if config.decode_log_interval < 1:
+            raise ValueError("decode_log_interval must be >= 1")
         self.config = config
         self.role = Role(config.role)
         self.dialect: Dialect = DIALECT_CLASSES[config.dialect](self)
         self.timing = timing
-        self.metrics = Metrics()
+        ttft, itl, e2e = self.dialect.default_buckets()
+        self.metrics = Metrics(
+            ttft=Histogram(config.bucket_time_to_first_token or ttft),
+            itl=Histogram(config.bucket_inter_token_latency or itl),
+            e2e=Histogram(config.bucket_e2e_request_latency or e2e),
+        )
         self.cache = PrefixCache(config.prefix_cache_tokens, config.block_tokens)
         # one warm-up clock: a given moment (its pod's Ready), else startup_seconds from now
         self.ready_at = (config.ready_at_unix_seconds if config.ready_at_unix_seconds is not None
@@ -123,18 +182,30 @@ class SimEngine:
         self.exit_requested = asyncio.Event()
         self._handlers = 0  # HTTP requests being served (prefill and decode)
         self._rooms: dict[int, Room] = {}
+        # prefill queues
+        self._bootstrap = 0
         self._prefill_queue: asyncio.Queue[tuple[list[str], Room, asyncio.Future[None]]] = (
             asyncio.Queue()
         )
         self._prefill_running = 0
-        self._decode_waiting = 0  # waiting for KV or for a batch slot
+        self._prefill_running_tokens = 0
+        # decode queues
+        self._prealloc = 0  # waiting for KV memory
+        self._transfer = 0  # waiting for the room's KV
+        self._waiting = 0  # KV here, waiting for a running slot
+        self._kv_used_tokens = 0
+        self._kv_freed = asyncio.Condition()
         self._batch: list[DecodeSequence] = []
         self._batch_changed = asyncio.Event()
         self._slots = asyncio.Semaphore(config.max_running_requests)
+        self._decode_steps = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._session: ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: the gauges as last logged (SGLang refreshes them per logged batch, not per scrape)
+        self.logged: dict[str, float] = {**self.queues(), "token_usage": 0.0}
+        self._last_log = time.monotonic()
         #: prompts this instance computed itself on the decode side (no remote prefill)
         self.local_prefills = 0
         self.engine_id = uuid.uuid4().hex
@@ -149,6 +220,7 @@ class SimEngine:
             self._tasks.append(asyncio.create_task(self._expire_rooms()))
         else:
             self._tasks.append(asyncio.create_task(self._decode_loop()))
+        self._tasks.append(asyncio.create_task(self._log_when_idle()))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -167,23 +239,72 @@ class SimEngine:
         return not self.draining and time.time() >= self.ready_at
 
     def inflight(self) -> int:
-        """Requests not finished: being served, plus prefilled KV not yet collected by decode."""
-        uncollected = sum(
-            1 for r in self._rooms.values() if r.owned and not r.serving and not r.collected
-        )
-        return self._handlers + uncollected
+        """Requests not finished (HTTP requests being served), plus, where the engine waits
+        for them, KV hand-offs not done. An SGLang prefill request is served until its KV
+        transfer is done, so its handler already covers it; a vLLM prefill's request finishes
+        before the decode pulls, and its process does not wait for the pull (pinned KV is
+        :meth:`kv_held`, not in flight)."""
+        return self._handlers
+
+    def kv_held(self) -> int:
+        """Rooms whose computed KV has not reached the decode: SGLang's inflight queue, vLLM's
+        pinned requests."""
+        return sum(1 for r in self._rooms.values() if r.holds_kv())
+
+    def queues(self) -> dict[str, int]:
+        """Live queue lengths by the engine's own queue names (docs/conformance.md)."""
+        if self.role == Role.PREFILL:
+            return {"running": self._prefill_running, "waiting": self._prefill_queue.qsize(),
+                    "bootstrap": self._bootstrap, "inflight": self.kv_held()}  # fmt: skip
+        return {"running": len(self._batch), "waiting": self._waiting,
+                "prealloc": self._prealloc, "transfer": self._transfer}  # fmt: skip
 
     def running(self) -> int:
         return self._prefill_running if self.role == Role.PREFILL else len(self._batch)
 
     def queued(self) -> int:
+        """Requests accepted and not running, not yet computed (every waiting queue)."""
+        q = self.queues()
         if self.role == Role.PREFILL:
-            return self._prefill_queue.qsize()
-        return self._decode_waiting
+            return q["waiting"] + q["bootstrap"]
+        return q["waiting"] + q["prealloc"] + q["transfer"]
 
     def context_tokens(self) -> int:
         """Context tokens of the running decode batch."""
         return sum(s.context_tokens for s in self._batch)
+
+    def used_tokens(self) -> int:
+        """KV tokens held by requests (not the evictable prefix cache)."""
+        if self.role == Role.PREFILL:
+            held = sum(r.input_tokens for r in self._rooms.values() if r.holds_kv())
+            return self._prefill_running_tokens + held
+        return self._kv_used_tokens
+
+    def token_capacity(self) -> int:
+        return self.config.max_total_tokens or self.config.prefix_cache_tokens
+
+    def token_usage(self) -> float:
+        return self.used_tokens() / self.token_capacity()
+
+    # -- gauges as SGLang logs them ---------------------------------------------------------
+    def log_stats(self) -> None:
+        """Refresh the logged gauges from the live queues (SGLang's log_prefill_stats,
+        log_decode_stats and the idle check_memory refresh)."""
+        self.logged = {**self.queues(), "token_usage": round(self.token_usage(), 2)}
+        self._last_log = time.monotonic()
+
+    def busy(self) -> bool:
+        """A batch to run: the scheduler is not idle, so only batches log."""
+        if self.role == Role.PREFILL:
+            return self._prefill_running > 0 or self._prefill_queue.qsize() > 0
+        return bool(self._batch)
+
+    async def _log_when_idle(self) -> None:
+        interval = self.config.idle_log_interval_seconds
+        while True:
+            await asyncio.sleep(min(1.0, interval / 4))
+            if not self.busy() and time.monotonic() - self._last_log >= interval:
+                self.log_stats()
 
     def _update_idle(self) -> None:
         if self.inflight() == 0:
@@ -214,6 +335,9 @@ class SimEngine:
             "inflight": self.inflight(),
             "running": self.running(),
             "queued": self.queued(),
+            "queues": self.queues(),
+            # vLLM has no gauge for this (docs/conformance.md): the sim's own view of it
+            "kv_pinned_requests": self.kv_held(),
             "cached_tokens_in_cache": len(self.cache),
             "dialect": self.config.dialect,
             "local_prefills": self.local_prefills,
@@ -232,56 +356,98 @@ class SimEngine:
             tokens, room, finished = await self._prefill_queue.get()
             if finished.cancelled():
                 continue
-            self._prefill_running = 1
+            self._prefill_running, self._prefill_running_tokens = 1, len(tokens)
+            self.log_stats()  # SGLang logs each prefill batch as it is formed
             try:
                 cached = self.cache.match(tokens)
                 await asyncio.sleep(self.wall(self.timing.prefill_seconds(len(tokens), cached)))
                 self.cache.insert(tokens)
                 room.input_tokens, room.cached_tokens = len(tokens), cached
+                room.computed_at = time.monotonic()
                 self.metrics.recent.append((len(tokens), cached))
                 room.done.set()
                 if not finished.done():
                     finished.set_result(None)
             finally:
-                self._prefill_running = 0
+                self._prefill_running, self._prefill_running_tokens = 0, 0
 
     async def _expire_rooms(self) -> None:
-        # KV nobody collected (decode gone, or a poll for a room whose prefill never came)
+        # KV nobody collected (decode gone, or a poll for a room whose prefill never came),
+        # and vLLM's lease on pinned KV
+        lease = self.config.kv_lease_seconds
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, lease / 4))
             now = time.monotonic()
             for room_id, room in list(self._rooms.items()):
                 age = now - room.created
-                if room.collected or age > self.config.bootstrap_timeout_seconds:
+                if (room.holds_kv() and not room.transferring and self.dialect.pins_kv
+                        and room.computed_at is not None and now - room.computed_at > lease):
+                    log.info("room %s: KV lease expired before its decode pulled it", room_id)
+                    room.fail()
+                if room.collected and not room.failed:
+                    del self._rooms[room_id]
+                elif age > self.config.bootstrap_timeout_seconds and not room.transferring:
+                    room.fail()
                     del self._rooms[room_id]
             self._update_idle()
 
-    async def prefill(self, tokens: list[str], room_id: int | None) -> Room:
-        """Queue and compute one prompt; the room then waits for its decode to collect it."""
-        room = self._room(room_id) if room_id is not None else Room()
-        room.owned = room.serving = True
+    async def prefill(self, tokens: list[str], room: Room) -> None:
+        """Queue and compute one prompt for ``room``."""
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self._prefill_queue.put((tokens, room, finished))
         try:
             await finished
         except asyncio.CancelledError:
             # the router gave up on this prefill: its decode half must not wait for the KV
-            room.collected = room.failed = True
-            room.done.set()
+            room.fail()
             raise
-        if room_id is None:
-            room.collected = True
-        return room
+
+    async def _await_handshake(self, room: Room) -> None:
+        """SGLang's bootstrap queue: wait until the decode has KV room and asked for it."""
+        self._bootstrap += 1
+        try:
+            await asyncio.wait_for(room.decode_ready.wait(),
+                                   self.config.bootstrap_timeout_seconds)  # fmt: skip
+        except TimeoutError:
+            room.fail()
+            raise KvUnavailable("no decode asked for this room (bootstrap timeout)") from None
+        finally:
+            self._bootstrap -= 1
 
     async def collect(self, room_id: int) -> Room:
-        """Bootstrap server side: wait until the room's prefill is done, then hand it over."""
+        """Bootstrap server side: the decode asks for a room (SGLang's handshake); wait until
+        its prefill is done, hold the KV for the transfer time, then hand it over."""
         room = self._room(room_id)
+        room.decode_ready.set()
         await asyncio.wait_for(room.done.wait(), self.config.waiting_timeout_seconds)
-        room.collected = True
+        if room.failed or room.collected:
+            return room
+        room.transferring = True
+        try:
+            await asyncio.sleep(self.wall(self.timing.kv_transfer_seconds(room.input_tokens)))
+        finally:
+            room.transferring = False
+        room.transferred.set()
         self._update_idle()
         return room
 
     # -- decode ---------------------------------------------------------------------------
+    async def _allocate(self, tokens: int) -> None:
+        """The prealloc queue: wait until ``tokens`` of KV memory are free, then take them."""
+        capacity = self.config.max_total_tokens
+        async with self._kv_freed:
+            # a request larger than the whole memory still runs alone rather than never
+            await self._kv_freed.wait_for(
+                lambda: capacity is None or self._kv_used_tokens + tokens <= capacity
+                or self._kv_used_tokens == 0
+            )
+            self._kv_used_tokens += tokens
+
+    async def _free(self, tokens: int) -> None:
+        async with self._kv_freed:
+            self._kv_used_tokens -= tokens
+            self._kv_freed.notify_all()
+
     async def _fetch_kv(self, body: dict[str, Any], tokens: list[str]) -> tuple[int, int]:
         """Wait for this request's prefill (by room) and the KV transfer; (input, cached)."""
         host, port, room = self.dialect.kv_source(body)
@@ -297,13 +463,16 @@ class SimEngine:
             raise ValueError(f"bootstrap_host {host!r} is not a loopback address")
         assert self._session is not None
         url = f"http://{host}:{port}/sim/kv/{int(room)}"
-        async with self._session.get(
-            url, timeout=ClientTimeout(total=self.config.waiting_timeout_seconds + 5)
-        ) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"bootstrap {url} answered {resp.status}")
-            info = await resp.json()
-        await asyncio.sleep(self.wall(self.timing.kv_transfer_seconds(info["input_tokens"])))
+        self._transfer += 1
+        try:
+            async with self._session.get(
+                url, timeout=ClientTimeout(total=self.config.waiting_timeout_seconds + 5)
+            ) as resp:
+                if resp.status != 200:
+                    raise KvUnavailable(f"bootstrap {url} answered {resp.status}")
+                info = await resp.json()
+        finally:
+            self._transfer -= 1
         return int(info["input_tokens"]), int(info["cached_tokens"])
 
     async def _decode_loop(self) -> None:
@@ -322,6 +491,9 @@ class SimEngine:
             next_step = max(next_step, now - step) + step
             await asyncio.sleep(max(next_step - now, 0.0))
             stamp = time.monotonic()
+            self._decode_steps += 1
+            if self._decode_steps % self.config.decode_log_interval == 0:
+                self.log_stats()  # SGLang's log_decode_stats, every decode-log-interval steps
             for seq in list(self._batch):
                 seq.remaining -= 1
                 seq.context_tokens += 1
@@ -333,32 +505,40 @@ class SimEngine:
     async def decode(self, body: dict[str, Any], tokens: list[str], n_out: int):
         """Async iterator of token timestamps: the first right after the KV arrives (it was
         sampled by prefill), then one per decode step. Yields (index, wall time, meta)."""
-        self._decode_waiting += 1
-        waiting = True
+        reserved = len(tokens) + n_out
+        self._prealloc += 1
+        try:
+            await self._allocate(reserved)
+        finally:
+            self._prealloc -= 1
+        slot = False
         try:
             n_in, cached = await self._fetch_kv(body, tokens)
             meta = {"prompt_tokens": n_in, "cached_tokens": cached}
-            await self._slots.acquire()
-            self._decode_waiting -= 1
-            waiting = False
-        except BaseException:
-            if waiting:
-                self._decode_waiting -= 1
-            raise
-        seq = DecodeSequence(context_tokens=n_in + 1, remaining=n_out - 1, tokens=asyncio.Queue())
-        try:
-            yield 0, time.monotonic(), meta
-            if seq.remaining > 0:
-                self._batch.append(seq)
-                self._batch_changed.set()
-                index = 1
-                while (stamp := await seq.tokens.get()) is not None:
-                    yield index, stamp, meta
-                    index += 1
+            self._waiting += 1
+            try:
+                await self._slots.acquire()
+                slot = True
+            finally:
+                self._waiting -= 1
+            seq = DecodeSequence(context_tokens=n_in + 1, remaining=n_out - 1,
+                                 tokens=asyncio.Queue())  # fmt: skip
+            try:
+                yield 0, time.monotonic(), meta
+                if seq.remaining > 0:
+                    self._batch.append(seq)
+                    self._batch_changed.set()
+                    index = 1
+                    while (stamp := await seq.tokens.get()) is not None:
+                        yield index, stamp, meta
+                        index += 1
+            finally:
+                if seq in self._batch:
+                    self._batch.remove(seq)
         finally:
-            if seq in self._batch:
-                self._batch.remove(seq)
-            self._slots.release()
+            if slot:
+                self._slots.release()
+            await self._free(reserved)
 
     # -- HTTP -----------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -385,7 +565,6 @@ class SimEngine:
             tokens = prompt_tokens(body)
             n_out = max_new_tokens(api, body)
             rid = str(body.get("rid") or uuid.uuid4().hex)
-            self.metrics.requests += 1
             if self.role == Role.PREFILL:
                 return await self._serve_prefill(request, api, body, tokens, rid, arrived)
             return await self._serve_decode(request, api, body, tokens, n_out, rid, arrived)
@@ -407,22 +586,30 @@ class SimEngine:
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             room_id = self.dialect.refused_room(await request.json())
             if room_id is not None:
-                room = self._room(int(room_id))
-                room.failed = True
-                room.done.set()
+                self._room(int(room_id)).fail()
 
     async def _serve_prefill(self, request, api, body, tokens, rid, arrived):
         room_id = self.dialect.prefill_room(body)
-        room = await self.prefill(tokens, int(room_id) if room_id is not None else None)
+        room = self._room(int(room_id)) if room_id is not None else Room()
+        room.owned = True
         try:
-            return await self._answer_prefill(request, api, body, rid, arrived, room, room_id)
-        finally:
-            room.serving = False  # from here on only the uncollected KV keeps it in flight
+            if room_id is not None and self.dialect.waits_for_handshake:
+                await self._await_handshake(room)
+            await self.prefill(tokens, room)
+            self.metrics.ttft.observe(time.monotonic() - arrived)
+            if room_id is None:
+                room.transferred.set()  # nobody will collect it
+            elif self.dialect.finishes_after_transfer:
+                await room.transferred.wait()  # SGLang's inflight queue
+            if room.failed:
+                raise KvUnavailable("the KV of this room never reached its decode")
+        except KvUnavailable as exc:
+            self.metrics.aborted_requests += 1
+            return web.json_response({"error": {"message": str(exc), "code": 500}}, status=500)
+        return await self._answer_prefill(request, api, body, rid, arrived, room, room_id)
 
     async def _answer_prefill(self, request, api, body, rid, arrived, room, room_id):
-        self.metrics.prompt_tokens += room.input_tokens
-        self.metrics.cached_tokens += room.cached_tokens
-        self.metrics.ttft.observe(time.monotonic() - arrived)
+        # the request finishes here: counted now (SGLang: after its KV transfer)
         self.metrics.e2e.observe(time.monotonic() - arrived)
         meta = {"prompt_tokens": room.input_tokens, "cached_tokens": room.cached_tokens}
         extra = self.dialect.answer_prefill(room, room_id)
@@ -449,17 +636,18 @@ class SimEngine:
             async for index, stamp, meta in self.decode(body, tokens, n_out):
                 if previous is None:
                     self.metrics.ttft.observe(stamp - arrived)
+                    self.dialect.count_first_token(meta)
                 else:
                     self.metrics.itl.observe(stamp - previous)
                 previous = stamp
-                self.metrics.generation_tokens += 1
+                self.dialect.count_token()
                 if stream:
                     if resp is None:
                         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
                         await resp.prepare(request)
                     await resp.write(sse(stream_chunk(api, rid, model, index, n_out, meta)))
-        except (ClientError, TimeoutError, RuntimeError, ValueError) as exc:
-            # KV never came (prefill died or timed out): SGLang reports this as an abort
+        except (ClientError, TimeoutError, KvUnavailable, ValueError) as exc:
+            # KV never came (prefill died, timed out or freed it): SGLang reports an abort
             self.metrics.aborted_requests += 1
             log.warning("request %s failed waiting for KV: %s", rid, exc)
             error = {"error": {"message": f"KV transfer failed: {exc}", "code": 500}}
@@ -468,7 +656,7 @@ class SimEngine:
             await resp.write(sse(error))
             return resp  # no [DONE]: the client sees a truncated stream
         self.metrics.e2e.observe(time.monotonic() - arrived)
-        self.dialect.count_decode_done(meta, tokens)
+        self.dialect.count_decode_done(meta, tokens, n_out)
         if not stream:
             return web.json_response(full_response(api, rid, model, n_out, meta))
         if api == "chat" and (body.get("stream_options") or {}).get("include_usage"):
@@ -506,7 +694,8 @@ class SimEngine:
         except TimeoutError:
             return web.json_response({"error": "prefill of this room never finished"}, status=504)
         if room.failed:
-            return web.json_response({"error": "prefill of this room was refused"}, status=409)
+            return web.json_response({"error": "prefill of this room failed or its KV was "
+                                      "freed"}, status=409)  # fmt: skip
         return web.json_response(
             {"input_tokens": room.input_tokens, "cached_tokens": room.cached_tokens}
         )

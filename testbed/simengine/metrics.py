@@ -9,16 +9,38 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-# Finer than SGLang's 0.1-400 s buckets at the low end: compressed runs have short latencies.
-LATENCY_BUCKETS_SECONDS = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 400.0,
+# The engines' own default buckets (docs/conformance.md): tests see what production sees, and a
+# quantile read from them is as coarse as it is in production. Bucket flags override them.
+#: SGLang ``TokenizerMetricsCollector`` (python/sglang/srt/metrics/collector.py)
+SGLANG_TTFT_BUCKETS_SECONDS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
+)  # fmt: skip
+SGLANG_ITL_BUCKETS_SECONDS = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+    0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
+SGLANG_E2E_BUCKETS_SECONDS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
+    2400,
+)  # fmt: skip
+#: vLLM V1 ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py)
+VLLM_TTFT_BUCKETS_SECONDS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+VLLM_ITL_BUCKETS_SECONDS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+VLLM_E2E_BUCKETS_SECONDS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 
 
 @dataclass
 class Histogram:
-    buckets: tuple[float, ...] = LATENCY_BUCKETS_SECONDS
+    buckets: tuple[float, ...] = SGLANG_TTFT_BUCKETS_SECONDS
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
     count: int = 0
@@ -38,7 +60,7 @@ class Histogram:
         out, cumulative = [], 0
         for bound, n in zip(self.buckets, self.counts, strict=True):
             cumulative += n
-            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}')
+            out.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {cumulative}')
         out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
         out.append(f"{name}_sum{{{labels}}} {self.total}")
         out.append(f"{name}_count{{{labels}}} {self.count}")
@@ -56,9 +78,9 @@ class Metrics:
     finished_requests: int = 0
     #: prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries_total)
     cache_queries: int = 0
-    ttft: Histogram = field(default_factory=Histogram)
-    itl: Histogram = field(default_factory=Histogram)
-    e2e: Histogram = field(default_factory=Histogram)
+    ttft: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
+    itl: Histogram = field(default_factory=lambda: Histogram(SGLANG_ITL_BUCKETS_SECONDS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(SGLANG_E2E_BUCKETS_SECONDS))
     #: (prompt, cached) tokens of recent prefills, for the cache_hit_rate gauge
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
 

@@ -22,22 +22,35 @@ from aiohttp import web
 from pdscale.planner.observe import Role
 
 from .dialect import Dialect
-from .metrics import Exposition, Metrics
+from .metrics import (
+    VLLM_E2E_BUCKETS_SECONDS,
+    VLLM_ITL_BUCKETS_SECONDS,
+    VLLM_TTFT_BUCKETS_SECONDS,
+    Exposition,
+    Metrics,
+)
 
 if TYPE_CHECKING:
     from .engine import Room, SimEngine
 
 
 def render_vllm_metrics(
-    m: Metrics, *, model_name: str, running: int, waiting: int, inflight: int
+    m: Metrics, *, model_name: str, running: int, waiting_capacity: int, waiting_deferred: int,
+    inflight: int, kv_pinned: int = 0,
 ) -> str:
     """Prometheus exposition of one engine under vLLM's (V1) metric names and labels.
 
-    The role is not a label (vLLM does not know it); Prometheus adds it from the pod. Aborted
-    requests are a ``finished_reason`` of ``request_success_total``, as in vLLM."""
+    ``num_requests_waiting`` counts every waiting request, those waiting for their remote KV
+    (``deferred``) as well as those waiting for room (``capacity``). The role is not a label
+    (vLLM does not know it); Prometheus adds it from the pod. Aborted requests are a
+    ``finished_reason`` of ``request_success_total``, as in vLLM."""
     out = Exposition(f'engine="0",model_name="{model_name}"')
     out.sample("vllm:num_requests_running", "gauge", running)
-    out.sample("vllm:num_requests_waiting", "gauge", waiting)
+    out.sample("vllm:num_requests_waiting", "gauge", waiting_capacity + waiting_deferred)
+    out.sample("vllm:num_requests_waiting_by_reason", "gauge", waiting_capacity,
+               ',reason="capacity"')  # fmt: skip
+    out.sample("vllm:num_requests_waiting_by_reason", "gauge", waiting_deferred,
+               ',reason="deferred"', declare=False)  # fmt: skip
     out.sample("vllm:request_success_total", "counter", m.finished_requests,
                ',finished_reason="length"')  # fmt: skip
     out.sample("vllm:request_success_total", "counter", m.aborted_requests,
@@ -46,8 +59,10 @@ def render_vllm_metrics(
     out.sample("vllm:generation_tokens_total", "counter", m.generation_tokens)
     out.sample("vllm:prefix_cache_queries_total", "counter", m.cache_queries)
     out.sample("vllm:prefix_cache_hits_total", "counter", m.cached_tokens)
-    # not a vLLM metric: what the sim's own drain waits on (includes uncollected KV)
+    # not vLLM metrics: what the sim's own exit waits on, and the KV a prefill keeps pinned
+    # for decodes that have not pulled it (released vLLM has no gauge for that)
     out.sample("pdscale_sim:inflight_requests", "gauge", inflight)
+    out.sample("pdscale_sim:kv_pinned_requests", "gauge", kv_pinned)
     out.histogram("vllm:time_to_first_token_seconds", m.ttft)
     out.histogram("vllm:inter_token_latency_seconds", m.itl)
     out.histogram("vllm:e2e_request_latency_seconds", m.e2e)
@@ -95,6 +110,9 @@ def prefill_kv_params(
 
 class Vllm(Dialect):
     name = "vllm"
+    waits_for_handshake = False
+    finishes_after_transfer = False
+    pins_kv = True
 
     def __init__(self, engine: SimEngine) -> None:
         if engine.role == Role.PREFILL and not engine.config.bootstrap_port:
@@ -104,11 +122,21 @@ class Vllm(Dialect):
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/version", self.handle_version)
 
+    def default_buckets(self) -> tuple[tuple[float, ...], ...]:
+        return VLLM_TTFT_BUCKETS_SECONDS, VLLM_ITL_BUCKETS_SECONDS, VLLM_E2E_BUCKETS_SECONDS
+
     def render_metrics(self) -> str:
+        # vLLM's gauges are the scheduler's state at its last step: live, in the sim
         e = self.engine
+        q = e.queues()
+        if e.role == Role.PREFILL:
+            capacity, deferred = q["waiting"], 0
+        else:
+            capacity, deferred = q["waiting"] + q["prealloc"], q["transfer"]
         return render_vllm_metrics(
-            e.metrics, model_name=e.config.model_name, running=e.running(),
-            waiting=e.queued(), inflight=e.inflight(),
+            e.metrics, model_name=e.config.model_name, running=q["running"],
+            waiting_capacity=capacity, waiting_deferred=deferred, inflight=e.inflight(),
+            kv_pinned=e.kv_held(),
         )  # fmt: skip
 
     # -- the KV hand-off: the prefill mints the room and names it in its answer -------------
@@ -126,7 +154,9 @@ class Vllm(Dialect):
     def answer_prefill(self, room: Room, room_id: Any) -> dict[str, Any]:
         e = self.engine
         m = e.metrics
+        m.prompt_tokens += room.input_tokens
         m.cache_queries += room.input_tokens
+        m.cached_tokens += room.cached_tokens
         m.generation_tokens += 1
         m.finished_requests += 1
         if room_id is None:
@@ -141,8 +171,14 @@ class Vllm(Dialect):
         self.engine.metrics.cache_queries += input_tokens
         self.engine.metrics.cached_tokens += cached_tokens
 
-    def count_decode_done(self, meta: dict[str, Any], tokens: list[str]) -> None:
-        self.engine.metrics.prompt_tokens += int(meta.get("prompt_tokens", len(tokens)))
+    def count_first_token(self, meta: dict[str, Any]) -> None:
+        # vLLM counts a prompt when its first token is produced, remote-prefilled or not
+        self.engine.metrics.prompt_tokens += int(meta.get("prompt_tokens", 0))
+
+    def count_token(self) -> None:
+        self.engine.metrics.generation_tokens += 1  # per engine step
+
+    def count_decode_done(self, meta: dict[str, Any], tokens: list[str], n_out: int) -> None:
         self.engine.metrics.finished_requests += 1
 
     async def handle_version(self, request: web.Request) -> web.Response:

@@ -108,26 +108,35 @@ def test_metrics_use_sglang_names_and_labels():
     m.recent.append((100, 40))
     m.ttft.observe(0.03)
     m.ttft.observe(2.5)
-    text = render_metrics(m, model_name="sim", role="prefill", running=1, queued=3, inflight=4)
+    gauges = {"running": 1, "waiting": 3, "bootstrap": 2, "inflight": 5, "token_usage": 0.25}
+    text = render_metrics(m, model_name="sim", role="prefill", gauges=gauges, inflight=4)
     labels = '{model_name="sim",engine_type="prefill"}'
     for line in (
         f"sglang:num_running_reqs{labels} 1",
         f"sglang:num_queue_reqs{labels} 3",
+        f"sglang:num_prefill_prealloc_queue_reqs{labels} 2",
+        f"sglang:num_prefill_inflight_queue_reqs{labels} 5",
+        f"sglang:num_decode_prealloc_queue_reqs{labels} 0",
+        f"sglang:token_usage{labels} 0.25",
         f"sglang:prompt_tokens_total{labels} 100",
         f"sglang:cached_tokens_total{labels} 40",
         f"sglang:generation_tokens_total{labels} 7",
         f"sglang:num_requests_total{labels} 2",
         f"sglang:cache_hit_rate{labels} 0.4",
         f"sglang:time_to_first_token_seconds_count{labels} 2",
-        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="0.035"} 1',
-        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="3.0"} 2',
+        # SGLang's default TTFT buckets start at 0.1 s: 30 ms lands in the first
+        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="0.1"} 1',
+        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="2.0"} 1',
+        'sglang:time_to_first_token_seconds_bucket{model_name="sim",engine_type="prefill",le="4.0"} 2',
         "# TYPE sglang:inter_token_latency_seconds histogram",
     ):
         assert line in text.splitlines(), line
 
 
-def test_a_prefill_stays_in_flight_until_its_decode_collects_the_kv():
-    # in-process, through the HTTP surfaces: the generate port and the bootstrap port
+def test_a_prefill_is_in_flight_until_its_kv_reached_the_decode():
+    # in-process, through the HTTP surfaces: the generate port and the bootstrap port. SGLang:
+    # the prefill waits for its decode's handshake, computes, holds the KV for the transfer,
+    # and only then answers; /get_load never counts the transfer, the sim's exit does.
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
@@ -135,34 +144,39 @@ def test_a_prefill_stays_in_flight_until_its_decode_collects_the_kv():
     from pdscale.testbed.simengine import EngineConfig, SimEngine
 
     async def scenario():
-        engine = SimEngine(EngineConfig("prefill", "127.0.0.1", 0, bootstrap_port=1),
-                           LinearTiming(prefill_tokens_per_second=1e5))  # fmt: skip
+        timing = LinearTiming(prefill_tokens_per_second=1e5, kv_setup_seconds=0.2)
+        engine = SimEngine(EngineConfig("prefill", "127.0.0.1", 0, bootstrap_port=1), timing)
         await engine.start()
         api = TestClient(TestServer(engine.app(), host="127.0.0.1"))
         bootstrap = TestClient(TestServer(engine.bootstrap_app(), host="127.0.0.1"))
         await api.start_server()
         await bootstrap.start_server()
         try:
-            body = {"text": "a " * 1000, "sampling_params": {"max_new_tokens": 4},
-                    "bootstrap_room": 42}  # fmt: skip
-            answers = await asyncio.gather(*(api.post("/generate", json=body | {"bootstrap_room": r})
-                                             for r in (42, 43)))  # fmt: skip
-            assert [a.status for a in answers] == [200, 200]
-            # both prefills answered the router; their KV still waits for the decode side
-            before = (await (await api.get("/sim/state")).json())["inflight"]
-            kv = await (await bootstrap.get("/sim/kv/42")).json()
-            middle = (await (await api.get("/sim/state")).json())["inflight"]
+            body = {"text": "a " * 1000, "sampling_params": {"max_new_tokens": 4}}
+            answers = [asyncio.create_task(api.post("/generate", json=body | {"bootstrap_room": r}))
+                       for r in (42, 43)]  # fmt: skip
+            await asyncio.sleep(0.05)
+            waiting = (await (await api.get("/sim/state")).json())["queues"]["bootstrap"]
+            kv = asyncio.create_task(bootstrap.get("/sim/kv/42"))
+            await asyncio.sleep(0.1)  # computed, in transfer
+            state = await (await api.get("/sim/state")).json()
+            load = (await (await api.get("/get_load")).json())[0]["num_reqs"]
+            kv_answer = await (await kv).json()
             await bootstrap.get("/sim/kv/43")
-            after = (await (await api.get("/get_load")).json())[0]["num_reqs"]
-            return before, kv, middle, after
+            statuses = [(await a).status for a in answers]
+            after = (await (await api.get("/sim/state")).json())["inflight"]
+            return waiting, state, load, kv_answer, statuses, after
         finally:
             await api.close()
             await bootstrap.close()
             await engine.close()
 
-    before, kv, middle, after = asyncio.run(scenario())
-    assert (before, middle, after) == (2, 1, 0)
+    waiting, state, load, kv, statuses, after = asyncio.run(scenario())
+    assert waiting == 2
+    assert (state["inflight"], state["queues"]["inflight"], state["queues"]["bootstrap"]) == (2, 1, 1)
+    assert load == 1  # the bootstrap-queued one only: the transfer is not in /get_load
     assert kv == {"input_tokens": 1000, "cached_tokens": 0}
+    assert statuses == [200, 200] and after == 0
 
 
 def test_decode_batch_cap_queues_the_rest_and_tpot_grows_with_the_batch():

@@ -53,13 +53,16 @@ ROUTER_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
 def test_every_series_the_planner_queries_for_vllm_is_rendered():
     m = Metrics()
     m.ttft.observe(0.1)
-    text = render_vllm_metrics(m, model_name="m", running=2, waiting=3, inflight=5)
+    text = render_vllm_metrics(m, model_name="m", running=2, waiting_capacity=1,
+                               waiting_deferred=2, inflight=5)  # fmt: skip
     exposed = {line.split("{", 1)[0] for line in text.splitlines() if not line.startswith("#")}
     wanted = {name for q in VLLM_QUERIES.values() for name in re.findall(r"vllm:\w+", q)}
     assert wanted and wanted <= exposed, wanted - exposed
     assert not any(name.startswith("sglang:") for name in exposed)
     assert 'vllm:num_requests_running{engine="0",model_name="m"} 2' in text
     assert 'vllm:num_requests_waiting{engine="0",model_name="m"} 3' in text
+    wait = 'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason='
+    assert wait + '"capacity"} 1' in text and wait + '"deferred"} 2' in text
 
 
 def test_kv_transfer_params_from_prefill_are_what_decode_reads():
@@ -93,7 +96,7 @@ def test_each_dialect_adds_its_own_endpoints_to_the_common_ones():
               "/sim/state", "/sim/drain"}  # fmt: skip
     assert paths("sglang") - common == {"/generate", "/health_generate", "/server_info",
                                         "/get_server_info", "/model_info", "/get_model_info",
-                                        "/get_load"}  # fmt: skip
+                                        "/v1/loads", "/get_load"}  # fmt: skip
     assert paths("vllm") - common == {"/version"}
     assert common <= paths("sglang") & paths("vllm")
 
