@@ -65,6 +65,9 @@ class Profile(_Strict):
     decode: DecodeProfile
     kv_transfer: KvTransferProfile
     warmup: WarmupProfile
+    #: where the numbers came from (``pdscale profile fit`` writes the tool, date, points and
+    #: residuals here); for people and status, never read by the planner
+    provenance: dict[str, Any] | None = None
 
 
 def _describe(exc: ValidationError, source: str) -> str:

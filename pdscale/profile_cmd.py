@@ -1,0 +1,94 @@
+"""Performance profiles from the user's own engines. ``fit`` reads the results of a benchmark
+client (aiperf, SGLang bench_serving, vllm bench serve) or Dynamo's profiler arrays, fits the
+profile's parametric terms and writes a profile YAML with its provenance. Examples:
+
+    pdscale profile fit prefill/raw_data.npz decode/raw_data.npz -o mine.yaml
+    pdscale profile fit c1/profile_export.jsonl c8/profile_export.jsonl --base demo-sim -o mine.yaml
+
+Exit status 2 when a file cannot be read or the points cannot determine a profile (the message
+names the file, the line and the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+HELP = "fit a performance profile to benchmark results"
+#: the readers' names (pdscale.planner.profile_fit.READERS, checked by a test): listed here so
+#: that building the command line does not import scipy
+FORMATS = ("aiperf", "dynamo-npz", "sglang", "vllm")
+
+HEADER = """\
+# Fitted by `pdscale profile fit` from the benchmark results listed under provenance.sources.
+# Terms under provenance.terms with identified: false were not determined by the points (kept
+# from the base profile, or written flat); provenance.residuals says how far the model's form is
+# from the points it was fitted to (relative to each measured value).
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    actions = parser.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
+    fit = actions.add_parser("fit", help="fit a profile to benchmark results",
+                             description="Fit the profile's prefill and decode terms to benchmark "
+                                         "results; the other fields come from --base.")
+    fit.add_argument("files", nargs="+", metavar="FILE", type=Path,
+                     help="benchmark results: Dynamo profiler .npz, aiperf profile_export.jsonl, "
+                          "SGLang bench_serving --output-details JSONL, vllm bench serve "
+                          "--save-detailed JSON")
+    fit.add_argument("-o", "--output", required=True, type=Path, help="profile YAML to write")
+    fit.add_argument("--base", help="profile giving the fields the points do not determine "
+                                    "(shipped name or YAML; default: the shipped default)")
+    fit.add_argument("--name", help="the fitted profile's name (default: the output file's stem)")
+    fit.add_argument("--format", choices=FORMATS, help="reader for every FILE "
+                                                               "(default: detected per file)")
+    fit.add_argument("--slo-ttft", type=float, default=2.0,
+                     help="TTFT target, seconds: warn when the points stop well short of it")
+    fit.add_argument("--slo-tpot", type=float, default=0.05,
+                     help="TPOT target, seconds: warn when no decode batch reaches near it")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.profile_command == "fit":
+        return fit(args)
+    return 2
+
+
+def fit(args: argparse.Namespace) -> int:
+    import yaml
+
+    from pdscale.planner.model import Slo
+    from pdscale.planner.profile import ProfileError, load_profile
+    from pdscale.planner.profile_fit import BenchmarkError, FitError, fit_profile, read_benchmark
+
+    def refuse(message: str) -> int:
+        print(f"pdscale profile fit: error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        base = load_profile(args.base)
+    except ProfileError as exc:
+        return refuse(str(exc))
+    try:
+        benchmarks = [read_benchmark(path, args.format) for path in args.files]
+        name = args.name or args.output.stem
+        result = fit_profile(benchmarks, base, name=name, base_name=args.base,
+                             fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                             slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot))
+    except (BenchmarkError, FitError, ProfileError) as exc:
+        return refuse(str(exc))
+    for warning in result.warnings:
+        print(f"pdscale profile fit: warning: {warning}", file=sys.stderr)
+    text = HEADER + yaml.safe_dump(result.document, sort_keys=False, width=100)
+    args.output.write_text(text, encoding="utf-8")
+    load_profile(args.output)  # what we write must load where profiles are read
+    p, d = result.profile.prefill, result.profile.decode
+    residuals = result.document["provenance"]["residuals"]
+    print(f"wrote {args.output}: prefill {p.tokens_per_second:.6g} tokens/s, doubling "
+          f"{p.attention_doubling_tokens}, overhead {p.overhead_seconds:.4g} s; decode step "
+          f"{d.step_seconds:.4g} s + {d.per_sequence_seconds:.4g} s/sequence + "
+          f"{d.per_context_token_seconds:.4g} s/context token; residuals {residuals}")
+    return 0

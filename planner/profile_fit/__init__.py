@@ -1,0 +1,31 @@
+"""A performance profile fitted to the user's own benchmark results.
+
+One reader per benchmark format (``dynamo_npz``, ``aiperf``, ``sglang_bench``, ``vllm_bench``)
+turns a file into points in the planner's units (:mod:`.points`); :mod:`.fit` least-squares
+fits the model's parametric terms to them (pure); :mod:`.document` makes the profile document with
+its provenance. ``pdscale profile fit`` is the command.
+"""
+
+from .document import FittedProfile, fit_profile
+from .fit import FitError, RoleFit, TermFit, coverage_warnings, fit_decode, fit_prefill
+from .points import Benchmark, BenchmarkError, DecodePoint, PrefillPoint, RequestRecord
+from .read import READERS, detect_format, read_benchmark
+
+__all__ = [
+    "READERS",
+    "Benchmark",
+    "BenchmarkError",
+    "DecodePoint",
+    "FitError",
+    "FittedProfile",
+    "PrefillPoint",
+    "RequestRecord",
+    "RoleFit",
+    "TermFit",
+    "coverage_warnings",
+    "detect_format",
+    "fit_decode",
+    "fit_prefill",
+    "fit_profile",
+    "read_benchmark",
+]

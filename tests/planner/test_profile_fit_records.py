@@ -1,0 +1,276 @@
+"""Per-request records of each benchmark client, generated from a known profile by a small
+simulation of one prefill and one decode instance, are fitted back to that profile; every
+reader refuses a truncated or corrupted file, naming the file, the line and the field."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdscale.planner.model import PerformanceModel
+from pdscale.planner.profile import shipped_profile
+from pdscale.planner.profile_fit import (
+    BenchmarkError,
+    RequestRecord,
+    detect_format,
+    fit_profile,
+    read_benchmark,
+)
+
+TRUTH = shipped_profile()
+#: a base far from the truth, so that a term kept from it would fail the 10% checks
+BASE = shipped_profile("demo-sim")
+OUTPUT_TOKENS = 160
+#: prefill instances in front of the one decode instance (a PD ratio that lets the batch build)
+PREFILL_INSTANCES = 8
+PREFILL_LENGTHS = (200, 1000, 2500, 5000, 8000, 12000)
+DECODE_RUNS = [(k, isl) for isl in (500, 4000, 12000) for k in (2, 8, 32, 96)]
+
+
+@dataclass
+class _Request:
+    client: int
+    isl: int
+    start: float
+    first: float
+    generated: int = 0
+    end: float = math.nan
+    ctx_sum: list[float] = field(default_factory=list)
+
+
+def simulate_run(model: PerformanceModel, concurrency: int, isl: int, requests_per_client: int,
+                 t0: float) -> list[RequestRecord]:
+    """A closed loop of ``concurrency`` clients against :data:`PREFILL_INSTANCES` prefill
+    instances (FIFO, one prompt at a time each, the model's prefill_seconds) and one decode
+    instance (continuous batching: each
+    step takes the model's TPOT for the running batch and its mean context, and gives every
+    running sequence one token). The first token comes from prefill; start times are absolute."""
+    prefill_free = [t0] * PREFILL_INSTANCES
+    pending: list[tuple[float, int, _Request]] = []  # (first token time, seq, request)
+    seq = 0
+    left = {c: requests_per_client for c in range(concurrency)}
+
+    def submit(client: int, at: float) -> None:
+        nonlocal seq
+        free = min(range(PREFILL_INSTANCES), key=prefill_free.__getitem__)
+        begin = max(at, prefill_free[free])
+        first = begin + model.prefill_seconds(isl)
+        prefill_free[free] = first
+        seq += 1
+        heapq.heappush(pending, (first, seq, _Request(client, isl, at, first)))
+        left[client] -= 1
+
+    for c in range(concurrency):
+        submit(c, t0)
+    done: list[_Request] = []
+    running: list[_Request] = []
+    now = t0
+    while pending or running:
+        if not running and pending[0][0] > now:
+            now = pending[0][0]
+        while pending and pending[0][0] <= now:
+            running.append(heapq.heappop(pending)[2])
+        context = float(np.mean([r.isl + 1 + r.generated for r in running]))
+        now += model.tpot_seconds(len(running), context)
+        still = []
+        for r in running:
+            r.generated += 1
+            if r.generated == OUTPUT_TOKENS - 1:
+                r.end = now
+                done.append(r)
+                if left[r.client] > 0:
+                    submit(r.client, now)
+            else:
+                still.append(r)
+        running = still
+    return [RequestRecord(r.isl, OUTPUT_TOKENS, r.first - r.start, r.end - r.start, r.start)
+            for r in done]
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[tuple[int, list[RequestRecord]]]:
+    """The sweep a user would run: input lengths one at a time, then concurrency x context."""
+    model = PerformanceModel(TRUTH)
+    out, t = [], 1_000.0
+    for isl in PREFILL_LENGTHS:
+        out.append((1, simulate_run(model, 1, isl, 3, t)))
+        t = max(r.start_seconds + r.latency_seconds for r in out[-1][1]) + 5
+    for k, isl in DECODE_RUNS:
+        out.append((k, simulate_run(model, k, isl, 2, t)))
+        t = max(r.start_seconds + r.latency_seconds for r in out[-1][1]) + 5
+    return out
+
+
+# -- writers: each tool's own format, from the records ----------------------------------------
+
+def write_aiperf(path: Path, records: list[RequestRecord]) -> None:
+    lines = []
+    for i, r in enumerate(records):
+        itl_ms = (r.latency_seconds - r.ttft_seconds) / (r.output_tokens - 1) * 1000
+        lines.append(json.dumps({
+            "metadata": {"session_num": i, "x_request_id": f"r{i}", "turn_index": 0,
+                         "request_start_ns": int(r.start_seconds * 1e9), "request_ack_ns": None,
+                         "request_end_ns": int((r.start_seconds + r.latency_seconds) * 1e9),
+                         "worker_id": "worker_0", "record_processor_id": "rp_0",
+                         "benchmark_phase": "profiling", "was_cancelled": False,
+                         "cancellation_time_ns": None},
+            "metrics": {"input_sequence_length": {"value": r.input_tokens, "unit": "tokens"},
+                        "time_to_first_token": {"value": r.ttft_seconds * 1000, "unit": "ms"},
+                        "request_latency": {"value": r.latency_seconds * 1000, "unit": "ms"},
+                        "output_sequence_length": {"value": r.output_tokens, "unit": "tokens"},
+                        "inter_token_latency": {"value": itl_ms, "unit": "ms"}},
+            "error": None}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _arrays(records: list[RequestRecord], concurrency: int) -> dict:
+    gaps = [[(r.latency_seconds - r.ttft_seconds) / (r.output_tokens - 1)] * (r.output_tokens - 1)
+            for r in records]
+    return {"backend": "sglang", "max_concurrency": concurrency, "request_rate": float("inf"),
+            "completed": len(records), "mean_ttft_ms": 1.0,
+            "input_lens": [r.input_tokens for r in records],
+            "output_lens": [r.output_tokens for r in records],
+            "ttfts": [r.ttft_seconds for r in records], "itls": gaps,
+            "generated_texts": ["" for _ in records], "errors": ["" for _ in records]}
+
+
+def write_sglang(path: Path, records: list[RequestRecord], concurrency: int) -> None:
+    with path.open("a") as f:  # bench_serving appends one line per run
+        f.write(json.dumps(_arrays(records, concurrency)) + "\n")
+
+
+def write_vllm(path: Path, records: list[RequestRecord], concurrency: int, *, with_starts: bool) -> None:
+    run = _arrays(records, concurrency)
+    run.update(backend="vllm", date="20261202-004000", model_id="m", endpoint_type="openai")
+    if with_starts:
+        run["latencies"] = [r.latency_seconds for r in records]
+        run["start_times"] = [r.start_seconds for r in records]
+    path.write_text(json.dumps(run))
+
+
+def files_for(tool: str, runs, tmp_path: Path) -> list[Path]:
+    paths = []
+    for i, (k, records) in enumerate(runs):
+        if tool == "aiperf":
+            p = tmp_path / f"run{i}" / "profile_export.jsonl"
+            p.parent.mkdir()
+            write_aiperf(p, records)
+        elif tool == "sglang":
+            p = tmp_path / "bench_serving.jsonl"
+            write_sglang(p, records, k)
+        else:
+            p = tmp_path / f"vllm-{i}.json"
+            write_vllm(p, records, k, with_starts=tool == "vllm")
+        if p not in paths:
+            paths.append(p)
+    return paths
+
+
+def within(fitted: float | None, truth: float | None, tolerance: float = 0.10) -> bool:
+    assert fitted is not None and truth is not None
+    return abs(fitted - truth) <= tolerance * truth
+
+
+@pytest.mark.parametrize("tool", ["aiperf", "sglang", "vllm", "vllm-without-start-times"])
+def test_records_of_each_tool_are_fitted_back_to_the_profile_that_made_them(tool, runs, tmp_path):
+    paths = files_for(tool, runs, tmp_path)
+    benchmarks = [read_benchmark(p) for p in paths]
+    result = fit_profile(benchmarks, BASE, name="fitted", fitted_at="2026-12-02T00:00:00Z")
+    p, d = result.profile.prefill, result.profile.decode
+    assert within(p.tokens_per_second, TRUTH.prefill.tokens_per_second)
+    assert within(p.attention_doubling_tokens, TRUTH.prefill.attention_doubling_tokens)
+    assert within(p.overhead_seconds, TRUTH.prefill.overhead_seconds)
+    assert within(d.step_seconds, TRUTH.decode.step_seconds)
+    assert within(d.per_sequence_seconds, TRUTH.decode.per_sequence_seconds)
+    assert within(d.per_context_token_seconds, TRUTH.decode.per_context_token_seconds)
+    terms = result.document["provenance"]["terms"]
+    assert all(t["identified"] for t in terms.values())
+    # records carry no KV capacity: it stays the base's, and the provenance says so
+    assert d.kv_capacity_tokens == BASE.decode.kv_capacity_tokens
+    assert "decode.kv_capacity_tokens" in result.document["provenance"]["kept_from_base"]
+
+
+def test_the_batch_a_request_decoded_in_is_reconstructed_from_the_records(runs):
+    from pdscale.planner.profile_fit.points import points_from_records
+
+    k, records = next((k, r) for k, r in runs if k == 96)
+    _, decode = points_from_records(records)
+    batches = [p.batch for p in decode]
+    # prefill serialises the arrivals, so the batch builds up; it never exceeds the clients
+    assert max(batches) <= k + 1e-9
+    assert max(batches) > 0.3 * k
+
+
+def test_detect_format_tells_the_tools_apart(runs, tmp_path):
+    for tool, expected in (("aiperf", "aiperf"), ("sglang", "sglang"), ("vllm", "vllm")):
+        sub = tmp_path / tool
+        sub.mkdir()
+        assert detect_format(files_for(tool, runs[:1], sub)[0]) == expected
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+def _one_run_file(tool: str, runs, tmp_path: Path) -> Path:
+    return files_for(tool, runs[:2], tmp_path)[-1 if tool != "sglang" else 0]
+
+
+def _truncate(path: Path) -> None:
+    text = path.read_text().rstrip("\n")
+    path.write_text(text[: len(text) - 25])  # a write cut short in its last record
+
+
+def _corrupt_aiperf(path: Path) -> tuple[int, str]:
+    lines = path.read_text().splitlines()
+    rec = json.loads(lines[1])
+    rec["metrics"]["time_to_first_token"]["value"] = "fast"
+    lines[1] = json.dumps(rec)
+    path.write_text("\n".join(lines) + "\n")
+    return 2, "metrics.time_to_first_token.value"
+
+
+def _corrupt_arrays(path: Path) -> tuple[int | None, str]:
+    if path.suffix == ".jsonl":
+        lines = path.read_text().splitlines()
+        run = json.loads(lines[0])
+        run["ttfts"][1] = None
+        lines[0] = json.dumps(run)
+        path.write_text("\n".join(lines) + "\n")
+        return 1, "ttfts[1]"
+    run = json.loads(path.read_text())
+    del run["itls"]
+    path.write_text(json.dumps(run))
+    return None, "itls"
+
+
+CORRUPT: dict[str, Callable[[Path], tuple[int | None, str]]] = {
+    "aiperf": _corrupt_aiperf, "sglang": _corrupt_arrays, "vllm": _corrupt_arrays}
+
+
+@pytest.mark.parametrize("tool", sorted(CORRUPT))
+def test_a_truncated_file_is_refused_with_its_name_and_line(tool, runs, tmp_path):
+    path = _one_run_file(tool, runs, tmp_path)
+    _truncate(path)
+    with pytest.raises(BenchmarkError) as err:
+        read_benchmark(path, {"aiperf": "aiperf", "sglang": "sglang", "vllm": "vllm"}[tool])
+    assert err.value.file == str(path)
+    assert err.value.line is not None and str(path) in str(err.value)
+    assert f":{err.value.line}:" in str(err.value)
+
+
+@pytest.mark.parametrize("tool", sorted(CORRUPT))
+def test_a_corrupted_field_is_refused_by_name(tool, runs, tmp_path):
+    path = _one_run_file(tool, runs, tmp_path)
+    line, field_name = CORRUPT[tool](path)
+    with pytest.raises(BenchmarkError) as err:
+        read_benchmark(path)
+    assert err.value.file == str(path)
+    assert err.value.field == field_name
+    assert err.value.line == line
+    assert f"field '{field_name}'" in str(err.value)
