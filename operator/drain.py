@@ -1,11 +1,14 @@
 """Actuation in the drain-safe order of ``fleet``: mark pods draining, take them out of the
 router, wait until their engines hold nothing (and, behind a router that picks the decode
 before the prefill answers, until no request held at a prefill can still reach a decode),
-then lower the replicas for the reconcile to apply. Every choice is ``fleet``'s; this module
-reads the engines, writes the marks and tells the reporter.
+then lower the replicas for the reconcile to apply. A prefill, once idle, also waits until the
+KV it computed has left for its decodes (``HandoffWaits``). Every choice is ``fleet``'s (or
+the pure watches it is given); this module reads the engines, writes the marks and tells the
+reporter.
 
 Drain state lives on the pods (annotations), so a restarted operator finishes the same
-drains; only the prefill-backlog waits live in memory (see ``PrefillWaits``).
+drains; only the prefill-backlog and hand-off waits live in memory (``PrefillWaits``,
+``HandoffWaits``): after a restart they start again, later, which only waits longer.
 
 A deleted PDCluster is drained whole (``DeletionDrain``): the operator's finalizer holds the
 deletion until every engine is out of the router and idle, or the drain timeout has passed.
@@ -24,7 +27,7 @@ from pdscale.planner.observe import Role
 from . import names
 from .checklist import minimum_transfer_timeout_seconds
 from .clock import now_rfc3339
-from .engine_probe import engine_in_flight, engine_vllm_totals
+from .engine_probe import EngineLoad, LoadSource, engine_in_flight, engine_load, engine_vllm_totals
 from .fleet import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
@@ -34,11 +37,18 @@ from .fleet import (
     pod_view,
 )
 from .kube import Kube
-from .pdcluster import GROUP, PLURAL, VERSION, PDClusterSpec
+from .pdcluster import GROUP, PLURAL, VERSION, EngineKind, PDClusterSpec
 from .reconcile import reconcile_current
 from .routersync import normalize_url
 from .telemetry import Reporter
-from .vllm_discovery import PrefillBacklog, PrefillCount
+from .vllm_discovery import (
+    HANDOFF_GRACE_SECONDS,
+    NIXL_KV_LEASE_SECONDS,
+    KVPullWatch,
+    PrefillBacklog,
+    PrefillCount,
+    decode_pulls_pending,
+)
 from .workerlist import WorkerList, WorkerLists, desired_workers
 
 log = logging.getLogger(__name__)
@@ -61,12 +71,22 @@ def drain_marks(draining_since: float | None) -> dict[str, Any]:
     return {"metadata": {"annotations": annotations}}
 
 
+def as_engine_load(answer: EngineLoad | int | None) -> EngineLoad | None:
+    """A probe's answer as an ``EngineLoad``; a bare count (a probe that counts everything an
+    engine holds, as a test's does) reads as one from SGLang's ``/v1/loads``."""
+    if answer is None or isinstance(answer, EngineLoad):
+        return answer
+    return EngineLoad(answer, LoadSource.LOADS)
+
+
 def with_engine_state(pods: Sequence[PodView], port: int, listed: set[str] | None,
-                      in_flight: Callable[[str | None, int], int | None]) -> list[PodView]:
-    """Draining pods with what their engine holds and whether a router still lists them
-    (``listed`` None: unknown, so listed); the others as they are."""
+                      in_flight: Callable[[str | None, int], EngineLoad | int | None]
+                      ) -> list[PodView]:
+    """Draining pods with what their engine holds (None: unknown) and whether a router
+    still lists them (``listed`` None: unknown, so listed); the others as they are."""
     return [
-        replace(p, in_flight=in_flight(p.ip, port),
+        replace(p, in_flight=None if (load := as_engine_load(in_flight(p.ip, port))) is None
+                else load.in_flight,
                 in_router=listed is None or normalize_url(f"http://{p.ip}:{port}") in listed)
         if p.draining else p
         for p in pods
@@ -120,18 +140,99 @@ class PrefillWaits:
         return awaited
 
 
+def get_load_wait_seconds(spec: PDClusterSpec) -> float:
+    """How long an SGLang prefill without ``/v1/loads`` waits after ``/get_load`` reads 0,
+    for the KV sends that count leaves out: the slowest prefill with its margin
+    (``minimum_transfer_timeout_seconds``), since sending a prompt's KV never takes longer
+    than computing it."""
+    return float(minimum_transfer_timeout_seconds(spec))
+
+
+@dataclass
+class HandoffWaits:
+    """Per draining prefill (namespace, pod) that is out of the router and holds nothing:
+    since when, and what it still waits for before its KV has surely left for the decodes
+    (pure state, no I/O; the decodes' counts come through a callable, asked only when needed).
+
+    - SGLang with ``/v1/loads``: nothing; its count already holds the inflight queue.
+    - SGLang with only ``/get_load`` (older engines): that count leaves the inflight queue
+      out, so the prefill waits ``get_load_wait_seconds`` after it first read 0.
+    - vLLM (NIXL): until no decode can still pull from it, or one lease (``KVPullWatch``).
+
+    A prefill seen busy again is forgotten (``end_tick``): its wait starts again when idle."""
+
+    watches: dict[tuple[str, str], KVPullWatch] = field(default_factory=dict)
+    seen: set[tuple[str, str]] = field(default_factory=set)
+
+    def begin_tick(self) -> None:
+        self.seen = set()
+
+    def end_tick(self) -> None:
+        """Forget the prefills no tick asked about (drained, busy again, or un-drained)."""
+        self.watches = {k: v for k, v in self.watches.items() if k in self.seen}
+
+    def reason(self, namespace: str, pod: str, source: LoadSource, engine: EngineKind,
+               pulls_pending: Callable[[], Mapping[str, float | None]], now: float, *,
+               lease_seconds: float, get_load_wait_seconds: float) -> str | None:
+        """Why the idle prefill ``pod`` (its count from ``source``) still waits, or None.
+        ``pulls_pending``: each decode's ``decode_pulls_pending`` now (None: no answer)."""
+        key = (namespace, pod)
+        self.seen.add(key)
+        watch = self.watches.get(key) or KVPullWatch(idle_since=now)
+        waited = now - watch.idle_since
+        if source is LoadSource.GET_LOAD:
+            self.watches[key] = watch
+            if waited >= get_load_wait_seconds:
+                return None
+            return (f"engine has no /v1/loads, and /get_load does not count KV still being sent "
+                    f"to decodes: waits {get_load_wait_seconds:.0f} s after it read 0 "
+                    f"({get_load_wait_seconds - waited:.0f} s left)")
+        if engine is not EngineKind.VLLM:
+            return None
+        if watch.cleared_at is None and waited >= HANDOFF_GRACE_SECONDS:
+            pending = pulls_pending()
+            followed = watch.follow(pending, now)
+            if followed.cleared_at is not None:
+                log.info("prefill %s/%s: no decode waits on KV any more", namespace, pod)
+        else:
+            pending, followed = {}, watch
+        self.watches[key] = followed
+        if not followed.pending(now, lease_seconds):
+            return None
+        unknown = [name for name, n in pending.items() if n is None]
+        held = round(sum(n for n in pending.values() if n is not None))
+        seen = (f"{held} requests waiting at decodes" if pending else "decodes not read yet")
+        if unknown:
+            seen += f", {len(unknown)} decodes not answering"
+        return (f"a decode may still pull its KV ({seen}); waits until none may, or one NIXL "
+                f"lease ({lease_seconds:.0f} s) after it went idle")
+
+
 class Drains:
     """Moves one PDCluster's fleet a step towards the planner's targets each tick."""
 
     def __init__(self, kube: Kube, report: Reporter, *,
-                 in_flight: Callable[[str | None, int], int | None] = engine_in_flight,
-                 vllm_totals: Callable[[str, int], dict[str, float] | None] = engine_vllm_totals):
+                 in_flight: Callable[[str | None, int], EngineLoad | int | None] = engine_load,
+                 vllm_totals: Callable[[str, int], dict[str, float] | None] = engine_vllm_totals,
+                 kv_lease_seconds: float = NIXL_KV_LEASE_SECONDS):
         self.kube = kube
         self.report = report
         #: the engine probes (engine_probe), replaceable in tests
         self.in_flight = in_flight
         self.vllm_totals = vllm_totals
+        #: vLLM NIXL's kv_lease_duration on the engines (seconds; see KVPullWatch)
+        self.kv_lease_seconds = kv_lease_seconds
         self.prefill_waits = PrefillWaits()
+        self.handoff_waits = HandoffWaits()
+
+    def begin_tick(self) -> None:
+        """Before a tick over every PDCluster (the waits forget what no tick asks about)."""
+        self.prefill_waits.begin_tick()
+        self.handoff_waits.begin_tick()
+
+    def end_tick(self) -> None:
+        self.prefill_waits.end_tick()
+        self.handoff_waits.end_tick()
 
     def move(self, body: dict[str, Any], spec: PDClusterSpec, pods: Mapping[Role, list[PodView]],
              workers: WorkerList, listed: set[str] | None, targets: Mapping[Role, int],
@@ -148,12 +249,20 @@ class Drains:
         replicas: dict[str, int] = {}
         waiting: list[str] = []
         leaving: set[str] = set()
+        loads: dict[str | None, EngineLoad | None] = {}  # by IP: what each probe said
+
+        def probe(ip: str | None, port: int) -> EngineLoad | None:
+            loads[ip] = as_engine_load(self.in_flight(ip, port))
+            return loads[ip]
+
         for role in Role:
             self.report.target(ns, name, role, targets[role])
             current = int(((deployments[role] or {}).get("spec") or {}).get("replicas") or 0)
-            views = with_engine_state(pods[role], spec.engine.port, listed, self.in_flight)
+            views = with_engine_state(pods[role], spec.engine.port, listed, probe)
             if role is Role.DECODE and workers.decode_picked_before_prefill:
                 views = self._await_prefill(ns, spec, views, pods[Role.PREFILL], now)
+            if role is Role.PREFILL:
+                views = self._await_handoffs(ns, spec, views, loads, pods[Role.DECODE], now)
             actions = plan_role_actions(role, targets[role], views, current, now_seconds=now,
                                         drain_timeout_seconds=drain_timeout_seconds(spec, role))
             for pod in actions.undrain:
@@ -189,6 +298,37 @@ class Drains:
         awaited = self.prefill_waits.awaited(ns, leaving, serving, counts, now,
                                              minimum_transfer_timeout_seconds(spec))
         return [replace(p, awaited_by_prefill=True) if p.name in awaited else p for p in decode]
+
+    def _await_handoffs(self, ns: str, spec: PDClusterSpec, prefill: list[PodView],
+                        loads: Mapping[str | None, EngineLoad | None], decode: Sequence[PodView],
+                        now: float) -> list[PodView]:
+        """Gives each draining prefill that is out of the router and holds nothing the reason
+        it still waits for its KV to leave (see ``HandoffWaits``), if any."""
+        pulls: dict[str, float | None] | None = None
+
+        def pulls_pending() -> Mapping[str, float | None]:
+            # Every decode that could hold one of its requests: serving, draining or being
+            # deleted, as long as it has an address. Read once a tick, and only if needed.
+            nonlocal pulls
+            if pulls is None:
+                pulls = {}
+                for d in decode:
+                    if d.ip:
+                        totals = self.vllm_totals(d.ip, spec.engine.port)
+                        pulls[d.name] = None if totals is None else decode_pulls_pending(totals)
+            return pulls
+
+        out = []
+        for p in prefill:
+            load = loads.get(p.ip)
+            if p.draining and not p.in_router and load is not None and load.in_flight == 0:
+                why = self.handoff_waits.reason(
+                    ns, p.name, load.source, spec.engine.kind, pulls_pending, now,
+                    lease_seconds=self.kv_lease_seconds,
+                    get_load_wait_seconds=get_load_wait_seconds(spec))
+                p = replace(p, handoff_wait=why)
+            out.append(p)
+        return out
 
 
 # ---------------------------------------------------------------------------------------

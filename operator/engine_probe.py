@@ -20,6 +20,8 @@ import math
 import socket
 import threading
 import time
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeGuard
 
 from .vllm_discovery import RUNNING, WAITING, vllm_totals
@@ -33,27 +35,79 @@ PROBE_TIMEOUT_SECONDS = 2.0
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
-def engine_in_flight(ip: str | None, port: int,
-                     timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> int | None:
-    """Requests an engine still holds, or None when it does not answer (unknown is not zero).
+class LoadSource(StrEnum):
+    """Which answer an engine's in-flight count came from, and so what it covers."""
 
-    SGLang's ``/get_load`` counts, on a prefill instance, the requests whose KV its decode
-    peer has not collected yet: a prefill is idle only once its last hand-off is done. vLLM
-    has no such endpoint; its running and waiting gauges come from ``/metrics``. Both asks
-    share one deadline of ``timeout_seconds``."""
+    #: SGLang ``GET /v1/loads?include=core,disagg``: running + waiting (with a prefill's
+    #: bootstrap queue, a decode's prealloc, transfer and retracted queues) + a prefill's
+    #: inflight queue, the requests whose KV is still being sent to a decode
+    LOADS = "/v1/loads"
+    #: SGLang ``GET /get_load`` (engines without ``/v1/loads``): as above but without the
+    #: inflight queue, so a prefill's KV sends are not in it
+    GET_LOAD = "/get_load"
+    #: vLLM ``/metrics``: running + waiting; a prefill's KV pinned for a decode's pull is not
+    #: in it (see vllm_discovery.KVPullWatch)
+    VLLM_METRICS = "/metrics"
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """Requests an engine holds (a whole count >= 0) and the answer it came from."""
+
+    in_flight: int
+    source: LoadSource
+
+
+#: SGLang's load report with the sections the drain needs (core: running and waiting;
+#: disagg: the prefill inflight queue)
+LOADS_PATH = "/v1/loads?include=core,disagg"
+
+
+def engine_load(ip: str | None, port: int,
+                timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> EngineLoad | None:
+    """What an engine holds, or None when that is unknown (no answer, or one that is not a
+    count; unknown is not zero).
+
+    SGLang first: ``/v1/loads`` (SGLang PR #16976), whose ``disaggregation`` section counts
+    a prefill's requests whose KV is still going out to a decode. Only a 404 there (an older
+    engine, or not SGLang) moves on to ``/get_load``, now a deprecated shim that leaves those
+    requests out (``LoadSource.GET_LOAD``: the drain then waits longer, see drain.py); only a
+    404 there too asks as vLLM (``/metrics``). Any other failure is unknown: a busy engine that
+    times out on one path must not be read through another. All asks share one deadline of
+    ``timeout_seconds``."""
     if not ip:
         return None
     deadline = time.monotonic() + timeout_seconds
-    body = http_get(ip, port, "/get_load", deadline)
-    if body is not None:
+    answer = http_exchange(ip, port, LOADS_PATH, deadline)
+    if answer is None:
+        return None
+    status, body = answer
+    if status == 200:
+        count = in_flight_from_loads(body)
+        return None if count is None else EngineLoad(count, LoadSource.LOADS)
+    if status != 404:
+        return None
+    answer = http_exchange(ip, port, "/get_load", deadline)
+    if answer is None:
+        return None
+    status, body = answer
+    if status == 200:
         count = in_flight_from_get_load(body)
-        if count is not None:
-            return count
-    # not SGLang, not answering, or not a count: ask as vLLM
+        return None if count is None else EngineLoad(count, LoadSource.GET_LOAD)
+    if status != 404:
+        return None
     totals = _vllm_totals_by(ip, port, deadline)
     if totals is None or not {RUNNING, WAITING} & totals.keys():
         return None
-    return round(totals.get(RUNNING, 0.0) + totals.get(WAITING, 0.0))
+    return EngineLoad(round(totals.get(RUNNING, 0.0) + totals.get(WAITING, 0.0)),
+                      LoadSource.VLLM_METRICS)
+
+
+def engine_in_flight(ip: str | None, port: int,
+                     timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> int | None:
+    """``engine_load``'s count alone (None: unknown)."""
+    load = engine_load(ip, port, timeout_seconds)
+    return None if load is None else load.in_flight
 
 
 def engine_vllm_totals(ip: str, port: int,
@@ -73,10 +127,39 @@ def _vllm_totals_by(ip: str, port: int, deadline: float) -> dict[str, float] | N
     return totals
 
 
+def in_flight_from_loads(body: bytes) -> int | None:
+    """Requests an SGLang engine holds from its ``/v1/loads?include=core,disagg`` answer
+    (pure): over every data-parallel rank in ``loads``, ``num_running_reqs`` +
+    ``num_waiting_reqs`` + ``disaggregation.prefill_inflight_queue_reqs``. The shape is
+    SGLang's (``entrypoints/v1_loads.py``; the scheduler's ``get_loads`` puts the bootstrap
+    queue, or a decode's prealloc, transfer and retracted queues, into ``num_waiting_reqs``,
+    and the prefill inflight queue only into the ``disaggregation`` section). None unless
+    every rank carries all three as whole, finite counts >= 0: an answer without the
+    ``disaggregation`` section we asked for cannot say whether KV is still going out."""
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    entries = data.get("loads") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return None
+    total = 0
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("disaggregation"), dict):
+            return None
+        counts = (entry.get("num_running_reqs"), entry.get("num_waiting_reqs"),
+                  entry["disaggregation"].get("prefill_inflight_queue_reqs"))
+        for value in counts:
+            if not _whole(value):
+                return None
+            total += int(value)
+    return total
+
+
 def in_flight_from_get_load(body: bytes) -> int | None:
     """The sum of ``num_reqs`` over an SGLang ``/get_load`` answer (one object, or a list of
     one per data-parallel rank); None unless every entry carries a whole, finite count >= 0
-    (pure)."""
+    (pure). It does not count a prefill's KV sends still in flight (see ``LoadSource``)."""
     try:
         data: Any = json.loads(body)
     except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
@@ -87,10 +170,15 @@ def in_flight_from_get_load(body: bytes) -> int | None:
     total = 0
     for entry in entries:
         value = entry.get("num_reqs") if isinstance(entry, dict) else None
-        if not _count(value) or value != int(value):
+        if not _whole(value):
             return None
         total += int(value)
     return total
+
+
+def _whole(value: object) -> TypeGuard[int | float]:
+    """A count of requests: a number a counter could hold, and whole."""
+    return _count(value) and value == int(value)
 
 
 def _count(value: object) -> TypeGuard[int | float]:
@@ -102,6 +190,13 @@ def _count(value: object) -> TypeGuard[int | float]:
 def http_get(ip: str, port: int, path: str, deadline: float) -> bytes | None:
     """The body of a 200 answer to ``GET path`` received whole by ``deadline`` (monotonic
     seconds); None otherwise. Never raises."""
+    answer = http_exchange(ip, port, path, deadline)
+    return answer[1] if answer is not None and answer[0] == 200 else None
+
+
+def http_exchange(ip: str, port: int, path: str, deadline: float) -> tuple[int, bytes] | None:
+    """The status and body of the answer to ``GET path``, received whole by ``deadline``
+    (monotonic seconds); None: no answer, or a body too big. Never raises."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return None
@@ -112,12 +207,10 @@ def http_get(ip: str, port: int, path: str, deadline: float) -> bytes | None:
     try:
         conn.request("GET", path, headers={"Accept": "*/*", "Connection": "close"})
         response = conn.getresponse()
-        if response.status != 200:
-            return None
         body = response.read(MAX_BODY_BYTES + 1)
         if len(body) > MAX_BODY_BYTES or time.monotonic() >= deadline:
             return None  # too big, or cut by the watchdog (perhaps short)
-        return body
+        return response.status, body
     except Exception as exc:  # a probe answers unknown, never raises
         log.debug("probe http://%s:%s%s: %s: %s", ip, port, path, type(exc).__name__, exc)
         return None

@@ -11,7 +11,9 @@ The release order (control-plane article, rule 6) made concrete, for one instanc
 2. the router sync drops it from the router's worker list (draining pods are never workers);
 3. wait until its engine reports no request in flight (or the drain timeout passes); a decode
    behind vllm-router also waits until no request held at a prefill can still be sent to it
-   (``awaited_by_prefill``; the drain timeout passes this too);
+   (``awaited_by_prefill``; the drain timeout passes this too); a prefill also waits until
+   the KV it computed has left for its decodes (``handoff_wait``: SGLang without
+   ``/v1/loads``, vLLM NIXL; the drain timeout passes this too);
 4. lower the Deployment's replicas by one: the ReplicaSet removes the pod with the lowest
    deletion cost, which is exactly this one, because every other pod of the role is Ready
    (the ReplicaSet removes not-ready pods before looking at deletion costs, so a drain is not
@@ -62,6 +64,9 @@ class PodView:
     #: a decode that requests still at a prefill engine may be sent to (vllm-router picks the
     #: decode when a request arrives, and calls it once the prefill answers)
     awaited_by_prefill: bool = False
+    #: why KV this idle prefill computed may still be on its way to a decode (None: nothing
+    #: known to be); see drain.HandoffWaits
+    handoff_wait: str | None = None
 
     @property
     def draining(self) -> bool:
@@ -163,6 +168,25 @@ class RoleActions:
         return bool(self.undrain or self.start_drain or self.finish_drain or self.replicas is not None)
 
 
+def drain_hold(p: PodView, now_seconds: float, drain_timeout_seconds: float) -> str | None:
+    """Why the draining pod ``p`` may not be removed yet, as far as it alone goes (None: it
+    may), in the release order: out of the router (not even the drain timeout overrides
+    that), no request that may still be sent to it, nothing in flight, no KV on its way to a
+    decode; the drain timeout passes the last three."""
+    if p.in_router:
+        return f"{p.name} drains; still listed by the router"
+    timed_out = drain_timed_out(p.draining_since_seconds, now_seconds, drain_timeout_seconds)
+    if timed_out:
+        return None
+    if p.awaited_by_prefill:
+        return f"{p.name} drains; requests queued at prefill may still be sent to it"
+    if p.in_flight != 0:
+        return f"{p.name} drains ({p.in_flight if p.in_flight is not None else 'unknown'} in flight)"
+    if p.handoff_wait:
+        return f"{p.name} drains; {p.handoff_wait}"
+    return None
+
+
 def plan_role_actions(
     role: str,
     target: int,
@@ -215,21 +239,12 @@ def plan_role_actions(
     for p in draining:
         if p.name in undrained:
             continue
-        if p.in_router:
-            # Rule 6: the router lets go first. Not even the drain timeout overrides it.
-            waiting.append(f"{p.name} drains; still listed by the router")
-            continue
-        idle = p.in_flight == 0
-        timed_out = drain_timed_out(p.draining_since_seconds, now_seconds, drain_timeout_seconds)
-        if p.awaited_by_prefill and not timed_out:
-            waiting.append(f"{p.name} drains; requests queued at prefill may still be sent to it")
-            continue
-        if not (idle or timed_out):
-            waiting.append(f"{p.name} drains ({p.in_flight if p.in_flight is not None else 'unknown'} in flight)")
-            continue
-        if staying_not_ready or new_replicas > replicas:
+        hold = drain_hold(p, now_seconds, drain_timeout_seconds)
+        if hold is None and (staying_not_ready or new_replicas > replicas):
             # The ReplicaSet would remove a not-ready pod instead of this one.
-            waiting.append(f"{p.name} drained; waits for warming pods to become Ready")
+            hold = f"{p.name} drained; waits for warming pods to become Ready"
+        if hold is not None:
+            waiting.append(hold)
             continue
         finish.append(p.name)
     if finish:

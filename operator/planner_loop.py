@@ -96,7 +96,7 @@ class PlannerLoop:
         # PDClusters the loop must cost the API server next to nothing.
         pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
         self.routers_seen = set()
-        self.drains.prefill_waits.begin_tick()
+        self.drains.begin_tick()
         for body in self.kube.list_pdclusters():
             if body["metadata"].get("deletionTimestamp"):
                 continue
@@ -108,7 +108,7 @@ class PlannerLoop:
             except Exception:  # one PDCluster's failure must not stop the others'
                 log.exception("planner tick of %s failed", key)
         self.worker_lists.keep_only(self.routers_seen)
-        self.drains.prefill_waits.end_tick()
+        self.drains.end_tick()
 
     # ------------------------------------------------------------------------------------
     def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey) -> None:

@@ -19,6 +19,9 @@ when the request arrives and calls it only after the prefill answers, so every r
 prefill engine held when the decode left may still be sent to it: with a prefill backlog, for
 far longer than one prefill. ``PrefillBacklog`` follows those requests out through each
 prefill engine's own counters (read from the engine, as the drain's in-flight count is).
+
+Leaving the router and holding nothing is not enough for a prefill either: its KV outlives
+its requests (``KVPullWatch``).
 """
 
 from __future__ import annotations
@@ -67,9 +70,13 @@ def still_listed(last_sent: dict[str, float], now: float, started: float) -> set
 #: what the drains read from a vLLM engine's ``/metrics``
 RUNNING, WAITING, FINISHED = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                               "vllm:request_success_total")
+#: waiting requests by ``reason``: "capacity" (no room yet) and "deferred" (skipped this step;
+#: among them a decode's requests whose KV is being pulled, WAITING_FOR_REMOTE_KVS)
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 
 
-def vllm_totals(metrics_text: str, names: Iterable[str] = (RUNNING, WAITING, FINISHED)
+def vllm_totals(metrics_text: str,
+                names: Iterable[str] = (RUNNING, WAITING, FINISHED, WAITING_BY_REASON)
                 ) -> dict[str, float] | None:
     """The metrics ``names`` of a vLLM ``/metrics`` page, each summed over its labels (pure);
     a name absent from the page is absent from the result. None when one of their samples
@@ -136,6 +143,67 @@ class PrefillBacklog:
     def waiting_on(self) -> int:
         """Requests the prefill engines held when it was taken (for the explanation)."""
         return round(sum(c.held for c in self.at_leave.values()))
+
+
+#: vLLM NIXL's ``kv_lease_duration`` default, seconds (``kv_connector_extra_config``)
+NIXL_KV_LEASE_SECONDS = 30.0
+#: time for a prefill's last answer to reach its decode's scheduler through the router, seconds:
+#: a decode read sooner may not count that request yet
+HANDOFF_GRACE_SECONDS = 2.0
+
+
+def decode_pulls_pending(totals: Mapping[str, float]) -> float | None:
+    """Requests a vLLM decode may still pull KV for from some prefill (pure): every request
+    it has waiting, deferred or not. None: the page has neither gauge (unknown).
+
+    Deferred ones are mid-pull. One waiting for capacity has not started its pull, but the
+    decode's NIXL scheduler tracks it from arrival (``on_new_request``) and its heartbeats keep
+    the prefill's lease on those blocks, so it will pull once admitted. A decode serves only
+    requests prefilled elsewhere, so no waiting request is safe to ignore. Versions differ on
+    whether ``num_requests_waiting`` includes the deferred ones; the larger of it and the sum
+    over reasons is the total either way."""
+    values = [totals[name] for name in (WAITING, WAITING_BY_REASON) if name in totals]
+    return max(values) if values else None
+
+
+@dataclass(frozen=True)
+class KVPullWatch:
+    """A draining vLLM prefill, out of the router and holding nothing since ``idle_since``,
+    followed until no decode can still pull KV from it (pure).
+
+    With NIXL a request finishes on the prefill before its decode pulls the KV: the router
+    sends it to the decode only once the prefill has answered. The prefill pins the blocks
+    (``request_finished`` delays their free) until the decode's pull notifies it, or until a
+    lease runs out: ``kv_lease_duration``, 30 s by default, renewed by the decode's heartbeats
+    for as long as the request waits there (vLLM's NIXL connector, lease renewal since vLLM PR
+    #41383; before it, one fixed ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``). A prefill removed
+    before the pull fails that request (``kv_load_failure_policy: fail``).
+
+    The rule: the prefill may leave once, at least ``grace`` after it was first seen idle
+    (so its last answer has reached a decode), every decode that could hold one of its
+    requests answers and has no request waiting (``decode_pulls_pending``). Decodes do not
+    say which prefill a pull is from, so under steady load another prefill's requests can
+    keep this from ever holding; the lease bounds the wait: one lease after ``idle_since``
+    (which is no earlier than the prefill's last finished request) the prefill would have
+    freed any block no heartbeat renewed. A decode that still renews one then (a request
+    queued at a decode for longer than a lease) is the one case this bound can cut; the drain
+    timeout is the bound above it."""
+
+    idle_since: float
+    cleared_at: float | None = None
+
+    def follow(self, pulls_pending: Mapping[str, float | None], now: float,
+               grace_seconds: float = HANDOFF_GRACE_SECONDS) -> KVPullWatch:
+        """The watch after reading every decode's pending pulls now (pod name -> count;
+        None: it did not answer, so not clear)."""
+        if self.cleared_at is not None or now - self.idle_since < grace_seconds:
+            return self
+        if any(n is None or n > 0 for n in pulls_pending.values()):
+            return self
+        return replace(self, cleared_at=now)
+
+    def pending(self, now: float, lease_seconds: float) -> bool:
+        return self.cleared_at is None and now - self.idle_since < lease_seconds
 
 
 @dataclass

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pdscale.operator.engine_probe import (
+    LOADS_PATH,
     engine_in_flight,
     engine_vllm_totals,
     in_flight_from_get_load,
@@ -124,6 +125,24 @@ def test_every_garbage_get_load_reply_is_unknown_never_an_exception(engine):
         try:
             got = engine_in_flight("127.0.0.1", port, DEADLINE)
         except Exception as exc:  # the failure this test is about
+            failures.append((body[:60], repr(exc)))
+            continue
+        assert time.monotonic() - started < DEADLINE + SLACK_SECONDS
+        if got is not None:
+            failures.append((body[:60], got))
+    assert failures == []
+
+
+def test_every_garbage_v1_loads_reply_is_unknown_and_never_read_through_get_load(engine):
+    port, replies = engine
+    failures = []
+    for body in garbage_bodies():
+        # the shim says idle: a probe that fell back to it would end a drain mid-transfer
+        replies.paths = {LOADS_PATH: (200, body, 0.0), "/get_load": (200, b'{"num_reqs": 0}', 0.0)}
+        started = time.monotonic()
+        try:
+            got = engine_in_flight("127.0.0.1", port, DEADLINE)
+        except Exception as exc:
             failures.append((body[:60], repr(exc)))
             continue
         assert time.monotonic() - started < DEADLINE + SLACK_SECONDS
