@@ -1,19 +1,27 @@
 """Keep the SGLang router's worker list equal to the Ready, non-draining pods, and remove a
 worker in the order that drops no request.
 
-What sglang-router 0.3.2 offers in PD mode (observed against the real binary):
+One client for both SGLang routers we test, sglang-router 0.3.2 and its successor, the gateway
+smg 1.13 (observed against both binaries; docs/routers.md has the side-by-side):
 
 - ``GET /workers`` -> ``{"workers": [{"id", "url", "worker_type": "prefill"|"decode",
-  "bootstrap_port" (prefill only), "is_healthy", ...}], "total", "stats"}``.
+  "bootstrap_port" (prefill only), "is_healthy", ...}], "total", "stats"}``. smg adds a
+  ``status`` per entry: ``pending`` | ``ready`` | ``not_ready`` | ``failed`` | ``draining``.
 - ``POST /workers {"url", "worker_type", "bootstrap_port"}`` -> **202** with ``worker_id``;
   the worker appears in ``GET /workers`` only once the router has reached it (``/health``,
-  ``/server_info``, ``/model_info``); until then ``GET /workers/{id}`` shows the job as
-  ``processing``. Posting a URL that is already registered answers 202 with the existing id
-  (the job then fails with "already exists"): adding is idempotent.
-- ``DELETE /workers/{id}`` -> **202**; the worker is gone from the next ``GET /workers``;
-  an unknown id -> 404 ``WORKER_NOT_FOUND``. Ids are random per registration, so we look
-  them up by URL.
+  ``/server_info``, ``/model_info``). A URL already registered: 0.3.2 answers 202 again (the
+  job then fails with "already exists"), smg answers **409** ``WORKER_ALREADY_EXISTS``; both
+  mean "present", so adding is idempotent.
+- ``DELETE /workers/{id}`` -> **202**; an unknown id -> 404 ``WORKER_NOT_FOUND``. 0.3.2 drops
+  the worker from the next ``GET /workers``. smg lists it as ``draining`` (no longer routed
+  to, ``is_healthy`` false) for its ``--drain-settle-secs`` (5 s) and then drops it; deleting
+  it again, or posting its URL meanwhile, can make the late removal take a fresh registration
+  with it, so a draining entry is left alone until it has gone. Ids are random per
+  registration, so we look them up by URL.
 - The legacy ``/add_worker``, ``/remove_worker`` and ``/list_workers`` answer **404**.
+
+A ``/workers`` reply that is not that shape (a proxy's error page, a truncated body) reads as
+unknown: the listing answers None and the sync holds until the next tick, never guessing.
 
 Release order for a scale-down (:func:`drain_and_stop`): remove from the router first, wait
 until the engine has nothing in flight (or a drain timeout), and only then stop it. Removing a
@@ -23,6 +31,7 @@ worker from the router does not cancel the requests it already has.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -60,6 +69,14 @@ class WorkerSpec:
             raise ValueError(f"decode worker {self.url} cannot have a bootstrap port")
 
 
+class RouterError(RuntimeError):
+    """The router refused a worker call or did not converge in time (message says which)."""
+
+
+#: smg's entry states in which the entry is not (yet, or any longer) what routing uses
+PENDING, DRAINING = "pending", "draining"
+
+
 @dataclass(frozen=True)
 class RouterWorker:
     """A worker as the router lists it."""
@@ -69,6 +86,18 @@ class RouterWorker:
     role: str
     bootstrap_port: int | None = None
     healthy: bool = True
+    #: smg's lifecycle state; "" from sglang-router 0.3.2, which lists only reached workers
+    status: str = ""
+
+    @property
+    def draining(self) -> bool:
+        """Deleted, no longer routed to, listed until smg's drain settle time has passed."""
+        return self.status == DRAINING
+
+    @property
+    def pending(self) -> bool:
+        """Registered but not reached yet: on its way in, not yet comparable."""
+        return self.status == PENDING
 
     @classmethod
     def from_api(cls, item: dict[str, Any]) -> RouterWorker:
@@ -78,6 +107,7 @@ class RouterWorker:
             role=str(item.get("worker_type", "regular")),
             bootstrap_port=item.get("bootstrap_port"),
             healthy=bool(item.get("is_healthy", True)),
+            status=str(item.get("status") or ""),
         )
 
     def matches(self, spec: WorkerSpec) -> bool:
@@ -88,20 +118,50 @@ class RouterWorker:
         )
 
 
+def parse_worker_list(body: str) -> list[RouterWorker]:
+    """The entries of a ``GET /workers`` reply. Pure.
+
+    Raises :class:`RouterError` saying what is wrong when the body is not the router's shape
+    (not JSON, no ``workers`` list, an entry without a string ``id`` and ``url``, a bootstrap
+    port that is not an integer): a reply we cannot read is unknown, never "no workers"."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise RouterError(f"GET /workers answered non-JSON: {body[:80]!r}") from None
+    items = data.get("workers") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise RouterError(f"GET /workers answered no 'workers' list: {body[:80]!r}")
+    workers = []
+    for item in items:
+        port = item.get("bootstrap_port") if isinstance(item, dict) else None
+        if (not isinstance(item, dict) or not isinstance(item.get("id"), str)
+                or not isinstance(item.get("url"), str)
+                or not isinstance(item.get("worker_type", ""), str)
+                or not isinstance(item.get("status") or "", str)
+                or (port is not None and (type(port) is not int))):
+            raise RouterError(f"GET /workers listed an entry we cannot read: {str(item)[:80]!r}")
+        workers.append(RouterWorker.from_api(item))
+    return workers
+
+
 @dataclass(frozen=True)
 class SyncPlan:
     """What to change so the router lists exactly the desired workers.
 
     ``replace`` are registered under a desired URL but with the wrong role or bootstrap port:
     they must be removed before their URL can be added again (the router keys workers by URL).
+    ``held`` are desired URLs whose entry is in transition (smg's ``pending`` or ``draining``):
+    left alone this time, compared again once they have settled.
     """
 
     add: tuple[WorkerSpec, ...] = ()
     remove: tuple[RouterWorker, ...] = ()
     replace: tuple[tuple[RouterWorker, WorkerSpec], ...] = ()
+    held: tuple[RouterWorker, ...] = ()
 
     @property
     def empty(self) -> bool:
+        """Nothing to change now (held entries are waited for, not changed)."""
         return not (self.add or self.remove or self.replace)
 
 
@@ -109,20 +169,32 @@ def diff_workers(desired: Iterable[WorkerSpec], current: Iterable[RouterWorker])
     """Adds, removes and replacements that turn ``current`` into ``desired``. Pure.
 
     Matching is by normalized URL; duplicates in ``desired`` collapse (first wins), and every
-    router entry for a URL not desired is removed (including ``regular`` workers)."""
+    router entry for a URL not desired is removed (including ``regular`` workers).
+
+    smg's transitions: a ``draining`` entry is already out of routing and leaves by itself, so
+    it is never removed again, and its URL is not added until it has gone (held). A
+    ``pending`` entry of a desired URL is on its way in: neither added again nor compared
+    (held); one of an unwanted URL is removed like any other."""
     wanted: dict[str, WorkerSpec] = {}
     for spec in desired:
         wanted.setdefault(normalize_url(spec.url), spec)
     have: dict[str, list[RouterWorker]] = {}
+    draining: dict[str, list[RouterWorker]] = {}
     for worker in current:
-        have.setdefault(normalize_url(worker.url), []).append(worker)
+        (draining if worker.draining else have).setdefault(normalize_url(worker.url), []).append(worker)
 
     add: list[WorkerSpec] = []
     remove: list[RouterWorker] = []
     replace: list[tuple[RouterWorker, WorkerSpec]] = []
+    held: list[RouterWorker] = []
     for key, spec in wanted.items():
         entries = have.get(key, [])
-        if not entries:
+        if any(w.pending for w in entries):
+            held.extend(w for w in entries if w.pending)
+            remove.extend(w for w in entries if not w.pending and not w.matches(spec))
+        elif not entries and key in draining:
+            held.extend(draining[key])
+        elif not entries:
             add.append(spec)
         elif not any(w.matches(spec) for w in entries):
             replace.extend((w, spec) for w in entries[:1])
@@ -137,11 +209,8 @@ def diff_workers(desired: Iterable[WorkerSpec], current: Iterable[RouterWorker])
         add=tuple(by_url(add, key=lambda s: s.url)),
         remove=tuple(by_url(remove, key=lambda w: w.url)),
         replace=tuple(by_url(replace, key=lambda p: p[1].url)),
+        held=tuple(by_url(held, key=lambda w: w.url)),
     )
-
-
-class RouterError(RuntimeError):
-    """The router refused a worker call or did not converge in time (message says which)."""
 
 
 class RouterClient:
@@ -153,27 +222,38 @@ class RouterClient:
         self.poll_seconds = poll_seconds
 
     async def list_workers(self) -> list[RouterWorker]:
+        """Every entry the router lists, draining ones included. Raises :class:`RouterError`
+        when the reply is not a worker list."""
         async with self.session.get(f"{self.base_url}/workers") as resp:
+            body = await resp.text()
             if resp.status != 200:
-                raise RouterError(f"GET /workers answered {resp.status}: {await resp.text()}")
-            data = await resp.json()
-        return [RouterWorker.from_api(item) for item in data.get("workers", [])]
+                raise RouterError(f"GET /workers answered {resp.status}: {body[:200]}")
+        return parse_worker_list(body)
 
     async def find(self, url: str) -> RouterWorker | None:
+        """The entry routing uses for ``url``: draining entries are already out of it."""
         key = normalize_url(url)
-        return next((w for w in await self.list_workers() if normalize_url(w.url) == key), None)
+        return next((w for w in await self.list_workers()
+                     if normalize_url(w.url) == key and not w.draining), None)
 
     async def add_worker(self, spec: WorkerSpec, *, timeout_seconds: float = 30.0) -> RouterWorker:
-        """Register ``spec`` and wait until the router lists it (it has reached the engine)."""
+        """Register ``spec`` and wait until the router lists it reached (not pending)."""
         body: dict[str, Any] = {"url": spec.url, "worker_type": spec.role}
         if spec.bootstrap_port is not None:
             body["bootstrap_port"] = spec.bootstrap_port
         async with self.session.post(f"{self.base_url}/workers", json=body) as resp:
-            if resp.status not in (200, 201, 202):
+            # 409: smg already has this URL (0.3.2 answers 202 for the same): present
+            if resp.status not in (200, 201, 202, 409):
                 raise RouterError(f"POST /workers {spec.url} answered {resp.status}: "
                                   f"{await resp.text()}")  # fmt: skip
+            conflict = resp.status == 409
+        if conflict and await self.find(spec.url) is None:
+            # the URL is registered but draining: it must leave before it can come back
+            raise RouterError(f"POST /workers {spec.url} answered 409 while its old entry "
+                              "drains; added once it has left")  # fmt: skip
         listed = await self._wait(
-            lambda: self.find(spec.url), lambda w: w is not None and w.matches(spec),
+            lambda: self.find(spec.url),
+            lambda w: w is not None and w.matches(spec) and not w.pending,
             timeout_seconds, f"worker {spec.url} to be listed",
         )  # fmt: skip
         if listed is None:  # _wait returns only once the router lists it
@@ -181,7 +261,8 @@ class RouterClient:
         return listed
 
     async def remove_worker(self, worker: RouterWorker, *, timeout_seconds: float = 30.0) -> None:
-        """Deregister ``worker`` and wait until the router no longer lists its URL."""
+        """Deregister ``worker`` and wait until the router no longer routes to its URL (gone,
+        or smg's ``draining``)."""
         async with self.session.delete(f"{self.base_url}/workers/{worker.id}") as resp:
             # 404: already gone, which is what we want
             if resp.status not in (200, 202, 204, 404):
@@ -221,11 +302,12 @@ class RouterClient:
 
 
 class SGLangWorkerList:
-    """The worker list of a PDCluster's SGLang routers, through each one's ``/workers`` API
-    (a ``WorkerList``: see workerlist.py). ``routers`` are their base URLs."""
+    """The worker list of a PDCluster's SGLang routers (sglang-router or smg), through each
+    one's ``/workers`` API (a ``WorkerList``: see workerlist.py). ``routers`` are their base
+    URLs."""
 
-    #: sglang-router sends a request to its prefill and its decode at once: a decode out of
-    #: the router is sent nothing new
+    #: sglang-router and smg send a request to its prefill and its decode at once: a decode
+    #: out of the router is sent nothing new
     decode_picked_before_prefill = False
     LIST_TIMEOUT_SECONDS = 5.0
     #: a sync waits for each added worker to be reached, so it gets longer than a listing
@@ -248,9 +330,12 @@ class SGLangWorkerList:
             async with ClientSession(timeout=ClientTimeout(total=self.LIST_TIMEOUT_SECONDS)) as session:
                 for url in self.addresses:
                     try:
-                        urls |= {normalize_url(w.url) for w in await RouterClient(url, session).list_workers()}
-                    except (ClientError, RouterError, TimeoutError):
+                        listing = await RouterClient(url, session).list_workers()
+                    except (ClientError, RouterError, TimeoutError) as exc:
+                        log.warning("router %s: worker list unknown: %s", url, exc)
                         return None
+                    # a draining entry is no longer routed to: out, for a drain's purpose
+                    urls |= {normalize_url(w.url) for w in listing if not w.draining}
             return urls
         try:  # one deadline over every router's answer, however slowly they drip
             return asyncio.run(asyncio.wait_for(ask(), self.LIST_TIMEOUT_SECONDS))
@@ -270,11 +355,14 @@ class SGLangWorkerList:
         try:  # one deadline over the whole sync: each added worker may be waited for
             done = asyncio.run(asyncio.wait_for(sync(), self.SYNC_DEADLINE_SECONDS))
         except (ClientError, RouterError, TimeoutError) as exc:
-            log.warning("router %s: worker sync failed: %s", url, exc)
+            log.warning("router %s: worker sync holds until the next tick: %s", url, exc)
             return
         if not done.empty:
             log.info("router %s: added %s, removed %s", url,
                      [w.url for w in done.add], [w.url for w in done.remove])
+        if done.held:
+            log.info("router %s: waiting for %s to settle", url,
+                     [f"{w.url} ({w.status})" for w in done.held])
 
 
 async def engine_inflight(session: ClientSession, url: str) -> int:

@@ -1,12 +1,27 @@
-"""Router worker sync without a router: the diff, and the scale-down release order."""
+"""Router worker sync without a router: the diff (sglang-router 0.3.2's and smg 1.13's
+listings), unreadable listings, and the scale-down release order."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import random
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdscale.operator.routersync import RouterWorker, WorkerSpec, diff_workers, drain_and_stop
+from pdscale.operator.routersync import (
+    RouterError,
+    RouterWorker,
+    SGLangWorkerList,
+    WorkerSpec,
+    diff_workers,
+    drain_and_stop,
+    parse_worker_list,
+)
 
 P1 = WorkerSpec("http://127.0.0.11:30000", "prefill", 8998)
 P2 = WorkerSpec("http://127.0.0.12:30000", "prefill", 8998)
@@ -45,6 +60,157 @@ def test_wrong_role_or_bootstrap_port_is_replaced():
 def test_unhealthy_listed_worker_is_left_to_the_router():
     # health is the router's business (it stops routing to it); membership is ours
     assert diff_workers([D1], [listed(D1, healthy=False)]).empty
+
+
+# -- smg 1.13's entry states -----------------------------------------------------------------
+
+def test_a_draining_entry_is_never_removed_again():
+    # smg keeps a deleted worker listed as draining for its settle time; a second DELETE (or
+    # a POST of its URL) meanwhile can make the late removal take a new registration with it
+    plan = diff_workers([P1], [listed(P1), listed(D1, status="draining")])
+    assert plan.empty and plan.remove == () and plan.held == ()
+
+
+def test_a_desired_url_still_draining_is_held_not_added():
+    old = listed(D1, status="draining")
+    plan = diff_workers([P1, D1], [listed(P1), old])
+    assert plan.empty and plan.add == () and plan.held == (old,)
+
+
+def test_a_draining_entry_does_not_hide_a_live_one_of_the_same_url():
+    plan = diff_workers([D1], [listed(D1, "old", status="draining"), listed(D1, "new")])
+    assert plan.empty and plan.held == ()
+
+
+def test_a_pending_entry_of_a_desired_url_is_held_not_added_or_compared():
+    # smg lists a registration it has not reached yet; it carries no role to compare
+    pending = RouterWorker("p", D1.url, "regular", status="pending", healthy=False)
+    plan = diff_workers([D1], [pending])
+    assert plan.empty and plan.held == (pending,)
+
+
+def test_a_pending_entry_of_an_unwanted_url_is_removed():
+    pending = RouterWorker("p", D2.url, "regular", status="pending", healthy=False)
+    plan = diff_workers([D1], [listed(D1), pending])
+    assert plan.remove == (pending,) and plan.held == ()
+
+
+def test_ready_not_ready_and_failed_entries_count_as_listed():
+    # health is the router's business; membership is ours (no re-add, no removal)
+    entries = [listed(P1, status="ready"), listed(D1, status="not_ready", healthy=False),
+               listed(D2, status="failed", healthy=False)]
+    assert diff_workers([P1, D1, D2], entries).empty
+
+
+SMG_ENTRY = {"id": "01a2", "url": D1.url, "worker_type": "decode", "is_healthy": False,
+             "status": "draining", "load": 0, "labels": {"dp_size": "1"}}
+ROUTER_032_ENTRY = {"id": "w1", "url": P1.url, "worker_type": "prefill", "bootstrap_port": 8998,
+                    "is_healthy": True}
+
+
+def test_both_routers_listings_are_read():
+    body = json.dumps({"workers": [SMG_ENTRY, ROUTER_032_ENTRY], "total": 2, "stats": {}})
+    smg, old = parse_worker_list(body)
+    assert smg.draining and smg.status == "draining" and not smg.healthy
+    assert old == RouterWorker("w1", P1.url, "prefill", 8998, True, "")
+    assert not old.draining and not old.pending
+
+
+#: replies a router (or a proxy in front of it) might give that are not a worker list
+GARBAGE = [
+    "", "not json", "<html><body>502 Bad Gateway</body></html>", '{"workers": [', "null", "[]",
+    '"workers"', "{}", '{"workers": null}', '{"workers": {"id": "a"}}', '{"workers": [null]}',
+    '{"workers": [1]}', '{"workers": [{"url": "http://a:1"}]}', '{"workers": [{"id": "a"}]}',
+    '{"workers": [{"id": 7, "url": "http://a:1"}]}', '{"workers": [{"id": "a", "url": ["x"]}]}',
+    '{"workers": [{"id": "a", "url": "http://a:1", "bootstrap_port": "8998"}]}',
+    '{"workers": [{"id": "a", "url": "http://a:1", "bootstrap_port": 1.5}]}',
+    '{"workers": [{"id": "a", "url": "http://a:1", "worker_type": {}}]}',
+    '{"workers": [{"id": "a", "url": "http://a:1", "status": 3}]}', "NaN", "1e999",
+]
+
+
+def _mangled(seed: int) -> str:
+    """A valid listing cut or corrupted at a seeded place."""
+    rng = random.Random(seed)
+    good = json.dumps({"workers": [SMG_ENTRY, ROUTER_032_ENTRY]})
+    cut = rng.randrange(1, len(good) - 1)
+    return good[:cut] if rng.random() < 0.5 else good[:cut] + rng.choice("]}{[,:\"'") + good[cut:]
+
+
+@pytest.mark.parametrize("body", GARBAGE)
+def test_an_unreadable_listing_is_a_router_error_that_says_why(body):
+    with pytest.raises(RouterError, match="GET /workers"):
+        parse_worker_list(body)
+
+
+def test_seeded_mangled_listings_never_read_as_a_list_of_something_else():
+    for seed in range(300):
+        body = _mangled(seed)
+        try:
+            workers = parse_worker_list(body)
+        except RouterError:
+            continue
+        # a corruption that still parses must still be a list of real entries
+        assert all(isinstance(w.url, str) and isinstance(w.id, str) for w in workers), body
+
+
+class _Router(BaseHTTPRequestHandler):
+    """Answers GET /workers with ``server.body``; records every other call."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        # what the routers (and most proxies) claim, whatever the body: the client must read
+        # the body, not trust the header
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(200, self.server.body.encode())  # type: ignore[attr-defined]
+
+    def do_POST(self) -> None:
+        self.server.calls.append(("POST", self.path))  # type: ignore[attr-defined]
+        self._answer(202, b"{}")
+
+    do_DELETE = do_POST
+
+
+@pytest.fixture
+def garbage_router() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Router)
+    server.body, server.calls = "", []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_router_answering_garbage_is_unknown_and_the_sync_holds_and_says_why(garbage_router, caplog):
+    """Before: a non-JSON or misshapen /workers reply raised out of listed() and make_equal()
+    (ValueError, KeyError, AttributeError), into the planner loop's tick."""
+    workers = SGLangWorkerList([f"http://127.0.0.1:{garbage_router.server_address[1]}"])
+    bodies = GARBAGE + [_mangled(seed) for seed in range(40)]
+    for body in bodies:
+        garbage_router.body = body  # type: ignore[attr-defined]
+        try:
+            parse_worker_list(body)
+            continue  # a mangled body that is still a listing
+        except RouterError:
+            pass
+        assert workers.listed() is None, body
+        with caplog.at_level(logging.WARNING, logger="pdscale.operator.routersync"):
+            caplog.clear()
+            workers.make_equal(frozenset({P1, D1}))
+        assert "worker sync holds until the next tick: GET /workers" in caplog.text, body
+    # it never acted on what it could not read
+    assert garbage_router.calls == []  # type: ignore[attr-defined]
 
 
 def test_spec_validation():
