@@ -147,9 +147,10 @@ class PrefillBacklog:
 
 #: vLLM NIXL's ``kv_lease_duration`` default, seconds (``kv_connector_extra_config``)
 NIXL_KV_LEASE_SECONDS = 30.0
-#: time for a prefill's last answer to reach its decode's scheduler through the router, seconds:
-#: a decode read sooner may not count that request yet
-HANDOFF_GRACE_SECONDS = 2.0
+#: time for a prefill's last answer to reach its decode's scheduler through the router (a hop
+#: of milliseconds when healthy), seconds: a decode read sooner may not count that request
+#: yet. One planner tick (PDSCALE_PLANNER_TICK_SECONDS, 5 s by default).
+HANDOFF_GRACE_SECONDS = 5.0
 
 
 def decode_pulls_pending(totals: Mapping[str, float]) -> float | None:

@@ -40,6 +40,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
 NS = "serving"
 LEASE = NIXL_KV_LEASE_SECONDS
+GRACE = HANDOFF_GRACE_SECONDS
 
 
 def loads_body(*ranks: tuple[int, int, int]) -> bytes:
@@ -168,15 +169,15 @@ def test_a_kv_pull_watch_clears_only_after_the_hand_off_grace_with_every_decode_
     # too soon: the prefill's last answer may not have reached its decode yet
     assert watch.follow({"d0": 0, "d1": 0}, NOW + HANDOFF_GRACE_SECONDS / 2).cleared_at is None
     # one decode still waiting (another prefill's request, maybe: decodes do not say whose)
-    assert watch.follow({"d0": 0, "d1": 1}, NOW + 5).cleared_at is None
+    assert watch.follow({"d0": 0, "d1": 1}, NOW + GRACE).cleared_at is None
     # one decode not answering: unknown, not clear
-    assert watch.follow({"d0": 0, "d1": None}, NOW + 5).cleared_at is None
-    cleared = watch.follow({"d0": 0, "d1": 0}, NOW + 5)
-    assert cleared.cleared_at == NOW + 5 and not cleared.pending(NOW + 5, LEASE)
+    assert watch.follow({"d0": 0, "d1": None}, NOW + GRACE).cleared_at is None
+    cleared = watch.follow({"d0": 0, "d1": 0}, NOW + GRACE)
+    assert cleared.cleared_at == NOW + GRACE and not cleared.pending(NOW + GRACE, LEASE)
     # once clear it stays clear (the prefill was idle and out of the router all along)
-    assert cleared.follow({"d0": 7}, NOW + 6) == cleared
+    assert cleared.follow({"d0": 7}, NOW + GRACE + 1) == cleared
     # no decode at all: nobody can pull
-    assert watch.follow({}, NOW + 5).cleared_at is not None
+    assert watch.follow({}, NOW + GRACE).cleared_at is not None
 
 
 def test_without_a_clear_reading_a_kv_pull_watch_holds_for_one_lease():
@@ -226,17 +227,19 @@ def test_a_vllm_prefill_waits_for_the_decodes_and_reads_them_only_when_it_must()
     # just idle: within the grace the decodes are not even read
     why = _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 1}, NOW, asked)
     assert why is not None and "decodes not read yet" in why and asked == []
-    why = _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 1, "d1": None}, NOW + 5, asked)
+    why = _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 1, "d1": None}, NOW + GRACE,
+                  asked)
     assert why is not None and "1 requests waiting at decodes" in why and "1 decodes not answering" in why
-    assert _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 0, "d1": 0}, NOW + 10, asked) is None
+    assert _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 0, "d1": 0}, NOW + GRACE + 5,
+                   asked) is None
     # cleared: later ticks read no decode
-    assert _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 9}, NOW + 15, asked) is None
-    assert asked == [NOW + 5, NOW + 10]
+    assert _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 9}, NOW + GRACE + 10, asked) is None
+    assert asked == [NOW + GRACE, NOW + GRACE + 5]
 
 
 def test_a_vllm_prefill_whose_decodes_stay_busy_leaves_after_one_lease():
     waits = HandoffWaits()
-    for t in (NOW, NOW + 5, NOW + 20, NOW + LEASE - 1):
+    for t in (NOW, NOW + GRACE, NOW + 20, NOW + LEASE - 1):
         assert _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 3}, t) is not None
     assert _reason(waits, LoadSource.VLLM_METRICS, EngineKind.VLLM, {"d0": 3}, NOW + LEASE) is None
 
@@ -306,7 +309,7 @@ def test_drains_give_the_wait_only_to_idle_prefills_out_of_the_router():
     assert read == []  # within the grace
     drains.end_tick()
     drains.begin_tick()
-    later = drains._await_handoffs(NS, spec, prefill, loads, decode, NOW + 5)
+    later = drains._await_handoffs(NS, spec, prefill, loads, decode, NOW + GRACE)
     why = later[2].handoff_wait
     assert why is not None and "1 requests waiting" in why and "1 decodes not answering" in why
     assert read == ["10.0.1.1", "10.0.1.2"]  # a decode being deleted may still pull; one without an IP cannot
