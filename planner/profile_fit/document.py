@@ -80,7 +80,7 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
     data["name"] = name
     for role, fit in (("prefill", prefill), ("decode", decode)):
         if fit is not None:
-            data[role].update({k: t.value for k, t in fit.terms.items()})
+            data[role].update({k: _round(t.value) for k, t in fit.terms.items()})
     capacities = {b.kv_capacity_tokens for b in benchmarks if b.kv_capacity_tokens is not None}
     kv_term = None
     if capacities:
