@@ -1,5 +1,5 @@
 """Performance profiles from the user's own engines. ``fit`` reads the results of a benchmark
-client (aiperf, SGLang bench_serving, vllm bench serve) or Dynamo's profiler arrays, fits the
+client (aiperf, GuideLLM, inference-perf, SGLang bench_serving, vllm bench serve) or Dynamo's profiler arrays, fits the
 profile's parametric terms and writes a profile YAML with its provenance. Examples:
 
     pdscale profile fit prefill/raw_data.npz decode/raw_data.npz -o mine.yaml
@@ -19,7 +19,7 @@ from pathlib import Path
 HELP = "fit a performance profile to benchmark results"
 #: the readers' names (pdscale.planner.profile_fit.READERS, checked by a test): listed here so
 #: that building the command line does not import scipy
-FORMATS = ("aiperf", "dynamo-npz", "sglang", "vllm")
+FORMATS = ("aiperf", "dynamo-npz", "guidellm", "inference-perf", "sglang", "vllm")
 
 HEADER = """\
 # Fitted by `pdscale profile fit` from the benchmark results listed under provenance.sources.
@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "results; the other fields come from --base.")
     fit.add_argument("files", nargs="+", metavar="FILE", type=Path,
                      help="benchmark results: Dynamo profiler .npz, aiperf profile_export.jsonl, "
+                          "GuideLLM benchmarks.json, inference-perf per_request_lifecycle_metrics.json, "
                           "SGLang bench_serving --output-details JSONL, vllm bench serve "
                           "--save-detailed JSON")
     fit.add_argument("-o", "--output", required=True, type=Path, help="profile YAML to write")

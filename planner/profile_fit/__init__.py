@@ -1,6 +1,7 @@
 """A performance profile fitted to the user's own benchmark results.
 
-One reader per benchmark format (``dynamo_npz``, ``aiperf``, ``sglang_bench``, ``vllm_bench``)
+One reader per benchmark format (``dynamo_npz``, ``aiperf``, ``guidellm``, ``inference_perf``,
+``sglang_bench``, ``vllm_bench``)
 turns a file into points in the planner's units (:mod:`.points`); :mod:`.fit` least-squares
 fits the model's parametric terms to them (pure); :mod:`.document` makes the profile document with
 its provenance. ``pdscale profile fit`` is the command.

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from . import aiperf, dynamo_npz, sglang_bench, vllm_bench
+from . import aiperf, dynamo_npz, guidellm, inference_perf, sglang_bench, vllm_bench
 from .points import Benchmark, BenchmarkError
 
 READERS: dict[str, Callable[[Path], Benchmark]] = {
@@ -15,6 +15,8 @@ READERS: dict[str, Callable[[Path], Benchmark]] = {
     "aiperf": aiperf.read,
     "sglang": sglang_bench.read,
     "vllm": vllm_bench.read,
+    "guidellm": guidellm.read,
+    "inference-perf": inference_perf.read,
 }
 
 
@@ -32,11 +34,23 @@ def _first_object(path: Path) -> object:
         return None
 
 
+def _starts_with(path: Path, char: str) -> bool:
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.read(64).lstrip().startswith(char)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def detect_format(path: Path) -> str:
     """The reader name for ``path``; refuses a file none of the readers recognises."""
     if path.suffix == ".npz":
         return "dynamo-npz"
     first = _first_object(path)
+    if isinstance(first, list) or (path.suffix == ".json" and _starts_with(path, "[")):
+        return "inference-perf"
+    if isinstance(first, dict) and "benchmarks" in first:
+        return "guidellm"
     if isinstance(first, dict):
         if "metadata" in first and "metrics" in first:
             return "aiperf"

@@ -155,13 +155,53 @@ def write_vllm(path: Path, records: list[RequestRecord], concurrency: int, *, wi
     path.write_text(json.dumps(run))
 
 
+def _guidellm_request(r: RequestRecord, i: int) -> dict:
+    itl_ms = (r.latency_seconds - r.ttft_seconds) / (r.output_tokens - 1) * 1000
+    return {"type_": "generative_request_stats", "request_id": f"r{i}",
+            "request_start_time": r.start_seconds, "request_end_time": r.start_seconds + r.latency_seconds,
+            "request_latency": r.latency_seconds, "prompt_tokens": r.input_tokens,
+            "output_tokens": r.output_tokens, "time_to_first_token_ms": r.ttft_seconds * 1000,
+            "inter_token_latency_ms": itl_ms}
+
+
+def write_guidellm(path: Path, runs) -> None:
+    report = {"metadata": {"version": 2, "guidellm_version": "0.8.0", "platform": "Linux"},
+              "config": {"target": "http://router", "model": "m"},
+              "benchmarks": [{"config": {"strategy": {"type_": "concurrent", "streams": k}},
+                              "requests": {"successful": [_guidellm_request(r, i) for i, r in enumerate(records)],
+                                           "errored": [], "incomplete": []}}
+                             for k, records in runs]}
+    path.write_text(json.dumps(report))
+
+
+def write_inference_perf(path: Path, records: list[RequestRecord]) -> None:
+    rows = []
+    for r in records:
+        first, last = r.start_seconds + r.ttft_seconds, r.start_seconds + r.latency_seconds
+        times = np.linspace(first, last, r.output_tokens).tolist()
+        rows.append({"start_time": r.start_seconds, "end_time": last + 0.001, "request": "{}",
+                     "response": "", "error": None,
+                     "info": {"request_metrics": {"text": {"input_tokens": r.input_tokens}},
+                              "input_tokens": r.input_tokens,
+                              "response_metrics": {"output_tokens": r.output_tokens,
+                                                   "output_token_times": times}}})
+    path.write_text(json.dumps(rows, indent=2))
+
+
 def files_for(tool: str, runs, tmp_path: Path) -> list[Path]:
+    if tool == "guidellm":
+        write_guidellm(tmp_path / "benchmarks.json", runs)
+        return [tmp_path / "benchmarks.json"]
     paths = []
     for i, (k, records) in enumerate(runs):
         if tool == "aiperf":
             p = tmp_path / f"run{i}" / "profile_export.jsonl"
             p.parent.mkdir()
             write_aiperf(p, records)
+        elif tool == "inference-perf":
+            p = tmp_path / f"run{i}" / "per_request_lifecycle_metrics.json"
+            p.parent.mkdir()
+            write_inference_perf(p, records)
         elif tool == "sglang":
             p = tmp_path / "bench_serving.jsonl"
             write_sglang(p, records, k)
@@ -178,7 +218,8 @@ def within(fitted: float | None, truth: float | None, tolerance: float = 0.10) -
     return abs(fitted - truth) <= tolerance * truth
 
 
-@pytest.mark.parametrize("tool", ["aiperf", "sglang", "vllm", "vllm-without-start-times"])
+@pytest.mark.parametrize("tool", ["aiperf", "guidellm", "inference-perf", "sglang", "vllm",
+                                  "vllm-without-start-times"])
 def test_records_of_each_tool_are_fitted_back_to_the_profile_that_made_them(tool, runs, tmp_path):
     paths = files_for(tool, runs, tmp_path)
     benchmarks = [read_benchmark(p) for p in paths]
@@ -209,7 +250,8 @@ def test_the_batch_a_request_decoded_in_is_reconstructed_from_the_records(runs):
 
 
 def test_detect_format_tells_the_tools_apart(runs, tmp_path):
-    for tool, expected in (("aiperf", "aiperf"), ("sglang", "sglang"), ("vllm", "vllm")):
+    for tool in ("aiperf", "guidellm", "inference-perf", "sglang", "vllm"):
+        expected = tool
         sub = tmp_path / tool
         sub.mkdir()
         assert detect_format(files_for(tool, runs[:1], sub)[0]) == expected
@@ -218,7 +260,7 @@ def test_detect_format_tells_the_tools_apart(runs, tmp_path):
 # -- refusals ----------------------------------------------------------------------------------
 
 def _one_run_file(tool: str, runs, tmp_path: Path) -> Path:
-    return files_for(tool, runs[:2], tmp_path)[-1 if tool != "sglang" else 0]
+    return files_for(tool, runs[:2], tmp_path)[-1 if tool not in ("sglang", "guidellm") else 0]
 
 
 def _truncate(path: Path) -> None:
@@ -249,8 +291,23 @@ def _corrupt_arrays(path: Path) -> tuple[int | None, str]:
     return None, "itls"
 
 
+def _corrupt_guidellm(path: Path) -> tuple[int | None, str]:
+    report = json.loads(path.read_text())
+    report["benchmarks"][0]["requests"]["successful"][1]["time_to_first_token_ms"] = "fast"
+    path.write_text(json.dumps(report))
+    return None, "benchmarks[0].requests.successful[1].time_to_first_token_ms"
+
+
+def _corrupt_inference_perf(path: Path) -> tuple[int | None, str]:
+    rows = json.loads(path.read_text())
+    del rows[2]["info"]["response_metrics"]["output_tokens"]
+    path.write_text(json.dumps(rows, indent=2))
+    return None, "[2].info.response_metrics.output_tokens"
+
+
 CORRUPT: dict[str, Callable[[Path], tuple[int | None, str]]] = {
-    "aiperf": _corrupt_aiperf, "sglang": _corrupt_arrays, "vllm": _corrupt_arrays}
+    "aiperf": _corrupt_aiperf, "guidellm": _corrupt_guidellm,
+    "inference-perf": _corrupt_inference_perf, "sglang": _corrupt_arrays, "vllm": _corrupt_arrays}
 
 
 @pytest.mark.parametrize("tool", sorted(CORRUPT))
@@ -258,7 +315,7 @@ def test_a_truncated_file_is_refused_with_its_name_and_line(tool, runs, tmp_path
     path = _one_run_file(tool, runs, tmp_path)
     _truncate(path)
     with pytest.raises(BenchmarkError) as err:
-        read_benchmark(path, {"aiperf": "aiperf", "sglang": "sglang", "vllm": "vllm"}[tool])
+        read_benchmark(path, tool)
     assert err.value.file == str(path)
     assert err.value.line is not None and str(path) in str(err.value)
     assert f":{err.value.line}:" in str(err.value)
