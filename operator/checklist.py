@@ -28,7 +28,9 @@ from .pdcluster import (
     PlannerMode,
     RoleParallelism,
     RoleSpec,
+    RouterKind,
     RoutingPolicy,
+    SGLangGateway,
     TransferBackend,
 )
 from .tenant_policy import TenantPolicy, refusals
@@ -328,6 +330,10 @@ def _check_router(spec: PDClusterSpec) -> list[Problem]:
                                "as they become Ready); use RoundRobin, Random or CacheAware"))
     if spec.router.port == spec.router.metrics_port:
         out.append(Problem("spec.router.metricsPort", "collides with router.port"))
+    if (spec.router.gateway is SGLangGateway.SMG
+            and (spec.router.kind or spec.engine.kind).value != RouterKind.SGLANG.value):
+        out.append(Problem("spec.router.gateway", "SMG is an SGLang router here; vLLM workers "
+                           "are fronted by vllm-router (leave gateway unset)"))
     return out
 
 

@@ -80,6 +80,15 @@ class RouterKind(StrEnum):
     VLLM = "VLLM"
 
 
+class SGLangGateway(StrEnum):
+    """Which SGLang router program runs in the router pod (docs/routers.md)."""
+
+    #: ``python3 -m sglang_router.launch_router`` (sglang-router 0.3.2, in the SGLang images)
+    SGLANG_ROUTER = "SGLangRouter"
+    #: ``python3 -m smg launch`` (smg 1.13, the gateway that succeeded sglang-router)
+    SMG = "SMG"
+
+
 class RoutingPolicy(StrEnum):
     CACHE_AWARE = "CacheAware"
     POWER_OF_TWO = "PowerOfTwo"
@@ -440,6 +449,12 @@ class RouterSpec(_Model):
 
     kind: RouterKind | None = Field(
         default=None, description="SGLang or VLLM router; unset follows engine.kind."
+    )
+    gateway: SGLangGateway = Field(
+        default=SGLangGateway.SGLANG_ROUTER,
+        description="SGLang router only: the program the image runs, SGLangRouter "
+        "(sglang-router 0.3.2, shipped in the SGLang images) or SMG (the smg 1.13 gateway; "
+        "its image must carry smg). Both are kept in step through the same /workers API.",
     )
     image: str = Field(min_length=1, description="Router container image.")
     replicas: int = Field(default=1, ge=0, le=64, description="Router pods.")

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import names
 from .names import Owner, metadata
-from .pdcluster import PDClusterSpec, RouterKind, RoutingPolicy
+from .pdcluster import PDClusterSpec, RouterKind, RoutingPolicy, SGLangGateway
 
 _POLICY = {
     RoutingPolicy.CACHE_AWARE: "cache_aware",
@@ -28,6 +28,11 @@ def kind(spec: PDClusterSpec) -> RouterKind:
     return spec.router.kind or RouterKind(spec.engine.kind.value)
 
 
+def smg(spec: PDClusterSpec) -> bool:
+    """The router pod runs the smg gateway (an SGLang router whose readiness needs workers)."""
+    return kind(spec) is RouterKind.SGLANG and spec.router.gateway is SGLangGateway.SMG
+
+
 def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
     """(command, args) of the router container."""
     r = spec.router
@@ -39,7 +44,13 @@ def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
         "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(r.metrics_port),
     ]
-    if kind(spec) is RouterKind.SGLANG:
+    if smg(spec):
+        # the same flags as sglang-router (smg kept its launcher's names); pdscale's drain
+        # waits for the engine itself, so smg's 5 s drain settle time only delays the entry's
+        # removal from its list (docs/routers.md)
+        command = ["python3", "-m", "smg", "launch"]
+        mode = ["--pd-disaggregation"]
+    elif kind(spec) is RouterKind.SGLANG:
         command = ["python3", "-m", "sglang_router.launch_router"]
         mode = ["--pd-disaggregation"]
     else:

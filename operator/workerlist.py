@@ -1,9 +1,9 @@
 """The routers' worker list, whatever the router: one interface, chosen once per PDCluster
 from its router kind, so the loop and the drains never ask which router they talk to.
 
-Two implementations: ``routersync.SGLangWorkerList`` over sglang-router's ``/workers`` API,
-and ``vllm_discovery.DiscoveryWorkerList`` over vllm-router's ZMQ discovery (it has no worker
-API; the operator announces the pods).
+Two implementations: ``routersync.SGLangWorkerList`` over the ``/workers`` API of
+sglang-router or smg, and ``vllm_discovery.DiscoveryWorkerList`` over vllm-router's ZMQ
+discovery (it has no worker API; the operator announces the pods).
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ def desired_workers(spec: PDClusterSpec, pods: Mapping[Role, Sequence[PodView]],
 
 
 def router_urls(spec: PDClusterSpec, routers: Sequence[PodView]) -> list[str]:
-    """sglang-router API base URLs: Ready, not deleting, with an IP."""
+    """SGLang router API base URLs: not deleting, with an IP, and Ready for sglang-router.
+    Not only Ready routers for smg: its /readiness answers 503 until it has a healthy worker,
+    and only the operator gives it one (a starting smg that cannot answer yet makes the
+    listing unknown, never empty)."""
     return [f"http://{p.ip}:{spec.router.port}" for p in routers
-            if p.ip and p.ready and not p.deleting]
+            if p.ip and (p.ready or router.smg(spec)) and not p.deleting]
 
 
 def discovery_addresses(spec: PDClusterSpec, routers: Sequence[PodView]) -> list[str]:

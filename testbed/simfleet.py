@@ -6,7 +6,7 @@ bound to the pod's IP:
 
 - prefill and decode pods: a simulated SGLang engine (``pdscale.testbed.simengine``), timed by the
   planner's performance model and time-compressed, with its warm-up;
-- router pods: the real router (``sglang-router``, or ``vllm-router`` for vLLM), started with
+- router pods: the real router (``sglang-router`` or ``smg``, or ``vllm-router`` for vLLM), started with
   the arguments the operator rendered into the pod.
 
 A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
@@ -156,7 +156,10 @@ class SimFleet:
             if "--vllm-discovery-address" in args:  # its ZMQ discovery, on the pod's address
                 i = args.index("--vllm-discovery-address") + 1
                 args[i] = f"{ip}:{args[i].rsplit(':', 1)[1]}"
+            # the pod's own program: sglang-router, smg (``python3 -m smg launch``) or vllm-router
+            smg = (container.command or [])[2:3] == ["smg"]
             cmd = ([str(Path(sys.executable).parent / "vllm-router"), *args] if vllm
+                   else [sys.executable, "-m", "smg", "launch", *args] if smg
                    else [sys.executable, "-m", "sglang_router.launch_router", *args])
             # Second guard after the engines' local model path: the router's hub client
             # honours HF_ENDPOINT, here a closed loopback port.
