@@ -68,6 +68,10 @@ class Dialect(ABC):
     def answer_prefill(self, room: Room, room_id: Any) -> dict[str, Any]:
         """Count a prefill answered for ``room``; extra fields of its answer body."""
 
+    @abstractmethod
+    def output_chunk_tokens(self, stream: bool) -> int:
+        """Tokens per output chunk the engine delivers (and observes TTFT/ITL on)."""
+
     # -- what else gets counted -------------------------------------------------------------
     @abstractmethod
     def count_local_prefill(self, input_tokens: int, cached_tokens: int) -> None:

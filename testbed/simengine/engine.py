@@ -630,17 +630,24 @@ class SimEngine:
         model = self.config.model_name
         stream = bool(body.get("stream"))
         resp: web.StreamResponse | None = None
-        previous = None
+        # latencies are observed per output chunk the engine delivers (one token when
+        # streaming; SGLang sends a non-streaming request's tokens in chunks of 50)
+        chunk_tokens = self.dialect.output_chunk_tokens(stream)
+        previous: float | None = None
+        pending = 0
         meta: dict[str, Any] = {}
         try:
             async for index, stamp, meta in self.decode(body, tokens, n_out):
-                if previous is None:
-                    self.metrics.ttft.observe(stamp - arrived)
+                if index == 0:
                     self.dialect.count_first_token(meta)
-                else:
-                    self.metrics.itl.observe(stamp - previous)
-                previous = stamp
                 self.dialect.count_token()
+                pending += 1
+                if (index + 1) % chunk_tokens == 0 or index + 1 == n_out:
+                    if previous is None:
+                        self.metrics.ttft.observe(stamp - arrived)
+                    else:
+                        self.metrics.itl.observe_many(stamp - previous, pending)
+                    previous, pending = stamp, 0
                 if stream:
                     if resp is None:
                         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -56,6 +56,16 @@ class Histogram:
                 self.counts[i] += 1
                 break
 
+    def observe_many(self, interval: float, n: int) -> None:
+        """``n`` tokens delivered together after ``interval`` seconds: ``n`` observations of
+        ``interval / n`` whose sum is ``interval`` (SGLang's observe_inter_token_latency)."""
+        self.total += interval
+        self.count += n
+        for i, bound in enumerate(self.buckets):
+            if interval / n <= bound:
+                self.counts[i] += n
+                break
+
     def lines(self, name: str, labels: str) -> list[str]:
         out, cumulative = [], 0
         for bound, n in zip(self.buckets, self.counts, strict=True):

@@ -37,6 +37,8 @@ from .metrics import (
 if TYPE_CHECKING:
     from .engine import Room
 
+#: SGLang's DEFAULT_FORCE_STREAM_INTERVAL (managers/scheduler_output_processor_mixin.py)
+FORCE_STREAM_INTERVAL_TOKENS = 50
 #: ``/v1/loads`` sections (``include=``); "all" names every one
 LOADS_SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues")
 
@@ -114,6 +116,11 @@ class SGLang(Dialect):
 
     def count_local_prefill(self, input_tokens: int, cached_tokens: int) -> None:
         pass
+
+    def output_chunk_tokens(self, stream: bool) -> int:
+        # the scheduler sends a non-streaming request's output when it finishes or every
+        # DEFAULT_FORCE_STREAM_INTERVAL (50) tokens: its TTFT is that first chunk's
+        return 1 if stream else FORCE_STREAM_INTERVAL_TOKENS
 
     def count_first_token(self, meta: dict[str, Any]) -> None:
         pass

@@ -171,6 +171,9 @@ class Vllm(Dialect):
         self.engine.metrics.cache_queries += input_tokens
         self.engine.metrics.cached_tokens += cached_tokens
 
+    def output_chunk_tokens(self, stream: bool) -> int:
+        return 1  # observed engine-side, per step, streaming or not
+
     def count_first_token(self, meta: dict[str, Any]) -> None:
         # vLLM counts a prompt when its first token is produced, remote-prefilled or not
         self.engine.metrics.prompt_tokens += int(meta.get("prompt_tokens", 0))

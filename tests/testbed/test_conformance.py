@@ -309,6 +309,29 @@ def test_sglang_histograms_use_upstream_default_buckets_and_the_bucket_flags():
     assert _le(custom, "sglang:time_to_first_token_seconds") == [0.05, 0.2, 0.5]
 
 
+def test_sglang_non_streaming_ttft_is_observed_on_the_first_chunk_of_50_tokens_or_at_finish():
+    async def scenario() -> list[dict[str, float]]:
+        async with served(config("prefill")) as p, served(config("decode")) as d:
+            seen = []
+            for room, n_out in ((31, 30), (32, 60)):
+                body = sglang_pd_request(p, room, n_out)
+                await asyncio.gather(p.post("/generate", body), d.post("/generate", body))
+                seen.append(await d.metrics())
+            return seen
+
+    short, long = run(scenario)
+    ttft, itl, e2e = ("sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+                      "sglang:e2e_request_latency_seconds")  # fmt: skip
+    # 30 tokens, not streamed: one chunk at finish, so TTFT is the whole request
+    assert short[ttft + "_sum"] >= 0.3 + 29 * 0.02 and short[itl + "_count"] == 0
+    assert abs(short[ttft + "_sum"] - short[e2e + "_sum"]) < 0.05
+    # 60 tokens: the first chunk at token 50, then the last 10 as one chunk (10 observations)
+    second_ttft = long[ttft + "_sum"] - short[ttft + "_sum"]
+    second_e2e = long[e2e + "_sum"] - short[e2e + "_sum"]
+    assert long[itl + "_count"] == 10
+    assert second_ttft >= 0.3 + 49 * 0.02 and second_e2e - second_ttft >= 9 * 0.02
+
+
 # -- SGLang: /v1/loads -----------------------------------------------------------------------
 
 
