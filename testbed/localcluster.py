@@ -105,6 +105,13 @@ class LocalCluster:
         return self.workdir / "logs"
 
     @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: every request of a ServiceAccount (the operator's
+        identity here; the controllers use the admin's) at Metadata level, one JSON event a
+        line. tests/operator/test_rbac_cluster.py compares it with the operator's RBAC."""
+        return self.logs / "audit.log"
+
+    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
 
@@ -214,6 +221,8 @@ class LocalCluster:
 
     def _start_apiserver(self) -> None:
         pki = self.workdir / "pki"
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
         self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
@@ -229,6 +238,8 @@ class LocalCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true", "--profiling=false", "--v=1",
+            f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json", "--audit-log-maxsize=200", "--audit-log-maxbackup=1",
         ])
 
     def _start_controllers(self) -> None:
@@ -372,6 +383,19 @@ class LocalCluster:
             "logs": str(self.logs),
         }
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
+
+
+#: Metadata (who, what, verb, answer; no bodies) for ServiceAccounts alone, once a request is
+#: done: the operator's identity, and little else here, so the log stays small.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"""
 
 
 def default_stage_files(bin_dir: Path) -> list[Path]:
