@@ -404,7 +404,9 @@ def deletion_state(engines: Sequence[PodView], port: int, listed: set[str] | Non
     unknown, so listed) and every engine idle (no answer is not idle; a pod without an IP
     serves nothing; a pod already being deleted is going anyway, after its own drain or
     preStop). All engines idle at once also means no request held at a prefill can still
-    reach a decode."""
+    reach a decode, and no KV is still on its way to one: a decode counts a request whose KV
+    it waits for (SGLang's transfer queue, in /v1/loads and /get_load alike; vLLM's deferred
+    waiting), so no hand-off wait (``HandoffWaits``) is needed here."""
     engines = [p for p in engines if p.ip and not p.deleting]
     out = tuple(p.name for p in engines
                 if listed is None or normalize_url(f"http://{p.ip}:{port}") in listed)
