@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeGuard
 
-from .vllm_discovery import RUNNING, WAITING, vllm_totals
+from .vllm_discovery import RUNNING, WAITING, decode_pulls_pending, vllm_totals
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,9 @@ def engine_load(ip: str | None, port: int,
     totals = _vllm_totals_by(ip, port, deadline)
     if totals is None or not {RUNNING, WAITING} & totals.keys():
         return None
-    return EngineLoad(round(totals.get(RUNNING, 0.0) + totals.get(WAITING, 0.0)),
-                      LoadSource.VLLM_METRICS)
+    # waiting: every reason, a decode's requests deferred on their KV pull among them
+    waiting = decode_pulls_pending(totals) or 0.0
+    return EngineLoad(round(totals.get(RUNNING, 0.0) + waiting), LoadSource.VLLM_METRICS)
 
 
 def engine_in_flight(ip: str | None, port: int,

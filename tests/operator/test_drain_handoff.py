@@ -138,6 +138,11 @@ def test_the_probe_asks_v1_loads_first_and_falls_back_only_on_404(fake_engine):
     e.paths = {"/metrics": (200, b'vllm:num_requests_running{engine="0"} 1\n'
                                   b'vllm:num_requests_waiting{engine="0"} 1\n')}
     assert engine_load("127.0.0.1", e.port, 1.0) == EngineLoad(2, LoadSource.VLLM_METRICS)
+    # a vLLM whose waiting gauge leaves out the requests deferred on their KV pull
+    e.paths = {"/metrics": (200, b'vllm:num_requests_running{engine="0"} 0\n'
+                                  b'vllm:num_requests_waiting{engine="0"} 0\n'
+                                  b'vllm:num_requests_waiting_by_reason{engine="0",reason="deferred"} 2\n')}
+    assert engine_load("127.0.0.1", e.port, 1.0) == EngineLoad(2, LoadSource.VLLM_METRICS)
     # /v1/loads there but failing, or garbage: unknown, never read through /get_load
     for status, body in ((500, b"boom"), (503, b""), (200, b'{"loads": []}'), (200, b"<html>")):
         e.paths = {LOADS_PATH: (status, body), "/get_load": (200, b'[{"num_reqs": 0}]'),
