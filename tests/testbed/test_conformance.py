@@ -30,7 +30,6 @@ from pdscale.testbed.simengine import (
     SimEngine,
     build_parser,
     config_from_args,
-    prefill_kv_params,
 )
 
 HOST = "127.0.0.1"
@@ -462,7 +461,20 @@ def test_vllm_histograms_use_upstream_default_buckets():
     assert _le(metrics, "vllm:time_to_first_token_seconds") == list(VLLM_TTFT_BUCKETS_SECONDS)
 
 
-def test_vllm_kv_params_name_the_prefill_side_channel():
-    params = prefill_kv_params(engine_id="e", host=HOST, port=9, request_id=3, blocks=2)
-    assert (params["remote_host"], params["remote_port"], params["remote_request_id"]) == (
-        HOST, 9, 3)
+# -- the table and these tests stay one ------------------------------------------------------
+
+
+def test_every_test_the_conformance_table_names_exists_and_every_test_here_is_named():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    table = (root / "docs" / "conformance.md").read_text()
+    here = {name for name in globals() if name.startswith("test_")}
+    linked = set(re.findall(r"conf::(test_\w+)", table))
+    assert linked - here == set(), "the table names tests that do not exist"
+    unlinked = here - linked - {"test_every_test_the_conformance_table_names_exists_and_every_"
+                                "test_here_is_named"}  # fmt: skip
+    assert unlinked == set(), "tests that no row of the table names"
+    for path, name in re.findall(r"(tests/[\w/]+\.py)::(test_\w+)", table):
+        assert f"def {name}(" in (root / path).read_text(), f"{path}::{name}"
