@@ -10,7 +10,9 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 SPEC_VALID = "SpecValid"
-TYPES = (SPEC_VALID, READY, PROGRESSING, DEGRADED)
+#: every child the spec asks for was accepted by the API server (False: one was refused)
+CHILDREN_APPLIED = "ChildrenApplied"
+TYPES = (SPEC_VALID, CHILDREN_APPLIED, READY, PROGRESSING, DEGRADED)
 
 # Reasons (CamelCase, stable: alerts and dashboards match on them).
 SPEC_ACCEPTED = "SpecAccepted"
@@ -25,6 +27,10 @@ NAME_CONFLICT = "NameConflict"
 DEPLOYMENT_STALLED = "DeploymentStalled"
 POD_NOT_READY = "PodNotReady"
 AS_EXPECTED = "AsExpected"
+APPLIED = "Applied"
+#: the API server refused a child (400, 403 incl. an admission policy, 422): retrying the same
+#: manifest cannot help, so it is said, not only retried
+APPLY_REFUSED = "ApplyRefused"
 
 # Event reasons.
 EVENT_CREATED = "Created"
@@ -34,6 +40,7 @@ EVENT_NAME_CONFLICT = NAME_CONFLICT
 EVENT_SPEC_INVALID = SPEC_INVALID
 EVENT_READY = "Ready"
 EVENT_NOT_READY = "NotReady"
+EVENT_APPLY_REFUSED = APPLY_REFUSED
 
 
 def condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:

@@ -78,7 +78,8 @@ class Retries:
 
 
 def _run(memo: kopf.Memo, body: dict[str, Any]) -> Outcome:
-    """Reconcile one PDCluster; on API errors schedule a retry instead of giving up."""
+    """Reconcile one PDCluster; on API errors, and when the API server refused a child,
+    schedule a retry instead of giving up."""
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     try:
@@ -95,6 +96,13 @@ def _run(memo: kopf.Memo, body: dict[str, Any]) -> Outcome:
                     *key, exc.status, exc.reason, delay)
         # Conflicts and outages are temporary by nature; kopf logs it, our loop retries.
         raise kopf.TemporaryError(f"HTTP {exc.status}: {exc.reason}", delay=delay) from exc
+    if outcome.refused:
+        # Said in status (ChildrenApplied=False) and one Warning Event; retried with backoff
+        # all the same: a policy or quota may change without the spec changing.
+        delay = memo.retries.failed(key, time.monotonic())
+        log.warning("reconcile of %s/%s: %s; retrying in %.0f s", *key,
+                    "; ".join(outcome.refused), delay)
+        raise kopf.TemporaryError("; ".join(outcome.refused), delay=delay)
     memo.retries.succeeded(key)
     STATS["reconciles"] += 1
     STATS["writes"] += outcome.writes

@@ -8,6 +8,7 @@ what differs: an unchanged PDCluster costs GETs and no write, so resourceVersion
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -49,8 +50,27 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    #: children the API server refused (``refusal``): retried with backoff, reported once
+    refused: list[str] = field(default_factory=list)
     # (kind, name) -> resourceVersion of every child as this reconcile left it.
     seen: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+#: HTTP codes of an apply that retrying the same manifest cannot heal: Bad Request, Forbidden
+#: (RBAC, or an admission webhook or policy that denies), Invalid. Conflicts (409), throttling
+#: (429) and server errors stay temporary and go up as ApiException.
+REFUSED_STATUSES = frozenset({400, 403, 422})
+
+
+def refusal(kind: str, name: str, status: int | None, reason: str | None, body: Any) -> str:
+    """One line naming the refused child and what the API server said (its Status message
+    when the body is one, which names the field and the policy)."""
+    message = ""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        parsed = json.loads(body) if isinstance(body, str | bytes) else body
+        message = str(parsed.get("message") or "")
+    said = message or reason or "no message"
+    return f"{kind}/{name} refused by the API server (HTTP {status}): {said}"[:900]
 
 
 def is_ours(live: dict[str, Any], uid: str) -> bool:
@@ -156,13 +176,27 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
                 obs.conflicts.append(
                     f"{kind}/{name} exists and is not controlled by this PDCluster; left untouched")
                 continue
-            if live is None:
-                live = kube.apply(desired, force=False)
-                out.events.append(Event("Normal", c.EVENT_CREATED, f"{kind}/{name} created"))
-            elif not in_sync(live, desired):
-                reason, message = _describe_change(live, desired)
-                live = kube.apply(desired)
-                out.events.append(Event("Normal", reason, message))
+            if obs.refused:
+                # Children go in order (the NetworkPolicies first: no pod of ours runs
+                # unfenced); after a refusal the rest wait for the retry, only read.
+                if live is not None and kind == "Deployment":
+                    obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
+                continue
+            try:
+                if live is None:
+                    live = kube.apply(desired, force=False)
+                    out.events.append(Event("Normal", c.EVENT_CREATED, f"{kind}/{name} created"))
+                elif not in_sync(live, desired):
+                    reason, message = _describe_change(live, desired)
+                    live = kube.apply(desired)
+                    out.events.append(Event("Normal", reason, message))
+            except ApiException as exc:
+                if exc.status not in REFUSED_STATUSES:
+                    raise
+                obs.refused.append(refusal(kind, name, exc.status, exc.reason, exc.body))
+                if live is not None and kind == "Deployment":
+                    obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
+                continue
             out.seen[(kind, name)] = live["metadata"].get("resourceVersion", "")
             if kind == "Deployment":
                 obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
@@ -173,6 +207,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
             if live is not None and is_ours(live, owner.uid or ""):
                 obs.deployments[role] = live
     out.conflicts = obs.conflicts
+    out.refused = obs.refused
     if spec is not None:
         pods = kube.list_pods(owner.namespace, {LABEL_INSTANCE: base_name(owner.name),
                                                 LABEL_MANAGED_BY: MANAGER})
@@ -201,13 +236,16 @@ def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list
             continue
         if cond["type"] == c.SPEC_VALID and cond["status"] == "False":
             events.append(Event("Warning", c.EVENT_SPEC_INVALID, cond["message"]))
+        elif cond["type"] == c.CHILDREN_APPLIED and cond["reason"] == c.APPLY_REFUSED:
+            # once per refusal (the message is the server's, the same on every retry)
+            events.append(Event("Warning", c.EVENT_APPLY_REFUSED, cond["message"]))
         elif cond["type"] == c.DEGRADED and cond["status"] == "True":
             reason = c.EVENT_NAME_CONFLICT if cond["reason"] == c.NAME_CONFLICT else cond["reason"]
             events.append(Event("Warning", reason, cond["message"]))
         elif cond["type"] == c.READY and (old is None or old.get("status") != cond["status"]):
             if cond["status"] == "True":
                 events.append(Event("Normal", c.EVENT_READY, cond["message"]))
-            elif old is not None:
+            elif old is not None and cond["reason"] != c.APPLY_REFUSED:  # said once, above
                 events.append(Event("Warning", c.EVENT_NOT_READY, cond["message"]))
     return events
 

@@ -30,6 +30,8 @@ class ChildrenView:
     derived: dict[str, int] | None = None
     #: engine pods not Ready past their allowance (see ``overdue_pods``)
     unready: list[UnreadyPod] = field(default_factory=list)
+    #: children the API server refused to apply, one line each (``reconcile.refusal``)
+    refused: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,14 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
                     "; ".join(obs.problems) if obs.problems else "spec passes the P/D checklist",
                     gen),
     ]
+    if not valid:
+        applied_reason, applied_msg = c.SPEC_INVALID, "the spec is invalid; nothing was applied"
+    elif obs.refused:
+        applied_reason, applied_msg = c.APPLY_REFUSED, "; ".join(obs.refused)
+    else:
+        applied_reason, applied_msg = c.APPLIED, "the API server refused no child"
+    conds.append(c.condition(c.CHILDREN_APPLIED, valid and not obs.refused, applied_reason,
+                             applied_msg, gen))
     stalled = {role: m for role in COMPONENTS if (m := _stalled(obs.deployments.get(role)))}
     rolling = [role for role in COMPONENTS if not _rolled_out(obs.deployments.get(role))]
     # Once this generation has rolled out, the planner's scaling (replicas from
@@ -130,9 +140,12 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
     serving = all(counts[role]["readyReplicas"] >= min(1, counts[role]["desiredReplicas"])
                   for role in COMPONENTS)
     scaling = bool(rolling) and served and serving and not stalled
-    ready = valid and not obs.conflicts and (not rolling or scaling)
+    ready = valid and not obs.refused and not obs.conflicts and (not rolling or scaling)
     if not valid:
         ready_reason, ready_msg = c.SPEC_INVALID, "the spec is invalid; children were left as they were"
+    elif obs.refused:
+        # what runs is not this generation, and retrying the same manifests will not make it so
+        ready_reason, ready_msg = c.APPLY_REFUSED, "the API server refused a child (ChildrenApplied)"
     elif obs.conflicts:
         ready_reason, ready_msg = c.NAME_CONFLICT, "; ".join(obs.conflicts)
     elif scaling:
@@ -150,7 +163,7 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
         ready_msg = ", ".join(
             f"{role} {counts[role]['readyReplicas']}/{counts[role]['desiredReplicas']}" for role in COMPONENTS)
     conds.append(c.condition(c.READY, ready, ready_reason, ready_msg, gen))
-    progressing = valid and not obs.conflicts and bool(rolling) and not stalled
+    progressing = valid and not obs.refused and not obs.conflicts and bool(rolling) and not stalled
     conds.append(c.condition(
         c.PROGRESSING, progressing,
         c.ROLLING_OUT if progressing else c.ROLLOUT_COMPLETE,
