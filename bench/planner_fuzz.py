@@ -52,9 +52,9 @@ VALID = {
     "mean_output_tokens": (5.0, 2_000.0),
     "prefix_hit_rate": (0.0, 1.0),
     "ttft_p50_seconds": (0.05, 5.0),
-    "ttft_p99_seconds": (0.1, 30.0),
+    "ttft_at_percentile_seconds": (0.1, 30.0),
     "tpot_p50_seconds": (0.005, 0.1),
-    "tpot_p99_seconds": (0.01, 0.3),
+    "tpot_at_percentile_seconds": (0.01, 0.3),
 }
 ROLE_READINGS = {"queue_depth": (0.0, 200.0), "running_requests": (0.0, 500.0)}
 GARBAGE_VALUES = (0.0, -1.0, -1e-9, -1e9, 1e9, 1e300, -1e300, math.nan, math.inf, -math.inf)

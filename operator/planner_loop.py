@@ -173,7 +173,7 @@ class PlannerLoop:
         previous = decision
         started = time.monotonic()
         config = planner_config(spec)
-        snapshot = self._read_metrics(spec, ns, name, now)
+        snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
         obs = observation_from(
             snapshot, now,
             role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds),
@@ -189,10 +189,12 @@ class PlannerLoop:
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
         return [pod_view(p, role) for p in self.kube.list_pods(ns, names.selector_labels(name, role))]
 
-    def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float) -> MetricsSnapshot:
+    def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
+                      percentile: float) -> MetricsSnapshot:
         url = spec.planner.prometheus_url or self.prometheus_url
         queries = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
-                                 window_seconds=max(spec.planner.interval_seconds, 10))
+                                 window_seconds=max(spec.planner.interval_seconds, 10),
+                                 percentile=percentile)
         if not url:
             return MetricsSnapshot({q: None for q in queries},
                                    {q: "no Prometheus URL (spec.planner.prometheusURL)" for q in queries})

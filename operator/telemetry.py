@@ -30,8 +30,8 @@ TARGET = Gauge("pdscale_planner_target_replicas", "Instances the operator is mov
 READY = Gauge("pdscale_ready_replicas", "Ready, non-draining instances", _labels)
 PREDICTED_TTFT = Gauge("pdscale_planner_predicted_ttft_seconds", "Predicted TTFT at the SLO percentile", _labels[:2])
 PREDICTED_TPOT = Gauge("pdscale_planner_predicted_tpot_seconds", "Predicted TPOT", _labels[:2])
-OBSERVED_TTFT = Gauge("pdscale_planner_observed_ttft_seconds", "Observed p99 TTFT", _labels[:2])
-OBSERVED_TPOT = Gauge("pdscale_planner_observed_tpot_seconds", "Observed p99 TPOT", _labels[:2])
+OBSERVED_TTFT = Gauge("pdscale_planner_observed_ttft_seconds", "Observed TTFT at the SLO percentile", _labels[:2])
+OBSERVED_TPOT = Gauge("pdscale_planner_observed_tpot_seconds", "Observed TPOT at the SLO percentile", _labels[:2])
 SLO_TTFT = Gauge("pdscale_slo_ttft_seconds", "TTFT target", _labels[:2])
 SLO_TPOT = Gauge("pdscale_slo_tpot_seconds", "TPOT target", _labels[:2])
 PLAN_SECONDS = Histogram("pdscale_planner_plan_duration_seconds", "Time to read metrics and plan",
@@ -134,7 +134,7 @@ class Reporter:
                              (SLO_TTFT, spec.slo.ttft_seconds),
                              (SLO_TPOT, spec.slo.tpot_seconds)):
             gauge.labels(ns, name).set(value)
-        for gauge, reading in ((OBSERVED_TTFT, obs.ttft_p99_seconds), (OBSERVED_TPOT, obs.tpot_p99_seconds)):
+        for gauge, reading in ((OBSERVED_TTFT, obs.ttft_at_percentile_seconds), (OBSERVED_TPOT, obs.tpot_at_percentile_seconds)):
             if reading is not None:  # no reading: the gauge keeps its last value
                 gauge.labels(ns, name).set(reading.value)
         DECISIONS.labels(ns, name, decision_bound(decision)).inc()

@@ -48,8 +48,10 @@ class Slo:
 
     ttft_seconds: float = 2.0
     tpot_seconds: float = 0.05
-    #: the share of requests that must meet the targets (0.99 = p99 within target)
-    percentile: float = 0.99
+    #: the share of requests that must meet the targets (0.9 = p90 within target). The
+    #: PDCluster's ``slo.percentile`` sets it (operator/planning.py); this default is the CRD's
+    #: (90), so that a caller that names none plans as an unconfigured PDCluster does
+    percentile: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Calibration:
 
     ``prefill_factor`` multiplies prefill compute time, ``decode_factor`` multiplies TPOT.
     ``prefill_headroom``/``decode_headroom`` multiply the instances a role is sized for: they
-    grow when the observed p99 latency misses the SLO although the model said it would not
+    grow when the observed latency at the SLO percentile misses its target although the model said it would not
     (bursts and heavy tails the fluid model cannot see) and decay back when it is met easily."""
 
     prefill_factor: float = 1.0
@@ -351,22 +353,23 @@ HEADROOM_BOUNDS = (1.0, 2.0)
 #: growth per interval at a miss (scaled by how badly it missed) and decay when comfortably met
 HEADROOM_STEP = 0.1
 HEADROOM_DECAY = 0.01
-#: decay only while the observed p99 is below this share of the target
+#: decay only while the observed latency at the SLO percentile is below this share of the target
 HEADROOM_RELAX_BELOW = 0.5
 
 
 def calibrate_slo(
     model: PerformanceModel,
     *,
-    ttft_p99_seconds: float | None,
-    tpot_p99_seconds: float | None,
+    ttft_at_percentile_seconds: float | None,
+    tpot_at_percentile_seconds: float | None,
     slo: Slo,
     settled: bool,
 ) -> PerformanceModel:
-    """Move each role's headroom from the observed p99 latency against the SLO.
+    """Move each role's headroom from the observed latency at the SLO's percentile (the
+    readings ``*_at_percentile_seconds``, quantile ``slo.percentile``) against its target.
 
-    A miss (p99 above target) raises the role's headroom by up to ``HEADROOM_STEP`` x the
-    relative miss; a p99 below half the target lets it decay by ``HEADROOM_DECAY``. Nothing
+    A miss (that quantile above target) raises the role's headroom by up to ``HEADROOM_STEP``
+    x the relative miss; one below half the target lets it decay by ``HEADROOM_DECAY``. Nothing
     moves unless ``settled``: while instances warm up, or while the planner already knows it is
     short, a miss says nothing about the model. Unknown readings change nothing."""
     if not settled:
@@ -384,8 +387,8 @@ def calibrate_slo(
             return max(lo, h * (1.0 - HEADROOM_DECAY))
         return h
 
-    hp = step(cal.prefill_headroom, ttft_p99_seconds, slo.ttft_seconds)
-    hd = step(cal.decode_headroom, tpot_p99_seconds, slo.tpot_seconds)
+    hp = step(cal.prefill_headroom, ttft_at_percentile_seconds, slo.ttft_seconds)
+    hd = step(cal.decode_headroom, tpot_at_percentile_seconds, slo.tpot_seconds)
     if hp == cal.prefill_headroom and hd == cal.decode_headroom:
         return model
     return replace(model, calibration=replace(cal, prefill_headroom=hp, decode_headroom=hd))

@@ -77,9 +77,11 @@ class Observation:
     mean_output_tokens: Reading | None = None
     prefix_hit_rate: Reading | None = None
     ttft_p50_seconds: Reading | None = None
-    ttft_p99_seconds: Reading | None = None
+    #: the latencies at the SLO's percentile (``Slo.percentile``), which calibration compares
+    #: with the targets
+    ttft_at_percentile_seconds: Reading | None = None
     tpot_p50_seconds: Reading | None = None
-    tpot_p99_seconds: Reading | None = None
+    tpot_at_percentile_seconds: Reading | None = None
     prefill: RoleState = field(default_factory=RoleState)
     decode: RoleState = field(default_factory=RoleState)
 
@@ -120,9 +122,9 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "mean_output_tokens": (0.0, MAX_MEAN_TOKENS),
     "prefix_hit_rate": (-HIT_RATE_SLACK, 1.0 + HIT_RATE_SLACK),
     "ttft_p50_seconds": (0.0, MAX_TTFT_SECONDS),
-    "ttft_p99_seconds": (0.0, MAX_TTFT_SECONDS),
+    "ttft_at_percentile_seconds": (0.0, MAX_TTFT_SECONDS),
     "tpot_p50_seconds": (0.0, MAX_TPOT_SECONDS),
-    "tpot_p99_seconds": (0.0, MAX_TPOT_SECONDS),
+    "tpot_at_percentile_seconds": (0.0, MAX_TPOT_SECONDS),
     "queue_depth": (0.0, MAX_QUEUE),
     "running_requests": (0.0, MAX_QUEUE),
 }

@@ -32,16 +32,17 @@ READINGS = (
     "mean_output_tokens",
     "prefix_hit_rate",
     "ttft_p50_seconds",
-    "ttft_p99_seconds",
+    "ttft_at_percentile_seconds",
     "tpot_p50_seconds",
-    "tpot_p99_seconds",
+    "tpot_at_percentile_seconds",
     "queue_depth_prefill",
     "queue_depth_decode",
     "running_requests_prefill",
     "running_requests_decode",
 )
 
-# {sel} is the PDCluster selector, {role} is added per role, {window} is the rate window.
+# {sel} is the PDCluster selector, {role} is added per role, {window} is the rate window,
+# {quantile} the SLO's percentile as a share (0.9 for ``slo.percentile: 90``).
 # SGLang: requests are counted on the prefill side (each request prefills exactly once);
 # output tokens and TPOT on the decode side; TTFT on the decode side, which in SGLang's PD
 # mode receives the request at the same time as prefill, so its TTFT includes bootstrap,
@@ -70,16 +71,16 @@ SGLANG_QUERIES: Mapping[str, str] = {
         "histogram_quantile(0.5, sum by (le) (rate("
         'sglang:time_to_first_token_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
-    "ttft_p99_seconds": (
-        "histogram_quantile(0.99, sum by (le) (rate("
+    "ttft_at_percentile_seconds": (
+        "histogram_quantile({quantile}, sum by (le) (rate("
         'sglang:time_to_first_token_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
     "tpot_p50_seconds": (
         "histogram_quantile(0.5, sum by (le) (rate("
         'sglang:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
-    "tpot_p99_seconds": (
-        "histogram_quantile(0.99, sum by (le) (rate("
+    "tpot_at_percentile_seconds": (
+        "histogram_quantile({quantile}, sum by (le) (rate("
         'sglang:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
     "queue_depth_prefill": 'sum(sglang:num_queue_reqs{{{sel},role="prefill"}})',
@@ -109,16 +110,16 @@ VLLM_QUERIES: Mapping[str, str] = {
         "histogram_quantile(0.5, sum by (le) (rate("
         'vllm:time_to_first_token_seconds_bucket{{{sel},role="prefill"}}[{window}])))'
     ),
-    "ttft_p99_seconds": (
-        "histogram_quantile(0.99, sum by (le) (rate("
+    "ttft_at_percentile_seconds": (
+        "histogram_quantile({quantile}, sum by (le) (rate("
         'vllm:time_to_first_token_seconds_bucket{{{sel},role="prefill"}}[{window}])))'
     ),
     "tpot_p50_seconds": (
         "histogram_quantile(0.5, sum by (le) (rate("
         'vllm:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
-    "tpot_p99_seconds": (
-        "histogram_quantile(0.99, sum by (le) (rate("
+    "tpot_at_percentile_seconds": (
+        "histogram_quantile({quantile}, sum by (le) (rate("
         'vllm:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
     "queue_depth_prefill": 'sum(vllm:num_requests_waiting{{{sel},role="prefill"}})',
@@ -136,6 +137,7 @@ def render_queries(
     namespace: str,
     pdcluster: str,
     window_seconds: int,
+    percentile: float,
     overrides: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """PromQL for every reading of one PDCluster.
@@ -145,14 +147,21 @@ def render_queries(
     engine : ``"sglang"`` or ``"vllm"`` (case-insensitive).
     namespace, pdcluster : select the PDCluster's pods by the scrape labels.
     window_seconds : the rate window, normally the planner interval (at least 2 scrapes).
-    overrides : reading name -> template replacing the default; may use ``{sel}`` and
-        ``{window}``. An unknown reading name is an error (a typo would silently do nothing).
+    percentile : the SLO's share of requests (``Slo.percentile``, in (0, 1)): the quantile of
+        ``ttft_at_percentile_seconds`` and ``tpot_at_percentile_seconds``, the latencies the
+        planner compares with the targets. Required: a quantile the user did not set would be
+        one the SLO does not speak of.
+    overrides : reading name -> template replacing the default; may use ``{sel}``,
+        ``{window}`` and ``{quantile}``. An unknown reading name is an error (a typo would
+        silently do nothing).
     """
     key = engine.lower()
     if key not in ENGINE_QUERIES:
         raise ValueError(f"engine: unknown engine {engine!r}; expected one of {sorted(ENGINE_QUERIES)}")
     if window_seconds < 1:
         raise ValueError(f"window_seconds: must be at least 1, got {window_seconds}")
+    if not (isinstance(percentile, (int, float)) and 0.0 < percentile < 1.0):
+        raise ValueError(f"percentile: must be a share in (0, 1) such as 0.9, got {percentile!r}")
     templates = dict(ENGINE_QUERIES[key])
     for name, template in (overrides or {}).items():
         if name not in templates:
@@ -164,9 +173,11 @@ def render_queries(
     rendered = {}
     for name, template in templates.items():
         try:
-            rendered[name] = template.format(sel=sel, window=f"{window_seconds}s")
+            rendered[name] = template.format(sel=sel, window=f"{window_seconds}s",
+                                             quantile=f"{percentile:g}")
         except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"queries.{name}: bad template ({exc}); use {{sel}} and {{window}}") from None
+            raise ValueError(f"queries.{name}: bad template ({exc}); use {{sel}}, {{window}} "
+                             "and {quantile}") from None
     return rendered
 
 
@@ -319,9 +330,9 @@ def observation_from(
         mean_output_tokens=r.get("mean_output_tokens"),
         prefix_hit_rate=r.get("prefix_hit_rate"),
         ttft_p50_seconds=r.get("ttft_p50_seconds"),
-        ttft_p99_seconds=r.get("ttft_p99_seconds"),
+        ttft_at_percentile_seconds=r.get("ttft_at_percentile_seconds"),
         tpot_p50_seconds=r.get("tpot_p50_seconds"),
-        tpot_p99_seconds=r.get("tpot_p99_seconds"),
+        tpot_at_percentile_seconds=r.get("tpot_at_percentile_seconds"),
         prefill=role_state(prefill, "prefill"),
         decode=role_state(decode, "decode"),
     )

@@ -282,8 +282,8 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
     )
     model = calibrate_slo(
         replace(config.model, calibration=history.calibration or config.model.calibration),
-        ttft_p99_seconds=get(obs.ttft_p99_seconds),
-        tpot_p99_seconds=get(obs.tpot_p99_seconds),
+        ttft_at_percentile_seconds=get(obs.ttft_at_percentile_seconds),
+        tpot_at_percentile_seconds=get(obs.tpot_at_percentile_seconds),
         slo=config.slo,
         settled=settled,
     )
@@ -949,7 +949,7 @@ def _load_clauses(
     learned = [f"{n} x{h:.2f}" for n, h in zip(_ROLES, (cal.prefill_headroom, cal.decode_headroom),
                                                strict=True) if h > 1.0 + 1e-9]
     if learned:
-        parts.append(f"headroom {', '.join(learned)} (learned from p99 misses on a settled fleet)")
+        parts.append(f"headroom {', '.join(learned)} (learned from misses at the SLO percentile on a settled fleet)")
     # which role binds: the one whose capacity is closest to its need (share of headroom)
     ratio = [float(outcome.serve[r, 0] / max(need[r, 0], 1e-9)) for r in (0, 1)]
     bound = _ROLES[int(np.argmin(ratio))]

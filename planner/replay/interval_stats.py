@@ -19,8 +19,11 @@ from .fleet import DRAINING, READY, WARMING, Fleet
 class IntervalStats:
     """Counters of the current interval (``span_seconds`` long), reset by :meth:`observe`."""
 
-    def __init__(self, span_seconds: float) -> None:
+    def __init__(self, span_seconds: float, percentile: float) -> None:
         self.span_seconds = span_seconds
+        #: the SLO's share of requests: the quantile of the latencies observed, as the live
+        #: metrics reader asks Prometheus for it (prometheus.render_queries)
+        self.percentile = percentile
         self.arrivals = 0
         self.input_tokens = 0
         self.output_tokens = 0
@@ -39,9 +42,11 @@ class IntervalStats:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
 
-    def observe(self, now: float, fleet: Fleet, waiting_decode: int) -> Observation:
-        """The interval ending ``now`` and the fleet at ``now``; ``waiting_decode`` requests
-        wait for any ready decode instance. Resets the counters."""
+    def observe(self, now: float, fleet: Fleet, waiting_decode: int, *,
+                queued_prefill: int) -> Observation:
+        """The interval ending ``now`` and the fleet at ``now``; ``queued_prefill`` requests
+        wait for their prefill on ready instances, ``waiting_decode`` requests wait for any
+        ready decode instance. Resets the counters."""
         span = self.span_seconds
         n = self.arrivals
         # before a whole interval has been watched, the load is unknown, not zero
@@ -62,10 +67,10 @@ class IntervalStats:
             mean_output_tokens=load(self.output_tokens / n) if n else None,
             prefix_hit_rate=load(self.hit_tokens / self.input_tokens) if self.input_tokens else None,
             ttft_p50_seconds=q(self.ttft, 0.5),
-            ttft_p99_seconds=q(self.ttft, 0.99),
+            ttft_at_percentile_seconds=q(self.ttft, self.percentile),
             tpot_p50_seconds=q(self.tpot, 0.5),
-            tpot_p99_seconds=q(self.tpot, 0.99),
-            prefill=role_state(fleet, Role.PREFILL, now, span, waiting_decode),
+            tpot_at_percentile_seconds=q(self.tpot, self.percentile),
+            prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
             decode=role_state(fleet, Role.DECODE, now, span, waiting_decode),
         )
         self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = 0
@@ -75,22 +80,20 @@ class IntervalStats:
         return obs
 
 
-def role_state(
-    fleet: Fleet, role: Role, now: float, span_seconds: float, waiting_decode: int
-) -> RoleState:
-    """``role``'s instances by state at ``now`` and its queue readings: a prefill queue is the
-    seconds of work queued on ready instances; a decode queue is the requests waiting for a
-    ready decode instance, and its running count the sequences in ready batches."""
+def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued: int) -> RoleState:
+    """``role``'s instances by state at ``now`` and its queue readings, in requests as the
+    engines count them: ``queued`` requests wait (prefill: for their prefill on a ready
+    instance, as SGLang's ``num_queue_reqs`` and vLLM's ``num_requests_waiting``; decode: for
+    any ready decode instance); decode's running count is the sequences in ready batches."""
     ids = [i for i, r in enumerate(fleet.role) if r == role]
     ready = [i for i in ids if fleet.state[i] == READY]
     warming = tuple(Warming(fleet.ready_at[i], False) for i in ids if fleet.state[i] == WARMING)
     draining = sum(1 for i in ids if fleet.state[i] == DRAINING)
     recently = sum(1 for i in ready if now - fleet.ready_at[i] < span_seconds)
     if role == Role.PREFILL:
-        queue = sum(max(0.0, fleet.busy[i] - now) for i in ready)
-        return RoleState(len(ready), warming, draining, recently, Reading(queue, now), None)
+        return RoleState(len(ready), warming, draining, recently, Reading(float(queued), now), None)
     run = sum(len(fleet.running[i]) for i in ready)
     return RoleState(
         len(ready), warming, draining, recently,
-        Reading(float(waiting_decode), now), Reading(float(run), now),
+        Reading(float(queued), now), Reading(float(run), now),
     )

@@ -42,6 +42,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,7 +51,7 @@ import numpy as np
 from ..model import PerformanceModel, Slo
 from ..observe import Observation, Role
 from .decode_admission import DECODE_ADMISSIONS, DecodeAdmission
-from .fleet import WARMING, Events, Fleet, reconcile
+from .fleet import READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
 from .prefix_index import PrefixIndex
 from .routers import ROUTERS, make_router
@@ -158,9 +159,13 @@ class _Replay:
         self.fleet.on_decode_ready = self._admit_waiting
         self.router = make_router(config.router, self.fleet, model, block, random.Random(config.seed))
         self.admission = DecodeAdmission(self.fleet, model, config.decode_admission, config.slo)
-        self.stats = IntervalStats(config.interval_seconds)
+        self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
         #: requests whose KV is ready while no decode instance is
         self.waiting_decode: list[int] = []
+        #: prefill instance -> start times of the prefills queued on it, oldest first (each
+        #: instance runs its queue in order): the requests still waiting at a tick are the
+        #: queue the engines report, which the planner reads as a backlog
+        self.prefill_starts: dict[int, deque[float]] = {}
         n = len(trace)
         self.ttft = np.full(n, np.nan)
         self.tpot = np.full(n, np.nan)
@@ -219,13 +224,24 @@ class _Replay:
         assert self.controller is not None
         fleet = self.fleet
         self._run_events(now)
-        out = self.controller(self.stats.observe(now, fleet, len(self.waiting_decode)))
+        out = self.controller(self.stats.observe(now, fleet, len(self.waiting_decode),
+                                                 queued_prefill=self._queued_prefill(now)))
         tp, td = out[0], out[1]
         reconcile(
             fleet, tp, td, now, (out[2], out[3]) if len(out) >= 4 else None,
             nodes=self.config.nodes, new_seconds=self.model.profile.warmup.new_node_seconds,
         )
         self.ticks.append((now, tp, td, fleet.provisioned(Role.PREFILL), fleet.provisioned(Role.DECODE)))
+
+    def _queued_prefill(self, now: float) -> int:
+        """Requests whose prefill has not started by ``now`` on a ready prefill instance."""
+        fleet, queued = self.fleet, 0
+        for i, starts in self.prefill_starts.items():
+            while starts and starts[0] <= now:
+                starts.popleft()
+            if fleet.role[i] == Role.PREFILL and fleet.state[i] == READY:
+                queued += len(starts)
+        return queued
 
     def _run_events(self, until: float) -> None:
         """Run every event due at or before ``until``, in time order."""
@@ -253,13 +269,16 @@ class _Replay:
         hits = self.prefix.hits(blocks, fleet.prefill_mask)
         i = self.router.choose(t, n_in, hits)
         hit_tok = min(hits.get(i, 0) * self._block_tokens, n_in)
-        done = max(fleet.busy[i], t) + self._prefill_seconds(n_in, hit_tok)
+        start = max(fleet.busy[i], t)
+        done = start + self._prefill_seconds(n_in, hit_tok)
         if cfg.early_rejection:
             predicted = done - t if cfg.prefill_only else done - t + self._kv_seconds(n_in)
             if predicted > cfg.slo.ttft_seconds:
                 self.rejected[r] = True
                 return
         fleet.busy[i] = done
+        if start > t:
+            self.prefill_starts.setdefault(i, deque()).append(start)
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok
         stats.hit_tokens += hit_tok

@@ -23,7 +23,7 @@ from pdscale.planner.prometheus import (
 
 def test_every_reading_has_a_query_for_both_engines():
     for engine in ("sglang", "SGLang", "vllm"):
-        queries = render_queries(engine, namespace="ns", pdcluster="glm", window_seconds=60)
+        queries = render_queries(engine, namespace="ns", pdcluster="glm", window_seconds=60, percentile=0.99)
         assert set(queries) == set(READINGS)
         for q in queries.values():
             assert 'namespace="ns",pdcluster="glm"' in q
@@ -31,24 +31,24 @@ def test_every_reading_has_a_query_for_both_engines():
 
 
 def test_queries_select_the_right_role_and_window():
-    q = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=120)
+    q = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=120, percentile=0.99)
     assert q["queue_depth_prefill"] == 'sum(sglang:num_queue_reqs{namespace="a",pdcluster="b",role="prefill"})'
     assert '[120s]' in q["rate_rps"]
-    assert 'role="decode"' in q["tpot_p99_seconds"] and "0.99" in q["tpot_p99_seconds"]
+    assert 'role="decode"' in q["tpot_at_percentile_seconds"] and "0.99" in q["tpot_at_percentile_seconds"]
 
 
 def test_overrides_replace_one_query_and_typos_are_refused():
-    q = render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60,
-                       overrides={"ttft_p99_seconds": "max(router_ttft{{{sel}}})"})
-    assert q["ttft_p99_seconds"] == 'max(router_ttft{namespace="a",pdcluster="b"})'
+    q = render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60, percentile=0.99,
+                       overrides={"ttft_at_percentile_seconds": "max(router_ttft{{{sel}}})"})
+    assert q["ttft_at_percentile_seconds"] == 'max(router_ttft{namespace="a",pdcluster="b"})'
     with pytest.raises(ValueError, match=r"queries\.ttft_p98_seconds: unknown reading"):
-        render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60,
+        render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60, percentile=0.99,
                        overrides={"ttft_p98_seconds": "x"})
     with pytest.raises(ValueError, match=r"queries\.rate_rps: bad template"):
-        render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60,
+        render_queries("vllm", namespace="a", pdcluster="b", window_seconds=60, percentile=0.99,
                        overrides={"rate_rps": "sum(x{{{selector}}})"})
     with pytest.raises(ValueError, match=r"engine: unknown engine 'trt'"):
-        render_queries("trt", namespace="a", pdcluster="b", window_seconds=60)
+        render_queries("trt", namespace="a", pdcluster="b", window_seconds=60, percentile=0.99)
 
 
 @pytest.mark.parametrize(("answer", "reason"), [
@@ -77,7 +77,7 @@ class _Refusing:
 
 
 def test_unreachable_prometheus_gives_unknown_everywhere_and_says_so():
-    queries = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=60)
+    queries = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=60, percentile=0.99)
     snap = read_metrics(_Refusing(), queries, now_seconds=100.0)
     assert all(v is None for v in snap.readings.values())
     assert snap.unreachable
@@ -132,7 +132,7 @@ def test_reads_a_real_prometheus(prometheus):
         prometheus.set_targets(f"reader-{role}", [f"127.0.0.1:{server.server_address[1]}"],
                                {"namespace": "ns", "pdcluster": "glm", "role": role})
     try:
-        queries = render_queries("sglang", namespace="ns", pdcluster="glm", window_seconds=5)
+        queries = render_queries("sglang", namespace="ns", pdcluster="glm", window_seconds=5, percentile=0.99)
         client = prometheus_client(prometheus.url)
         deadline = time.monotonic() + 40
         snap = read_metrics(client, queries, 0.0)
@@ -149,10 +149,10 @@ def test_reads_a_real_prometheus(prometheus):
         assert r["prefix_hit_rate"].value == pytest.approx(0.4, rel=0.02)
         assert r["queue_depth_prefill"].value == 3 and r["queue_depth_decode"].value == 1
         # No histogram is exported: TTFT is unknown, not zero, and the failure says so.
-        assert r["ttft_p99_seconds"] is None and snap.failures["ttft_p99_seconds"] == "no data"
+        assert r["ttft_at_percentile_seconds"] is None and snap.failures["ttft_at_percentile_seconds"] == "no data"
         # Another PDCluster's selector sees nothing at all.
         other = read_metrics(client, render_queries("sglang", namespace="ns", pdcluster="x",
-                                                    window_seconds=5), 0.0)
+                                                    window_seconds=5, percentile=0.99), 0.0)
         assert all(v is None for v in other.readings.values())
     finally:
         for server in servers:

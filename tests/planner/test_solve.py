@@ -339,7 +339,7 @@ def test_step_learns_headroom_from_settled_misses_and_plans_with_it() -> None:
     c = cfg(nodes=200)
 
     def missing(o: Observation) -> Observation:
-        return replace(o, tpot_p99_seconds=Reading(0.2, o.now_seconds))  # 4x the 50 ms target
+        return replace(o, tpot_at_percentile_seconds=Reading(0.2, o.now_seconds))  # 4x the 50 ms target
 
     o = obs(20.0, 4, 4, now=0.0)
     first, h = step(o, config=c, history=History(), now=0.0)
