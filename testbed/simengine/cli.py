@@ -117,6 +117,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: engine server flags the sim honours as they are (SGLang's, and vLLM's renamed), with how
+#: many values each takes (None: one or more)
+_ENGINE_FLAGS: dict[str, tuple[str, int | None]] = {
+    "--bucket-time-to-first-token": ("--bucket-time-to-first-token", None),
+    "--bucket-inter-token-latency": ("--bucket-inter-token-latency", None),
+    "--bucket-e2e-request-latency": ("--bucket-e2e-request-latency", None),
+    "--decode-log-interval": ("--decode-log-interval", 1),
+    "--max-running-requests": ("--max-running-requests", 1),
+    "--max-total-tokens": ("--max-total-tokens", 1),
+    "--max-num-seqs": ("--max-running-requests", 1),  # vLLM's name for the batch cap
+}
+
+
+def engine_flags(container_args: list[str]) -> list[str]:
+    """The sim's flags for the engine server flags in a pod's ``container_args`` that change
+    what the sim reports (buckets, log interval, batch and memory caps); others are dropped.
+    Pure; ``--flag=value`` and ``--flag value...`` both read."""
+    out: list[str] = []
+    i = 0
+    while i < len(container_args):
+        name, eq, inline = container_args[i].partition("=")
+        i += 1
+        if name not in _ENGINE_FLAGS:
+            continue
+        flag, arity = _ENGINE_FLAGS[name]
+        values = [inline] if eq else []
+        while not eq and i < len(container_args) and not container_args[i].startswith("--"):
+            values.append(container_args[i])
+            i += 1
+        if arity == 1:
+            values = values[:1]
+        if eq and arity is None:
+            values = inline.replace(",", " ").split()  # one value holding the list
+        if values:
+            out += [flag, *values]
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         role=args.role, host=args.host, port=args.port,

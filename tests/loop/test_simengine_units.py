@@ -220,3 +220,22 @@ def test_decode_batch_cap_queues_the_rest_and_tpot_grows_with_the_batch():
     batch2 = 10 * (step + 2 * per_seq)
     assert batch2 <= durations[1] < batch2 * 1.3, durations
     assert 2 * batch2 <= durations[3] < 2 * batch2 * 1.3, durations
+
+
+def test_engine_flags_of_a_pod_become_the_sims_flags():
+    from pdscale.testbed.simengine import build_parser, config_from_args, engine_flags
+
+    sglang = ["--model-path", "/m", "--bucket-time-to-first-token", "0.05", "0.1", "0.2",
+              "--decode-log-interval=10", "--tp", "8", "--max-running-requests", "64"]  # fmt: skip
+    assert engine_flags(sglang) == ["--bucket-time-to-first-token", "0.05", "0.1", "0.2",
+                                    "--decode-log-interval", "10",
+                                    "--max-running-requests", "64"]  # fmt: skip
+    assert engine_flags(["--max-num-seqs", "32", "--enforce-eager"]) == [
+        "--max-running-requests", "32"]
+    assert engine_flags(["--bucket-inter-token-latency=0.01,0.02"]) == [
+        "--bucket-inter-token-latency", "0.01", "0.02"]
+    args = build_parser().parse_args(["--role", "decode", "--host", "127.0.0.1", "--port", "1",
+                                      *engine_flags(sglang)])  # fmt: skip
+    config = config_from_args(args)
+    assert config.bucket_time_to_first_token == (0.05, 0.1, 0.2)
+    assert (config.decode_log_interval, config.max_running_requests) == (10, 64)
