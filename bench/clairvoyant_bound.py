@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from pdscale.planner.config import PlannerConfig
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
 from pdscale.planner.replay.run import ReplaySetup, simulate_fleet
@@ -75,7 +76,9 @@ def bound(name: str, args: argparse.Namespace, model: PerformanceModel,
     trace = load_trace(c["path"], rate_scale=c["rate_scale"], time_scale=c["time_scale"],
                        lengths_from=c.get("lengths"))
     slo = Slo(ttft_seconds=c["ttft"], tpot_seconds=0.05)
-    setup = ReplaySetup(trace=trace, model=model, slo=slo, nodes=400, early_rejection=True)
+    # fixed fleets only: no planner runs, its configuration carries the model, SLO and budget
+    setup = ReplaySetup(trace=trace, planner=PlannerConfig(model=model, slo=slo, nodes=400),
+                        early_rejection=True)
     t0 = trace.arrival_seconds[0]
     idx = ((np.asarray(trace.arrival_seconds) - t0) // setup.interval_seconds).astype(int)
     n = int(idx.max()) + 1

@@ -24,15 +24,17 @@ from rich.table import Table
 
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
-from pdscale.planner.model import Load, PerformanceModel, Slo
+from pdscale.planner.model import Load, PerformanceModel
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
 from pdscale.planner.profile import load_profile
 from pdscale.planner.replay.run import ReplaySetup, run_policy
 from pdscale.planner.replay.traces import load_trace
 from pdscale.planner.solve import History, plan
+from pdscale.replay import configure, read_spec
 
 OUT = Path(__file__).parents[1] / "out"
 MOONCAKE = "/work/shared/traces/mooncake/conversation_trace.jsonl"
+PDCLUSTER = Path(__file__).with_name("policy_bench_pdcluster.yaml")
 
 
 def latency(samples: int = 300, seed: int = 7) -> dict[str, float]:
@@ -79,8 +81,10 @@ def replay_speed() -> dict[str, float]:
     t = time.perf_counter()
     trace = load_trace(MOONCAKE, rate_scale=20)
     load_s = time.perf_counter() - t
-    setup = ReplaySetup(trace=trace, model=PerformanceModel(load_profile()),
-                        slo=Slo(ttft_seconds=15.0), nodes=400)
+    # the policy benchmark's PDCluster, as the operator would configure its planner
+    configured = configure(read_spec(str(PDCLUSTER)), spec_source="file",
+                           overrides={"--slo-ttft": 15.0, "--nodes": 400})
+    setup = ReplaySetup(trace=trace, planner=configured.config)
     t = time.perf_counter()
     rep = run_policy(setup, "pdscale")
     sim_s = time.perf_counter() - t

@@ -30,9 +30,12 @@ its utilisation targets scaled down until it spends as much (``<name>@matched``)
 at equal cost. The issue's targets are checked on the measured rows and printed (met / NOT
 met) under the table, and stored under ``targets`` in the JSON.
 
-TPOT SLO 50 ms everywhere; node budget 200; interval 60 s; router predicted-TTFT with early
-rejection (the article's overload control; a rejected request counts as a miss) for every
-policy. Dynamic policies start with the fleet sized for the first warm-up window (as if the
+The planner runs the operator's configuration for one PDCluster,
+``bench/policy_bench_pdcluster.yaml`` (through ``pdscale.replay.configure``, as ``pdscale
+replay -f`` does): TPOT SLO 50 ms, percentile 99, node budget 200, interval 60 s, warm-up
+600 s, decode drain 60 s; each trace sets only its TTFT target. Router predicted-TTFT with
+early rejection (the article's overload control; a rejected request counts as a miss) for
+every policy. Dynamic policies start with the fleet sized for the first warm-up window (as if the
 planner had been running before the trace); static:best is searched in hindsight.
 Writes out/policy_bench.json (``out/policy_bench_admission_MODE.json`` with ``--decode-admission``)
 and prints the table with ratios against oracle and static:best.
@@ -52,8 +55,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.model import PerformanceModel, Slo
-from pdscale.planner.profile import load_profile
 from pdscale.planner.replay.run import ReplaySetup, run_policy
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
@@ -63,8 +64,11 @@ from pdscale.planner.replay.traces import (
     read_rate_series,
     synthesize_from_rates,
 )
+from pdscale.replay import configure, read_spec
 
 SHARED = Path("/work/shared/traces")
+#: the PDCluster whose planner configuration every case runs
+PDCLUSTER = Path(__file__).with_name("policy_bench_pdcluster.yaml")
 OUT = Path(__file__).parents[1] / "out"
 MOONCAKE = SHARED / "mooncake/conversation_trace.jsonl"
 POLICIES = ["pdscale", "oracle", "static:best", "reactive", "sla-interp"]
@@ -195,7 +199,8 @@ def main() -> None:
     ap.add_argument("--only", default="mooncake,azure,servegen,steady",
                     help="cases to run, comma-separated; servegen-day (the series at its own "
                          "rate over a real day, 1.4M requests) is not run by default")
-    ap.add_argument("--nodes", type=int, default=200)
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="node budget (default: the PDCluster's nodeBudget, 200)")
     ap.add_argument("--policies", default=None,
                     help="policies to run, comma-separated (default: all, or the case's own)")
     ap.add_argument("--decode-admission", choices=DECODE_ADMISSIONS, default="off",
@@ -206,7 +211,7 @@ def main() -> None:
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
     console = Console(width=170)
-    model = PerformanceModel(load_profile())
+    spec = read_spec(str(PDCLUSTER))
     results: dict[str, Any] = {}
     for name in args.only.split(","):
         c = cases()[name]
@@ -218,8 +223,9 @@ def main() -> None:
         else:
             trace = load_trace(c["path"], rate_scale=c["rate_scale"], time_scale=c["time_scale"],
                                lengths_from=c.get("lengths"))
-        setup = ReplaySetup(trace=trace, model=model, slo=Slo(ttft_seconds=c["ttft"], tpot_seconds=0.05),
-                            nodes=args.nodes, early_rejection=True,
+        configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
+                               overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
+        setup = ReplaySetup(trace=trace, planner=configured.config, early_rejection=True,
                             decode_admission=args.decode_admission)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
                       f"{trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
@@ -244,13 +250,15 @@ def main() -> None:
         results[name] = {"scale": {k: c[k] for k in ("rate_scale", "time_scale")},
                          "ttft_slo_seconds": c["ttft"], "requests": len(trace), "trace": trace.name,
                          "gap_windows_filled": c.get("gap_windows", 0),
+                         "configuration": configured.as_json(),
                          "policies": reps}
-    table = Table(title=f"policies side by side (node budget {args.nodes}, TPOT SLO 50 ms, "
+    table = Table(title=f"policies side by side (node budget {setup.nodes}, TPOT SLO 50 ms, "
                         "predicted-TTFT routing with early rejection"
                         + ("" if args.decode_admission == "off"
                            else f", decode admission: {args.decode_admission}") + ")")
-    for col in ("trace (scale)", "policy", "attain.", "missed: rej/TTFT/TPOT/both", "TTFT p99",
-                "TPOT p99", "GPU-h",
+    pct = f"p{100 * setup.slo.percentile:g}"
+    for col in ("trace (scale)", "policy", "attain.", "missed: rej/TTFT/TPOT/both", f"TTFT {pct}",
+                f"TPOT {pct}", "GPU-h",
                 "vs oracle", "vs static:best", "peak", "role chg"):
         table.add_column(col, justify="right")
     for name, r in results.items():
@@ -262,8 +270,8 @@ def main() -> None:
             table.add_row(
                 scale, rep["policy"], f"{rep['slo_attainment']:.4f}",
                 "/".join(str(v) for v in rep["misses"].values()),
-                str(rep["ttft_p99"]),
-                str(rep["tpot_p99"]), f"{rep['gpu_hours']:.1f}",
+                str(rep["ttft_at_percentile"]),
+                str(rep["tpot_at_percentile"]), f"{rep['gpu_hours']:.1f}",
                 f"{rep['gpu_hours'] / oracle:.2f}x" if oracle else "-",
                 f"{rep['gpu_hours'] / best:.2f}x" if best else "-",
                 str(rep["peak_instances"]), str(rep["role_changes"]),

@@ -32,14 +32,53 @@ def history_keep(config: PlannerConfig) -> int:
     return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1)
 
 
-def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> PlannerConfig:
-    """The solver's knobs from the PDCluster spec (``config.build_config``, as the replay
-    builds its own).
+#: intervals over which lengths and the prefix hit rate are averaged (see planner_config)
+LENGTH_WINDOW_INTERVALS = 3
 
-    Warm-up: the spec's per-role ``warmupSeconds`` is what this deployment's instances take,
-    so it replaces the profile's figure (the slower role's, to price every start safely). A
-    role switch is a drain plus a fresh pod of the other role here, so it costs the same.
-    The node budget defaults to the two roles' maxima together."""
+
+#: the spec fields the planner's configuration is made of, (section, field) as in
+#: ``pdcluster.py``: ``pdscale replay`` lists each with its value and source, and a test checks
+#: that each one moves the configuration and no other field does
+PLANNER_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
+    ("slo", "ttft_milliseconds"),
+    ("slo", "tpot_milliseconds"),
+    ("slo", "percentile"),
+    ("planner", "interval_seconds"),
+    ("planner", "node_budget"),
+    ("planner", "stabilization_window_seconds"),
+    ("planner", "profile"),
+    ("prefill", "min_replicas"),
+    ("prefill", "max_replicas"),
+    ("prefill", "warmup_seconds"),
+    ("decode", "min_replicas"),
+    ("decode", "max_replicas"),
+    ("decode", "warmup_seconds"),
+    ("decode", "pre_stop_drain_seconds"),
+)
+
+
+def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> PlannerConfig:
+    """The planner's configuration for a PDCluster: the one mapping from a spec, used by the
+    operator, ``pdscale replay`` and the benchmarks (``config.build_config`` does the
+    arithmetic). ``profile`` replaces ``spec.planner.profile`` (the command line's
+    ``--profile`` file); the fields read are :data:`PLANNER_SPEC_FIELDS`.
+
+    - SLO: the targets, and ``percentile`` as a share (90 -> 0.9), which the solver sizes
+      for, the metrics reader asks Prometheus for and calibration compares with the targets.
+    - Warm-up: the spec's per-role ``warmupSeconds`` is what this deployment's instances take,
+      so it replaces the profile's figure (the slower role's, to price every start safely). A
+      role switch is a drain plus a fresh pod of the other role here, so it costs the same.
+      The horizon is derived from it, so that the solver sees a new instance come online and
+      prices its warm-up.
+    - The node budget defaults to the two roles' maxima together.
+    - A removed decode instance drains for ``preStopDrainSeconds``.
+    - Fleets count requests as they complete: a prefill backlog reads as load, cleared over
+      one interval after a new node's warm-up (``build_config``), and a stall with no
+      completions does not hold the plan. A replay's simulated fleet is read the same way.
+    - Lengths are smoothed over 3 intervals: a change of load shape (chat -> long documents)
+      must reach the split within a few intervals. Measured on the demo's phases: 15 kept
+      prefill at 1-2 for 4 intervals of long documents.
+    - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``)."""
     p = spec.planner
     return build_config(
         model=PerformanceModel(profile or shipped_profile(p.profile)),
@@ -57,21 +96,9 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         max_decode=spec.decode.max_replicas,
         stabilization_window_seconds=p.stabilization_window_seconds,
         decode_drain_seconds=float(spec.decode.pre_stop_drain_seconds),
-        # These differ from the replay's (planner/replay/run.py) on purpose for now; a later
-        # issue unifies them:
-        # - the horizon derived from the warm-up, so that it sees a new instance come online
-        #   and prices its warm-up (the replay: a fixed 30 intervals)
         horizon_intervals=None,
-        # - A live fleet counts completions: a prefill backlog must read as load, and a stall
-        #   with no completions must not hold the plan (the replay: its observations are
-        #   exact). The builder clears the backlog over one interval after a new node's
-        #   warm-up.
         count_prefill_backlog=True,
-        # - Lengths smoothed over 3 intervals (the replay: 15): a change of load shape (chat
-        #   -> long documents) must reach the split within a few intervals. Measured on the
-        #   demo's phases: 15 kept prefill at 1-2 for 4 intervals of long documents.
-        length_window=3,
-        # - the decode hedge always (the replay drops it when decode sheds)
+        length_window=LENGTH_WINDOW_INTERVALS,
         decode_rise_quantile=0.95,
     )
 

@@ -1,8 +1,17 @@
 """Replay a recorded trace through a scaling policy on a simulated PD fleet.
 
+The planner runs the configuration the operator would run for a PDCluster: ``-f FILE`` names
+the PDCluster, and its SLOs, percentile, interval, warm-ups, decode drain, instance bounds,
+node budget, scale-down window and profile become the planner's configuration through the
+operator's own mapping (``operator/planning.py: planner_config``). Without ``-f`` the spec is
+the CRD's defaults. Flags override single fields; the output lists every field with its value
+and where it came from (flag, file or default). Router, early rejection and decode admission
+are the simulated fleet's, not the planner's.
+
 Prints a summary table and optionally writes the full report as JSON and a plot of load,
 prefill and decode counts and SLO attainment per interval. Examples:
 
+    pdscale replay -f examples/demo-sim.yaml --trace conversation_trace.jsonl --policy pdscale
     pdscale replay --trace conversation_trace.jsonl --rate-scale 5 --policy pdscale --slo-ttft 15
     pdscale replay --trace m-mid_rate.csv --lengths conversation_trace.jsonl --policy oracle
 """
@@ -12,12 +21,188 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdscale.operator.pdcluster import PDClusterSpec
+    from pdscale.planner.config import PlannerConfig
+    from pdscale.planner.profile import Profile
+
+
+def _milliseconds(seconds: float) -> int:
+    """The spec counts the SLO targets in integer milliseconds; the flags keep seconds."""
+    ms = round(seconds * 1000.0)
+    if abs(ms - seconds * 1000.0) > 1e-6:
+        raise ValueError(f"must be a whole number of milliseconds, got {seconds!r} s")
+    return ms
+
+
+@dataclass(frozen=True)
+class SpecFlag:
+    """A flag that overrides PDCluster spec fields for the replay."""
+
+    flag: str
+    #: (spec section, field) pairs it sets, snake_case as in operator/pdcluster.py
+    fields: tuple[tuple[str, str], ...]
+    #: flag value -> the field's value in the spec's units
+    to_spec: Callable[[Any], Any]
+    type: Callable[[str], Any]
+    help: str
+
+
+SPEC_FLAGS: tuple[SpecFlag, ...] = (
+    SpecFlag("--slo-ttft", (("slo", "ttft_milliseconds"),), _milliseconds, float,
+             "TTFT target, seconds (spec.slo.ttftMilliseconds)"),
+    SpecFlag("--slo-tpot", (("slo", "tpot_milliseconds"),), _milliseconds, float,
+             "TPOT target, seconds (spec.slo.tpotMilliseconds)"),
+    SpecFlag("--percentile", (("slo", "percentile"),), int, int,
+             "share of requests, in percent, that must meet both targets (spec.slo.percentile)"),
+    SpecFlag("--nodes", (("planner", "node_budget"),), int, int,
+             "node budget, 8xH200 nodes (spec.planner.nodeBudget)"),
+    SpecFlag("--interval", (("planner", "interval_seconds"),), int, int,
+             "planning interval, seconds (spec.planner.intervalSeconds)"),
+    SpecFlag("--stabilization-window", (("planner", "stabilization_window_seconds"),), int, int,
+             "scale-down window, seconds (spec.planner.stabilizationWindowSeconds)"),
+    SpecFlag("--warmup", (("prefill", "warmup_seconds"), ("decode", "warmup_seconds")), int, int,
+             "seconds from instance start to serving, both roles (spec.*.warmupSeconds)"),
+    SpecFlag("--decode-drain", (("decode", "pre_stop_drain_seconds"),), int, int,
+             "seconds a removed decode instance drains (spec.decode.preStopDrainSeconds)"),
+    SpecFlag("--min-prefill", (("prefill", "min_replicas"),), int, int, "spec.prefill.minReplicas"),
+    SpecFlag("--max-prefill", (("prefill", "max_replicas"),), int, int, "spec.prefill.maxReplicas"),
+    SpecFlag("--min-decode", (("decode", "min_replicas"),), int, int, "spec.decode.minReplicas"),
+    SpecFlag("--max-decode", (("decode", "max_replicas"),), int, int, "spec.decode.maxReplicas"),
+)
+
+
+@dataclass(frozen=True)
+class Configured:
+    """The planner's configuration for a replay, and where each spec field it reads came
+    from: rows of (field as in the PDCluster, value, source)."""
+
+    spec: PDClusterSpec
+    config: PlannerConfig
+    sources: tuple[tuple[str, str, str], ...]
+
+    def as_json(self) -> dict[str, dict[str, Any]]:
+        return {name: {"value": value, "from": source} for name, value, source in self.sources}
+
+
+class ConfigurationError(ValueError):
+    """A spec field, flag or profile the planner cannot run with; the message names it."""
+
+
+def read_spec(path: str) -> PDClusterSpec:
+    """The one PDCluster in FILE, parsed by the CRD's model (``checklist.parse``: every field's
+    type, range and default). The checks that concern the children the operator would create
+    (a Prometheus URL to read, grace periods, images) are not the replay's: a spec applied
+    with its URL set elsewhere, such as the demo's, replays as it is."""
+    from pdscale.operator.checklist import SpecError, parse
+    from pdscale.operator.pdcluster import GROUP, KIND
+    from pdscale.spec_file import SpecFileError, read
+
+    try:
+        docs = [d for d in read(path) if d.data is not None]
+    except (OSError, SpecFileError) as exc:
+        raise ConfigurationError(f"{path}: {exc}") from None
+    found = [d for d in docs if isinstance(d.data, dict) and d.data.get("kind") == KIND
+             and str(d.data.get("apiVersion", "")).startswith(f"{GROUP}/")]
+    if len(found) != 1:
+        raise ConfigurationError(f"{path}: expected one {KIND} document, found {len(found)}")
+    try:
+        spec = parse(found[0].data.get("spec"))
+    except SpecError as exc:
+        raise ConfigurationError(f"{path}: document {found[0].number}: {exc}") from None
+    return spec
+
+
+def default_spec() -> PDClusterSpec:
+    """A PDCluster of the CRD's defaults, for a replay without ``-f``. Only the fields the
+    planner reads are filled (the model, engine and router it needs no image for)."""
+    from pdscale.operator.pdcluster import PDClusterSpec
+
+    return PDClusterSpec.model_construct()
+
+
+def configure(
+    spec: PDClusterSpec,
+    *,
+    spec_source: str,
+    overrides: Mapping[str, Any] | None = None,
+    profile: Profile | None = None,
+    profile_source: str = "",
+) -> Configured:
+    """The planner's configuration for ``spec`` with ``overrides`` (flag -> value, flags of
+    :data:`SPEC_FLAGS`) applied to its fields, through the operator's mapping; ``profile``
+    (from ``profile_source``) replaces the spec's ``planner.profile``.
+
+    The overrides change the spec, not the configuration, so that everything the mapping
+    derives from a field (the horizon and the scale-down window from the warm-up, the node
+    budget from the maxima) follows the flag as it would follow the field. A value the CRD
+    refuses is refused here, naming the flag. Raises :class:`ConfigurationError`."""
+    import pydantic
+
+    from pdscale.operator.planning import PLANNER_SPEC_FIELDS, planner_config
+    from pdscale.planner.profile import ProfileError
+
+    by_flag = {f.flag: f for f in SPEC_FLAGS}
+    chosen: dict[tuple[str, str], str] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for flag, value in (overrides or {}).items():
+        if value is None:
+            continue
+        known = by_flag.get(flag)
+        if known is None:
+            raise ConfigurationError(f"{flag}: not a flag that sets a spec field")
+        try:
+            converted = known.to_spec(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"{flag}: {exc}") from None
+        for section, name in known.fields:
+            chosen[(section, name)] = flag
+            values.setdefault(section, getattr(spec, section).model_dump())[name] = converted
+    update: dict[str, Any] = {}
+    for section, fields in values.items():
+        if section in ("prefill", "decode"):
+            # the replicas now are no input of the planner; keep them within the new bounds
+            fields["replicas"] = min(max(fields["replicas"], fields["min_replicas"]),
+                                     fields["max_replicas"])
+        try:
+            update[section] = type(getattr(spec, section)).model_validate(fields)
+        except pydantic.ValidationError as exc:
+            flags = sorted({flag for (sec, _), flag in chosen.items() if sec == section})
+            reason = "; ".join(e["msg"] for e in exc.errors())
+            raise ConfigurationError(f"{', '.join(flags)}: {reason}") from None
+    spec = spec.model_copy(update=update)
+    try:
+        config = planner_config(spec, profile)
+    except (ProfileError, ValueError) as exc:
+        raise ConfigurationError(str(exc)) from None
+
+    rows = []
+    for section, name in PLANNER_SPEC_FIELDS:
+        part = getattr(spec, section)
+        alias = type(part).model_fields[name].alias or name
+        if section == "planner" and name == "profile" and profile is not None:
+            rows.append((f"{section}.{alias}", profile.name, profile_source))
+            continue
+        value = getattr(part, name)
+        if (section, name) in chosen:
+            source = f"flag {chosen[(section, name)]}"
+        elif section in spec.model_fields_set and name in part.model_fields_set:
+            source = spec_source
+        else:
+            source = "default"
+        rows.append((f"{section}.{alias}", "unset" if value is None else value, source))
+    return Configured(spec, config, tuple(rows))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("-f", "--filename", dest="spec_file",
+                        help="the PDCluster whose planner to replay (default: the CRD's defaults)")
     parser.add_argument("--trace", required=True, help="Mooncake .jsonl, Azure CSV or rate-series CSV")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
@@ -26,11 +211,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy", required=True,
         help="pdscale | static:xPyD (e.g. static:4P17D) | static:best | reactive | sla-interp | oracle",
     )
-    parser.add_argument("--profile", help="profile YAML (default: shipped DeepSeek FP8 8xH200)")
-    parser.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT target, seconds")
-    parser.add_argument("--slo-tpot", type=float, default=0.05, help="TPOT target, seconds")
-    parser.add_argument("--nodes", type=int, default=64, help="node budget (8xH200 nodes)")
-    parser.add_argument("--interval", type=float, default=60.0, help="planning interval, seconds")
+    parser.add_argument("--profile", help="profile YAML or shipped name (default: spec.planner.profile)")
+    for f in SPEC_FLAGS:
+        parser.add_argument(f.flag, type=f.type, default=None, help=f"{f.help}; overrides the spec")
     parser.add_argument("--router", default="predicted-ttft",
                         choices=["random", "least-queue", "cache-aware", "predicted-ttft"])
     parser.add_argument("--early-rejection", action="store_true",
@@ -38,10 +221,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-admission", choices=["off", "queue", "shed"], default="off",
                         help="off: decode takes every request; queue: decode caps its batch at the "
                              "TPOT target (--max-running-requests sized to the SLO) and the rest "
-                             "wait; shed: and drops what would wait past the TTFT target "
-                             "(default: off)")
+                             "wait; shed: and drops what would wait past the TTFT target, and the "
+                             "planner drops its decode hedge (default: off)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
+
+
+def configuration_from(args: argparse.Namespace) -> Configured:
+    """The command line's spec, flags and profile, through :func:`configure`."""
+    from pdscale.planner.profile import ProfileError, load_profile
+
+    if args.spec_file:
+        spec, source = read_spec(args.spec_file), f"file {args.spec_file}"
+    else:
+        spec, source = default_spec(), "default"
+    profile = None
+    if args.profile:
+        try:
+            profile = load_profile(args.profile)
+        except ProfileError as exc:
+            raise ConfigurationError(str(exc)) from None
+    overrides = {f.flag: getattr(args, f.flag.lstrip("-").replace("-", "_")) for f in SPEC_FLAGS}
+    return configure(spec, spec_source=source, overrides=overrides, profile=profile,
+                     profile_source="flag --profile")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +251,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.planner.model import PerformanceModel, Slo
-    from pdscale.planner.profile import ProfileError, load_profile
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import TraceError, load_trace
 
@@ -59,23 +259,33 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]error:[/red] --plot needs matplotlib: pip install 'pdscale[plot]'")
         return 2
     try:
-        profile = load_profile(args.profile)
+        configured = configuration_from(args)
         trace = load_trace(
             args.trace, rate_scale=args.rate_scale, time_scale=args.time_scale,
             lengths_from=args.lengths,
         )
-    except (ProfileError, TraceError) as exc:
+    except (ConfigurationError, TraceError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    config = configured.config
     setup = ReplaySetup(
-        trace=trace, model=PerformanceModel(profile),
-        slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot),
-        nodes=args.nodes, interval_seconds=args.interval, router=args.router,
+        trace=trace, planner=config, router=args.router,
         early_rejection=args.early_rejection, decode_admission=args.decode_admission,
     )
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
-        f"(rate x{args.rate_scale:g}, time /{args.time_scale:g}), profile {profile.name}"
+        f"(rate x{args.rate_scale:g}, time /{args.time_scale:g}), profile {config.model.profile.name}"
+    )
+    fields = Table(title="planner configuration (spec fields)")
+    for column in ("field", "value", "from"):
+        fields.add_column(column)
+    for name, value, source in configured.sources:
+        fields.add_row(name, str(value), source)
+    console.print(fields)
+    console.print(
+        f"derived: horizon {config.horizon_intervals} intervals, node budget {config.nodes}, "
+        f"scale-down window {config.stabilization_seconds:g} s, "
+        f"warm-up {config.model.profile.warmup.new_node_seconds:g} s"
     )
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"replay {args.policy}", total=1.0)
@@ -90,10 +300,18 @@ def run(args: argparse.Namespace) -> int:
             return 2
     report["rate_scale"] = args.rate_scale
     report["time_scale"] = args.time_scale
+    report["configuration"] = configured.as_json()
+    pct = f"p{100 * config.slo.percentile:g}"
     table = Table(title=f"replay {report['policy']} on {report['trace']}")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    for key in ("requests", "slo_attainment", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
+    table.add_row(f"slo_attainment (SLO: {config.slo.percentile:.0%} of requests)",
+                  f"{_fmt(report['slo_attainment'])} ({'met' if report['slo_met'] else 'NOT met'})")
+    table.add_row(f"ttft_{pct} / target", f"{_fmt(report['ttft_at_percentile'])} / "
+                  f"{config.slo.ttft_seconds:g}")
+    table.add_row(f"tpot_{pct} / target", f"{_fmt(report['tpot_at_percentile'])} / "
+                  f"{config.slo.tpot_seconds:g}")
+    for key in ("requests", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
                 "tpot_p90", "tpot_p99", "rejected", "gpu_hours", "role_changes"):
         table.add_row(key, _fmt(report[key]))
     m = report["misses"]

@@ -1,11 +1,12 @@
 """The planner's knobs: :class:`PlannerConfig`, validated when it is made, and
 :func:`build_config`, the one place a deployment's figures become a configuration.
 
-The operator (from a PDCluster spec) and the replay (from a replay setup) both call
-``build_config`` with plain keyword arguments in seconds; it derives what follows from them
-(the horizon from the warm-up, the backlog's clearing time, the profile's warm-up) so that
-the two cannot drift apart by accident. Where they still differ on purpose, the difference is
-an argument at their call site.
+``build_config`` takes plain keyword arguments in seconds and derives what follows from them
+(the horizon from the warm-up, the backlog's clearing time, the profile's warm-up). Its one
+caller in the product is the mapping from a PDCluster spec (``operator/planning.py:
+planner_config``), which the operator, ``pdscale replay`` and the benchmarks all use, so that
+the planner measured in a replay is the planner that runs. (The planner cannot import the
+operator's spec model, so the mapping lives there; the replay receives its result whole.)
 """
 
 from __future__ import annotations

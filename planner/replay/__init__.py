@@ -9,7 +9,8 @@ operator, the command line or the test bed; the runtime planner never imports it
   (one class per routing policy), ``prefix_index`` (cache hits per instance),
   ``decode_admission`` (off / queue / shed) and ``interval_stats`` (what each interval observes).
 - ``policies``: the policies compared in replay (pdscale, reactive, sla-interp, static, oracle).
-- ``run``: :class:`ReplaySetup` and :func:`run_policy`, what ``pdscale replay`` and the
-  benchmarks call.
+- ``run``: :class:`ReplaySetup` (a trace, the planner's configuration as the operator would
+  run it for a PDCluster, and the simulated fleet's own knobs) and :func:`run_policy`, what
+  ``pdscale replay`` and the benchmarks call.
 - ``workloads``: the global-scheduling article's multi-turn chat workload.
 """

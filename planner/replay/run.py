@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig, build_config
+from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
 from .policies import (
     POLICIES,
@@ -28,23 +28,46 @@ from .traces import Trace
 
 @dataclass(frozen=True)
 class ReplaySetup:
-    """Everything that is the same for every policy compared on one trace."""
+    """Everything that is the same for every policy compared on one trace.
+
+    ``planner`` is the planner's whole configuration, as the operator runs it: the command
+    line and the benchmarks derive it from a PDCluster spec with the operator's own mapping
+    (``operator/planning.py: planner_config``); the model, the SLO with its percentile, the
+    node budget and the interval are read from it, never set twice. The other fields are the
+    simulation's alone (the fleet's router and admission, what static:best aims at)."""
 
     trace: Trace
-    model: PerformanceModel
-    slo: Slo = field(default_factory=Slo)
-    nodes: int = 64
-    interval_seconds: float = 60.0
+    planner: PlannerConfig
     router: str = "predicted-ttft"
     early_rejection: bool = False
     #: "off", "queue" (decode caps its batch at the TPOT target) or "shed" (and drops what
     #: would wait past the TTFT target): simulate.SimConfig.decode_admission; a property of the
     #: fleet, the same for every policy
     decode_admission: str = "off"
-    #: static:best is the smallest fixed fleet reaching this attainment
-    target_attainment: float = 0.99
-    #: pdscale planner knobs (model, slo and nodes are overridden from this setup)
-    planner: PlannerConfig | None = None
+    #: static:best is the smallest fixed fleet reaching this attainment; None: the SLO's
+    #: percentile (a fleet meeting both targets for that share of requests)
+    target_attainment: float | None = None
+
+    @property
+    def model(self) -> PerformanceModel:
+        return self.planner.model
+
+    @property
+    def slo(self) -> Slo:
+        return self.planner.slo
+
+    @property
+    def nodes(self) -> int:
+        return self.planner.nodes
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.planner.interval_seconds
+
+    @property
+    def attainment_target(self) -> float:
+        """What static:best must reach (``target_attainment``, or the SLO's percentile)."""
+        return self.slo.percentile if self.target_attainment is None else self.target_attainment
 
 
 def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0) -> list[Load]:
@@ -75,35 +98,15 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
 
 
 def planner_config(setup: ReplaySetup) -> PlannerConfig:
-    """The pdscale planner's configuration for this setup (``config.build_config``, as the
-    operator builds its own); a ``setup.planner`` given whole keeps its knobs, with the
-    setup's model, SLO, budget and interval."""
-    if setup.planner is not None:
-        return replace(
-            setup.planner, model=setup.model, slo=setup.slo, nodes=setup.nodes,
-            interval_seconds=setup.interval_seconds,
-        )
-    return build_config(
-        model=setup.model, slo=setup.slo, interval_seconds=setup.interval_seconds,
-        node_budget=setup.nodes,
-        # These differ from the operator's (operator/planning.py) on purpose for now; a later
-        # issue unifies them:
-        # - the profile's own warm-up (the operator: the spec's warmupSeconds)
-        warmup_seconds=None,
-        # - a fixed 30-interval horizon (the operator: derived from the warm-up)
-        horizon_intervals=30,
-        # - no backlog read as load: a replay's observations are exact (the operator: counted)
-        count_prefill_backlog=False,
-        # - lengths smoothed over 15 intervals (the operator: 3)
-        length_window=15,
-        # - decode drain estimated from the load (the operator: the spec's preStopDrainSeconds)
-        decode_drain_seconds=None,
-        # - The decode hedge (a higher rise quantile for decode) insures against the TPOT
-        #   cliff; with shedding a short decode fleet loses only its excess, as prefill does.
-        #   A queue is no such insurance: what waits piles up (README, decode admission).
-        #   (The operator: always the hedge.)
-        decode_rise_quantile=None if setup.decode_admission == "shed" else 0.95,
-    )
+    """The pdscale planner's configuration for this replay: ``setup.planner`` as given, but
+    for one what-if of the simulated fleet. With ``decode_admission="shed"`` the planner drops
+    its decode hedge (decode covers the same rise quantile as prefill): a decode fleet that
+    sheds what would wait past the TTFT target loses only its excess, as prefill does, so the
+    hedge against the TPOT cliff buys nothing (README, decode admission). A queue is no such
+    insurance: what waits piles up, and the hedge stays."""
+    if setup.decode_admission == "shed":
+        return replace(setup.planner, decode_rise_quantile=None)
+    return setup.planner
 
 
 def initial_fleet(setup: ReplaySetup) -> tuple[int, int]:
@@ -164,7 +167,7 @@ def static_best(
     peak_p = max((setup.model.fluid_demand(ld, setup.slo)[0] for ld in loads), default=1.0)
     peak_d = max((setup.model.fluid_demand(ld, setup.slo)[1] for ld in loads), default=1.0)
     tried: list[tuple[int, int, float]] = []
-    target = setup.target_attainment
+    target = setup.attainment_target
     d_ample = min(setup.nodes - 1, max(2, math.ceil(peak_d * 2)))
     p_ample = min(setup.nodes - 1, max(2, math.ceil(peak_p * 2)))
 
@@ -308,6 +311,7 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
     """The replay JSON: the issue's fields plus per-interval series for plotting."""
     gpus = setup.model.profile.gpus_per_instance
     missed = misses(setup.slo, r)
+    attainment = round(r.attainment(setup.slo), 5)
     inst_h = {k: v / 3600.0 for k, v in r.instance_seconds.items()}
     t0 = float(r.arrival_seconds[0]) if len(r.arrival_seconds) else 0.0
     dt = setup.interval_seconds
@@ -328,8 +332,14 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
         "policy": policy,
         "trace": setup.trace.name,
         "requests": len(r.arrival_seconds),
-        "slo": {"ttft_seconds": setup.slo.ttft_seconds, "tpot_seconds": setup.slo.tpot_seconds},
-        "slo_attainment": round(r.attainment(setup.slo), 5),
+        "slo": {"ttft_seconds": setup.slo.ttft_seconds, "tpot_seconds": setup.slo.tpot_seconds,
+                "percentile": setup.slo.percentile},
+        "slo_attainment": attainment,
+        # the SLO holds when at least its percentile of requests (rejected ones count as
+        # misses) met both targets; the latencies at that percentile are of those served
+        "slo_met": attainment >= setup.slo.percentile,
+        "ttft_at_percentile": _pct(r.ttft_seconds, 100.0 * setup.slo.percentile),
+        "tpot_at_percentile": _pct(r.tpot_seconds, 100.0 * setup.slo.percentile),
         "ttft_p50": _pct(r.ttft_seconds, 50),
         "ttft_p90": _pct(r.ttft_seconds, 90),
         "ttft_p99": _pct(r.ttft_seconds, 99),

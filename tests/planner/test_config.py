@@ -1,5 +1,6 @@
 """PlannerConfig refuses every bad value by name and range; build_config derives the dependent
-values in one place for the operator and the replay."""
+values in one place (the operator's spec mapping calls it for every caller: see
+test_one_configuration.py)."""
 
 from __future__ import annotations
 
@@ -170,21 +171,3 @@ def test_the_builder_names_its_own_bad_arguments() -> None:
         build(interval_seconds=0.0)
     with pytest.raises(ValueError, match=r"^PlannerConfig.max_decode must be"):
         build(min_decode=3, max_decode=2)
-
-
-def test_the_operator_and_the_replay_differ_only_where_they_say() -> None:
-    """Both build through build_config; the knobs their call sites name as different are the
-    only fields that differ for the same deployment figures."""
-    from pdscale.planner.replay.run import ReplaySetup, planner_config
-    from pdscale.planner.replay.traces import Trace
-
-    trace = Trace(name="empty", arrival_seconds=[], input_tokens=[], output_tokens=[], hash_ids=[],
-                  block_tokens=512)
-    replay = planner_config(ReplaySetup(trace=trace, model=MODEL, nodes=40))
-    warm = MODEL.profile.warmup.new_node_seconds
-    live = build(warmup_seconds=warm, count_prefill_backlog=True, length_window=3,
-                 decode_drain_seconds=60.0)
-    differ = {f for f in PlannerConfig.__dataclass_fields__ if getattr(replay, f) != getattr(live, f)}
-    # the model: the deployment's warm-up replaces the profile's role switch too
-    assert differ == {"model", "horizon_intervals", "backlog_seconds", "length_window",
-                      "decode_drain_seconds"}

@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from planner_replay_helpers import replay_setup
 
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Role
@@ -55,6 +56,29 @@ def test_budget_is_never_exceeded_and_warm_up_is_paid(model: PerformanceModel, d
     assert r.instance_seconds["warming"] == pytest.approx(6 * model.profile.warmup.new_node_seconds)
 
 
+def test_the_prefill_queue_is_counted_in_requests_as_engines_count_it(model: PerformanceModel) -> None:
+    """The planner reads a prefill backlog as requests to serve (SGLang's num_queue_reqs,
+    vLLM's num_requests_waiting): the simulated fleet reports the requests whose prefill has
+    not started, not the seconds of work queued."""
+    n, tokens = 20, 8000
+    each = model.prefill_seconds(tokens)
+    burst = [k * 1e-3 for k in range(n)]
+    tr = Trace(name="burst", arrival_seconds=[*burst, 30.0], input_tokens=[tokens] * (n + 1),
+               output_tokens=[10] * (n + 1), hash_ids=[[k] for k in range(n + 1)], block_tokens=512)
+    seen: list[Observation] = []
+
+    def hold(obs: Observation) -> tuple[int, int]:
+        seen.append(obs)
+        return 1, 1
+
+    simulate(tr, model, SimConfig(initial_prefill=1, initial_decode=1, interval_seconds=5.0), hold)
+    at_5s = next(o for o in seen if o.now_seconds == 5.0)
+    # one instance runs them in arrival order: those not started 5 s in still wait
+    waiting = sum(1 for k in range(n) if max(burst[k], k * each) > 5.0)
+    assert 0 < waiting < n
+    assert at_5s.prefill.queue_depth is not None and at_5s.prefill.queue_depth.value == waiting
+
+
 def test_role_switch_drains_then_warms(model: PerformanceModel, donor: Trace) -> None:
     tr = steady(donor, 2.0, 1200)
     calls = []
@@ -73,7 +97,7 @@ def test_role_switch_drains_then_warms(model: PerformanceModel, donor: Trace) ->
 
 
 def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> None:
-    setup = ReplaySetup(trace=steady(donor, 3.0, 600), model=model, slo=Slo(ttft_seconds=15), nodes=20)
+    setup = replay_setup(steady(donor, 3.0, 600), ttft_seconds=15, nodes=20)
     rep = run_policy(setup, "static:3P2D")
     assert set(rep) >= REQUIRED
     json.dumps(rep)
@@ -89,9 +113,8 @@ def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> N
 
 def conversation_at_6rps(donor: Trace, model: PerformanceModel, admission: str = "off") -> ReplaySetup:
     """Five minutes of conversation at 6 req/s: one decode (or one prefill) instance is short."""
-    return ReplaySetup(trace=steady(donor, 6.0, 300), model=model,
-                       slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20,
-                       early_rejection=True, decode_admission=admission)
+    return replay_setup(steady(donor, 6.0, 300), ttft_seconds=15, tpot_seconds=0.05, nodes=20,
+                        early_rejection=True, decode_admission=admission)
 
 
 def test_misses_are_counted_by_cause(model: PerformanceModel, donor: Trace) -> None:
@@ -132,8 +155,8 @@ def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
     assert shed["misses"]["ttft_only"] < 0.01 * shed["requests"]
     assert shed["slo_attainment"] > max(cliff["slo_attainment"], queue["slo_attainment"])
     # a fleet with enough decode is not touched by either
-    roomy = ReplaySetup(trace=steady(donor, 3.0, 300), model=model,
-                        slo=Slo(ttft_seconds=15, tpot_seconds=0.05), nodes=20, early_rejection=True)
+    roomy = replay_setup(steady(donor, 3.0, 300), ttft_seconds=15, tpot_seconds=0.05, nodes=20,
+                         early_rejection=True)
     base = run_policy(roomy, "static:4P4D")["misses"]
     for admission in ("queue", "shed"):
         assert run_policy(replace(roomy, decode_admission=admission), "static:4P4D")["misses"] == base
@@ -144,8 +167,7 @@ def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
 @pytest.mark.slow
 def test_steady_hour_has_no_role_changes_and_meets_slo(model: PerformanceModel, donor: Trace) -> None:
     # the router runs predicted-TTFT with early rejection, as in the benchmark
-    setup = ReplaySetup(trace=steady(donor, 12.0, 3600), model=model, slo=Slo(ttft_seconds=15),
-                        nodes=64, early_rejection=True)
+    setup = replay_setup(steady(donor, 12.0, 3600), ttft_seconds=15, nodes=64, early_rejection=True)
     rep = run_policy(setup, "pdscale")
     assert rep["role_changes"] == 0
     counts = {(d["prefill"], d["decode"]) for d in rep["decisions"]}
@@ -241,19 +263,19 @@ def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     fleet = prefill_fleet(2)
     fleet.add(Role.DECODE, 0.0, 0.0)
     fleet.add(Role.DECODE, 0.0, 120.0)
-    stats = IntervalStats(60.0)
-    first = stats.observe(0.0, fleet, waiting_decode=0)
+    stats = IntervalStats(60.0, 0.99)
+    first = stats.observe(0.0, fleet, waiting_decode=0, queued_prefill=0)
     assert first.rate_rps is None  # nothing watched yet: unknown, not zero
     for t in (1.0, 2.0, 3.0):
         stats.arrival(t, 1000, 100)
     stats.hit_tokens += 500
     stats.ttft.append(0.5)
     fleet.busy[0] = 70.0
-    obs = stats.observe(60.0, fleet, waiting_decode=4)
+    obs = stats.observe(60.0, fleet, waiting_decode=4, queued_prefill=3)
     assert obs.rate_rps.value == 3 / 60 and obs.mean_input_tokens.value == 1000
-    assert obs.prefix_hit_rate.value == 500 / 3000 and obs.ttft_p99_seconds.value == 0.5
-    assert obs.prefill.ready == 2 and obs.prefill.queue_depth.value == 10.0
+    assert obs.prefix_hit_rate.value == 500 / 3000 and obs.ttft_at_percentile_seconds.value == 0.5
+    assert obs.prefill.ready == 2 and obs.prefill.queue_depth.value == 3
     assert obs.decode.ready == 1 and len(obs.decode.warming) == 1
     assert obs.decode.queue_depth.value == 4
-    again = stats.observe(120.0, fleet, waiting_decode=0)
+    again = stats.observe(120.0, fleet, waiting_decode=0, queued_prefill=0)
     assert again.rate_rps.value == 0 and again.ttft_p50_seconds is None
