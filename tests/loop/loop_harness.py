@@ -1,4 +1,4 @@
-"""Processes for the loop tests (imported as `loop_harness`: tests/loop is not a package): simulated SGLang engines and the real sglang-router 0.3.2.
+"""Processes for the loop tests (imported as `loop_harness`: tests/loop is not a package): simulated SGLang engines and the real SGLang routers (sglang-router 0.3.2, or the smg 1.13 gateway), or vllm-router.
 
 Every process binds to its own 127.x.y.z address (Linux routes all of 127.0.0.0/8 to
 loopback) with a free port, logs to a file under the test's tmp dir, and is stopped by the
@@ -33,6 +33,14 @@ TIMING = {
     "kv-tokens-per-second": 1_000_000,
 }
 BLOCK_TOKENS = 16
+
+#: the SGLang routers the loop tests run, by their PyPI names: the same command line and
+#: worker API, different programs (docs/routers.md)
+SGLANG_ROUTER, SMG = "sglang-router", "smg"
+GATEWAY_COMMAND = {
+    SGLANG_ROUTER: [sys.executable, "-m", "sglang_router.launch_router"],
+    SMG: [sys.executable, "-m", "smg", "launch"],
+}
 
 
 def free_port(host: str) -> int:
@@ -160,10 +168,12 @@ class Fleet:
                 time.sleep(0.05)
         pytest.fail(f"{engine.name} not healthy in {timeout}s; log {engine.log}")
 
-    def start_router(self, prefill: list[Engine], decode: list[Engine], *extra: str) -> str:
+    def start_router(self, prefill: list[Engine], decode: list[Engine], *extra: str,
+                     gateway: str = SGLANG_ROUTER) -> str:
+        """``gateway``: which SGLang router program, :data:`SGLANG_ROUTER` or :data:`SMG`."""
         host = f"{self.net}.10"
         port, metrics_port = free_port(host), free_port(host)
-        argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", host,
+        argv = [*GATEWAY_COMMAND[gateway], "--host", host,
                 "--port", str(port), "--prometheus-host", host,
                 "--prometheus-port", str(metrics_port), "--pd-disaggregation",
                 "--policy", "round_robin", "--worker-startup-check-interval", "1"]  # fmt: skip
@@ -171,7 +181,7 @@ class Fleet:
             argv += ["--prefill", e.url, str(e.bootstrap_port)]
         for e in decode:
             argv += ["--decode", e.url]
-        self.router = self._spawn("router", argv + list(extra))
+        self.router = self._spawn(gateway, argv + list(extra))
         self.procs.append(self.router)
         self.router_url = f"http://{host}:{port}"
         self.wait_router_workers(len(prefill) + len(decode))

@@ -1,30 +1,41 @@
-"""The real sglang-router 0.3.2 in PD mode in front of simulated engines.
+"""The real SGLang routers in PD mode in front of simulated engines: every test runs against
+sglang-router 0.3.2 and against the smg 1.13 gateway that succeeded it.
 
 What a user would notice: requests are answered in every API, TTFT and TPOT are what the
-timing model says, a worker added through the API takes traffic, and removing a prefill and a
-decode worker under load in the release order (router first, drain, then stop) fails no
-request - while stopping them without that order does (the control that shows the zero-failure
-test can fail)."""
+timing model says, a worker added through the API takes traffic, the router lists exactly the
+workers the operator wants at every sample while the fleet scales up and down under load, and
+removing a prefill and a decode worker under load in the release order (router first, drain,
+then stop) fails no request - while stopping them without that order does (the control that
+shows the zero-failure test can fail)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 import statistics
+import time
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from loop_harness import BLOCK_TOKENS, TIMING, Fleet
+from loop_harness import BLOCK_TOKENS, SGLANG_ROUTER, SMG, TIMING, Fleet
 
 from pdscale.operator.routersync import (
     RouterClient,
     SGLangWorkerList,
     normalize_url,
+    parse_worker_list,
     remove_worker_in_order,
 )
 from pdscale.testbed.loadgen import Phase, RequestSpec, plan_requests, run_load, send_one, summarize
 
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
+
+
+@pytest.fixture(params=[SGLANG_ROUTER, SMG])
+def gateway(request) -> str:
+    """Which SGLang router the test runs against."""
+    return request.param
 
 
 def predicted_ttft_seconds(input_tokens: int, cached_tokens: int = 0) -> float:
@@ -51,12 +62,12 @@ async def post_json(url: str, body: dict) -> tuple[int, dict]:
         return resp.status, await resp.json()
 
 
-def fleet_up(fleet: Fleet, n_prefill: int, n_decode: int):
+def fleet_up(fleet: Fleet, n_prefill: int, n_decode: int, gateway: str, *extra: str):
     prefill = [fleet.start_engine("prefill", wait=False) for _ in range(n_prefill)]
     decode = [fleet.start_engine("decode", wait=False) for _ in range(n_decode)]
     for e in prefill + decode:
         fleet.wait_healthy(e)
-    fleet.start_router(prefill, decode, *ROUTER_ARGS)
+    fleet.start_router(prefill, decode, *ROUTER_ARGS, *extra, gateway=gateway)
     return prefill, decode
 
 
@@ -65,8 +76,8 @@ def requests_served(engine) -> int:
 
 
 @pytest.mark.slow
-def test_every_api_streaming_and_not_is_answered_through_the_router(fleet):
-    prefill, decode = fleet_up(fleet, 2, 2)
+def test_every_api_streaming_and_not_is_answered_through_the_router(fleet, gateway):
+    prefill, decode = fleet_up(fleet, 2, 2, gateway)
     url = fleet.router_url
     for i, api in enumerate(("chat", "completions", "generate")):
         record = asyncio.run(stream_one(url, api, spec(i, 50, 12)))
@@ -88,9 +99,12 @@ def test_every_api_streaming_and_not_is_answered_through_the_router(fleet):
         assert text.split() == ["t0", "t1", "t2", "t3", "t4"], answer
 
     # the router took its tokenizer from the engines' local model path, not from the hub
+    # (smg routes HTTP PD traffic without one and logs no registration)
     router_log = fleet.router.log.read_text()
-    assert "Successfully registered tokenizer" in router_log, fleet.router.log
+    if gateway == SGLANG_ROUTER:
+        assert "Successfully registered tokenizer" in router_log, fleet.router.log
     assert "Failed to download tokenizer" not in router_log, fleet.router.log
+    assert "huggingface.co" not in router_log, fleet.router.log
 
     # round robin: every instance took part, and prefill saw every prompt
     assert all(requests_served(e) >= 2 for e in prefill + decode), fleet.describe()
@@ -98,8 +112,8 @@ def test_every_api_streaming_and_not_is_answered_through_the_router(fleet):
 
 
 @pytest.mark.slow
-def test_ttft_and_tpot_follow_the_timing_model(fleet):
-    (p,), _ = fleet_up(fleet, 1, 1)
+def test_ttft_and_tpot_follow_the_timing_model(fleet, gateway):
+    (p,), _ = fleet_up(fleet, 1, 1, gateway)
     url = fleet.router_url
     n_in, n_out = 2000, 20  # 2000 is a whole number of cache blocks
     assert n_in % BLOCK_TOKENS == 0
@@ -140,8 +154,8 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet):
 
 
 @pytest.mark.slow
-def test_a_worker_added_through_the_api_takes_traffic(fleet):
-    (p1,), (d1,) = fleet_up(fleet, 1, 1)
+def test_a_worker_added_through_the_api_takes_traffic(fleet, gateway):
+    (p1,), (d1,) = fleet_up(fleet, 1, 1, gateway)
     p2 = fleet.start_engine("prefill")
     d2 = fleet.start_engine("decode")
 
@@ -164,9 +178,9 @@ def test_a_worker_added_through_the_api_takes_traffic(fleet):
 
 
 @pytest.mark.slow
-def test_the_operators_worker_list_makes_the_router_list_exactly_the_desired_workers(fleet):
+def test_the_operators_worker_list_makes_the_router_list_exactly_the_desired_workers(fleet, gateway):
     # The planner loop's door to sglang-router (synchronous, one event loop per call).
-    (p1,), (d1,) = fleet_up(fleet, 1, 1)
+    (p1,), (d1,) = fleet_up(fleet, 1, 1, gateway)
     d2 = fleet.start_engine("decode")
     workers = SGLangWorkerList([fleet.router_url])
     assert workers.listed() == {normalize_url(e.url) for e in (p1, d1)}
@@ -186,10 +200,11 @@ REMOVE_DECODE_AT_SECONDS = 2.0
 REMOVE_PREFILL_AT_SECONDS = 3.5
 
 
-def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode", "prefill")):
+def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode", "prefill"),
+                       gateway: str = SGLANG_ROUTER):
     """Steady load through 2P2D; one decode and one prefill (or only ``roles``) leave mid-run,
     ``how`` decides the order. Returns (records, per-removal results, leaving engines, the
-    router's final workers).
+    workers the router still routes to at the end).
 
     The router runs with retries disabled: a retry can hide a failed pair by sending it again
     elsewhere, and this test is about our release order, not the router's second chances."""
@@ -200,7 +215,7 @@ def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode
     decode = [fleet.start_engine("decode", wait=False) for _ in range(2)]
     for e in prefill + decode:
         fleet.wait_healthy(e)
-    fleet.start_router(prefill, decode, *ROUTER_ARGS, "--disable-retries")
+    fleet.start_router(prefill, decode, *ROUTER_ARGS, "--disable-retries", gateway=gateway)
     leaving = [e for e, role in ((decode[1], "decode"), (prefill[1], "prefill")) if role in roles]
     specs = plan_requests([LOAD], seed=7)
 
@@ -233,14 +248,16 @@ def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode
             )
 
     records, *removals = asyncio.run(scenario())
-    return records, removals, leaving, fleet.router_workers()
+    # smg still lists a removed worker as draining for its settle time; it routes nothing there
+    routed = [w for w in fleet.router_workers() if w.get("status") != "draining"]
+    return records, removals, leaving, routed
 
 
 @pytest.mark.slow
-def test_removing_workers_in_drain_order_under_load_fails_no_request(fleet):
-    records, removals, leaving, workers = removal_under_load(fleet, "drain_order")
+def test_removing_workers_in_drain_order_under_load_fails_no_request(fleet, gateway):
+    records, removals, leaving, workers = removal_under_load(fleet, "drain_order", gateway=gateway)
     summary = summarize(records)
-    print(f"\ndrain order: {summary}; removals {removals}")
+    print(f"\n{gateway} drain order: {summary}; removals {removals}")
     failures = [r.error for r in records if not r.ok][:5]
     assert summary["failed"] == 0, f"{summary}; first errors {failures}; {fleet.describe()}"
     assert summary["requests"] >= 120, summary
@@ -265,11 +282,151 @@ def test_removing_workers_in_drain_order_under_load_fails_no_request(fleet):
         ("remove_then_kill", ("prefill",)),
     ],
 )
-def test_control_stopping_workers_without_the_drain_order_fails_requests(fleet, how, roles):
-    records, inflight_at_kill, _, _ = removal_under_load(fleet, how, roles)
+def test_control_stopping_workers_without_the_drain_order_fails_requests(fleet, how, roles,
+                                                                         gateway):
+    records, inflight_at_kill, _, _ = removal_under_load(fleet, how, roles, gateway)
     summary = summarize(records)
-    print(f"\n{how} {roles}: {summary}; in flight at kill {inflight_at_kill}")
+    print(f"\n{gateway} {how} {roles}: {summary}; in flight at kill {inflight_at_kill}")
     # the zero-failure test above can fail: the same load and removals, without waiting for
     # in-flight work, lose requests
     assert sum(inflight_at_kill) > 0, inflight_at_kill
     assert summary["failed"] > 0, f"{how}: {summary}; {fleet.describe()}"
+
+
+# -- scaling up and down through the operator's worker list, sampled ------------------------
+
+SCALE_LOAD = Phase("steady", duration_seconds=11.0, rate_rps=20.0, mean_input_tokens=400,
+                   mean_output_tokens=40, prefix_share=0.5)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change of the desired set: ``after`` from ``began`` on, reached at ``ended``."""
+
+    began: float
+    ended: float
+    before: frozenset[str]
+    after: frozenset[str]
+
+
+def off_samples(samples: list[tuple[float, float, frozenset[str]]], steps: list[Step]) -> list[str]:
+    """Samples (sent, answered, routed URLs) the router should not have shown. Pure.
+
+    Between steps the router must list exactly the desired set; a sample that overlaps a step
+    may show any set between the two (the router applies one call at a time): at least what
+    both want, at most what either wants."""
+    bad = []
+    for sent, answered, routed in samples:
+        desired = steps[0].before
+        lower = upper = desired
+        for step in steps:
+            if answered < step.began:
+                break
+            if sent > step.ended:  # wholly after this step
+                desired = lower = upper = step.after
+            else:  # overlaps it
+                lower, upper = lower & step.after, upper | step.after
+        if not lower <= routed <= upper:
+            bad.append(f"at {sent:.2f}s: {sorted(routed)} (wanted {sorted(lower)}..{sorted(upper)})")
+    return bad
+
+
+def test_off_samples_flags_a_sample_outside_the_desired_set():
+    a, b, c = "http://a", "http://b", "http://c"
+    steps = [Step(1.0, 1.5, frozenset({a, b}), frozenset({a, b, c})),
+             Step(3.0, 3.2, frozenset({a, b, c}), frozenset({a}))]
+    good = [(0.5, 0.6, frozenset({a, b})), (1.1, 1.2, frozenset({a, b})),
+            (1.2, 1.3, frozenset({a, b, c})), (2.0, 2.1, frozenset({a, b, c})),
+            (3.05, 3.1, frozenset({a, c})), (4.0, 4.1, frozenset({a}))]
+    assert off_samples(good, steps) == []
+    late = [(2.0, 2.1, frozenset({a, b})), (4.0, 4.1, frozenset({a, c})),
+            (0.5, 0.6, frozenset({a, b, c})), (3.05, 3.1, frozenset({b}))]
+    assert len(off_samples(late, steps)) == 4
+
+
+@pytest.mark.slow
+def test_the_worker_list_is_exact_at_every_sample_while_scaling_under_load(fleet, gateway):
+    """1P1D grows to 2P2D, sheds its first prefill and decode in the release order, then grows
+    a decode again, under steady load, through the operator's own door to the router
+    (``SGLangWorkerList``). A sampler reads GET /workers every 20 ms: the workers the router
+    routes to (smg: not draining) are exactly the desired ones at every sample between
+    changes, and no request fails."""
+    # the prefill that leaves is 4x slower, so it has prompts queued when it is told to go
+    p1 = fleet.start_engine("prefill", "--prefill-tokens-per-second", "5000", wait=False)
+    p2 = fleet.start_engine("prefill", wait=False)
+    d1, d2, d3 = (fleet.start_engine("decode", wait=False) for _ in range(3))
+    for e in (p1, p2, d1, d2, d3):
+        fleet.wait_healthy(e)
+    fleet.start_router([p1], [d1], *ROUTER_ARGS, "--disable-retries", gateway=gateway)
+    workers = SGLangWorkerList([fleet.router_url])
+    plan = [  # (at seconds, desired engines, engine leaving after its drain)
+        (1.5, (p1, p2, d1, d2), None),
+        (4.0, (p1, p2, d2), d1),
+        (6.5, (p2, d2), p1),
+        (8.5, (p2, d2, d3), None),
+    ]
+    steps: list[Step] = []
+    samples: list[tuple[float, float, frozenset[str]]] = []
+    drains: list[tuple[str, int, int | None]] = []
+    start = time.monotonic()
+
+    def scale() -> None:
+        before = frozenset(normalize_url(e.url) for e in (p1, d1))
+        for at, desired, leaving in plan:
+            time.sleep(max(0.0, at - (time.monotonic() - start)))
+            busy = 0
+            for _ in range(100 if leaving is not None else 0):
+                # leave while busy, so that the drain has work at stake
+                busy = leaving.state()["inflight"]  # type: ignore[union-attr]
+                if busy > 0:
+                    break
+                time.sleep(0.01)
+            began = time.monotonic() - start
+            workers.make_equal(frozenset(e.spec for e in desired))
+            after = frozenset(normalize_url(e.url) for e in desired)
+            steps.append(Step(began, time.monotonic() - start, before, after))
+            before = after
+            if leaving is not None:  # release order: out of the router, idle, then stopped
+                deadline = time.monotonic() + 15
+                while leaving.state()["inflight"] > 0 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                drains.append((leaving.name, busy, leaving.stop(signal.SIGTERM, 15)))
+
+    async def sample(done: asyncio.Event) -> None:
+        async with aiohttp.ClientSession() as session:
+            while not done.is_set():
+                sent = time.monotonic() - start
+                async with session.get(fleet.router_url + "/workers") as resp:
+                    listing = parse_worker_list(await resp.text())
+                routed = frozenset(normalize_url(w.url) for w in listing if not w.draining)
+                samples.append((sent, time.monotonic() - start, routed))
+                await asyncio.sleep(0.02)
+
+    async def scenario():
+        done = asyncio.Event()
+        sampler = asyncio.create_task(sample(done))
+        records, _ = await asyncio.gather(
+            run_load(fleet.router_url, plan_requests([SCALE_LOAD], seed=11), api="chat",
+                     timeout_seconds=30),
+            asyncio.to_thread(scale),
+        )  # fmt: skip
+        await asyncio.sleep(0.5)  # the last step, settled
+        done.set()
+        await sampler
+        return records
+
+    records = asyncio.run(scenario())
+    summary = summarize(records)
+    print(f"\n{gateway}: {summary}; {len(samples)} samples; steps "
+          f"{[(round(s.began, 2), round(s.ended - s.began, 3)) for s in steps]}; drains {drains}")
+    failures = [r.error for r in records if not r.ok][:5]
+    assert summary["failed"] == 0, f"{summary}; first errors {failures}; {fleet.describe()}"
+    assert summary["requests"] >= 150, summary
+    assert len(steps) == len(plan) and len(samples) >= 200, (len(steps), len(samples))
+    bad = off_samples(samples, steps)
+    assert not bad, f"{len(bad)} of {len(samples)} samples off: {bad[:5]}; {fleet.describe()}"
+    # each leaving engine had work when it was told to leave, finished it, and exited cleanly
+    assert [rc for *_, rc in drains] == [0, 0], drains
+    assert all(busy > 0 for _, busy, _ in drains), drains
+    # the new decode took traffic, the old pair none after it left
+    assert requests_served(d3) > 0 and requests_served(d2) > 0, fleet.describe()
