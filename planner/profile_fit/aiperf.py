@@ -10,7 +10,7 @@ record_models.py``) and its "Working with profile export files" tutorial describ
                  "output_sequence_length": {"value": 9, "unit": "tokens"}, ...},
      "error": null}
 
-Failed, cancelled and warm-up records are skipped; every other record must carry the four
+(aiperf 0.13 omits ``error`` when there is none.) Failed, cancelled and warm-up records are skipped; every other record must carry the four
 metrics and its start time (epoch nanoseconds), which place it among the others: the batch it
 decoded in is reconstructed from the overlap of the records (see ``points_from_records``).
 The file records no aiperf version, model or engine flags (those are in
@@ -30,7 +30,8 @@ TOOL = "aiperf"
 
 def _record(obj: Any, at: Locator) -> RequestRecord | None:
     metadata = at.get(obj, "metadata", "metadata")
-    if at.get(obj, "error", "error") is not None or metadata.get("was_cancelled"):
+    # aiperf 0.13 leaves "error" out of a successful record (the tutorial's example shows null)
+    if obj.get("error") is not None or metadata.get("was_cancelled"):
         return None
     if metadata.get("benchmark_phase", "profiling") != "profiling":
         return None

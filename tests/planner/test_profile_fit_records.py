@@ -111,6 +111,7 @@ def runs() -> list[tuple[int, list[RequestRecord]]]:
 # -- writers: each tool's own format, from the records ----------------------------------------
 
 def write_aiperf(path: Path, records: list[RequestRecord]) -> None:
+    """As aiperf 0.13 writes them (checked against a real run): no "error" key on a success."""
     lines = []
     for i, r in enumerate(records):
         itl_ms = (r.latency_seconds - r.ttft_seconds) / (r.output_tokens - 1) * 1000
@@ -125,8 +126,7 @@ def write_aiperf(path: Path, records: list[RequestRecord]) -> None:
                         "time_to_first_token": {"value": r.ttft_seconds * 1000, "unit": "ms"},
                         "request_latency": {"value": r.latency_seconds * 1000, "unit": "ms"},
                         "output_sequence_length": {"value": r.output_tokens, "unit": "tokens"},
-                        "inter_token_latency": {"value": itl_ms, "unit": "ms"}},
-            "error": None}))
+                        "inter_token_latency": {"value": itl_ms, "unit": "ms"}}}))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -255,6 +255,16 @@ def test_detect_format_tells_the_tools_apart(runs, tmp_path):
         sub = tmp_path / tool
         sub.mkdir()
         assert detect_format(files_for(tool, runs[:1], sub)[0]) == expected
+
+
+def test_aiperf_records_with_an_explicit_null_error_are_read_and_failed_ones_skipped(runs, tmp_path):
+    path = files_for("aiperf", runs[:1], tmp_path)[0]
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[0]["error"] = None  # the tutorial's shape
+    lines[1]["error"] = {"code": 500, "type": "ServerError", "message": "boom"}
+    lines[1]["metrics"] = {"error_isl": {"value": 200, "unit": "tokens"}}
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert len(read_benchmark(path).prefill) == len(lines) - 1
 
 
 # -- refusals ----------------------------------------------------------------------------------
