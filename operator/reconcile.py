@@ -142,7 +142,13 @@ def reconcile(kube: Kube, body: dict[str, Any], now: str) -> Outcome:
     meta = body["metadata"]
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     with _lock(owner.uid or ""):
-        return _reconcile(kube, body, owner, now)
+        # Read again under the lock: another reconcile of this PDCluster may have written its
+        # status since ``body`` was read, and conditions and Events follow from the status
+        # as it is (a stale one says the same thing twice; a retried refusal did, 4 times).
+        current = kube.get("PDCluster", owner.namespace, owner.name)
+        if current is None or current["metadata"].get("uid") != owner.uid:
+            return Outcome()  # gone, or another PDCluster of the same name now
+        return _reconcile(kube, current, owner, now)
 
 
 def reconcile_current(kube: Kube, namespace: str, name: str, now: str) -> Outcome | None:

@@ -143,3 +143,27 @@ def test_the_handler_retries_a_refusal_with_backoff(monkeypatch):
         delays.append(raised.value.delay)
     assert delays == sorted(delays) and delays[0] < delays[-1]  # backing off
     assert ("ns", "x") in memo.retries.due
+
+
+def test_a_reconcile_woken_with_a_stale_body_says_nothing_twice():
+    """kopf hands each handler the body of its own event, maybe from before another
+    reconcile wrote the status; on the real API server a refusal was posted 4 times so."""
+    kube = RefusingKube()
+    _pdc(kube)
+    kube.refuse[("Deployment", "glm53-decode")] = refused(422)
+    stale = _body(kube)  # no status yet
+    reconcile(kube, _body(kube), NOW)
+    again = reconcile(kube, stale, NOW)
+    assert again.writes == 0
+    assert len(_warnings(kube, c.EVENT_APPLY_REFUSED)) == 1
+
+
+def test_a_reconcile_of_a_pdcluster_gone_or_replaced_does_nothing():
+    kube = RefusingKube()
+    _pdc(kube)
+    body = _body(kube)
+    kube.objects[("PDCluster", "serving", "glm53")]["metadata"]["uid"] = "uid-2"  # recreated
+    assert reconcile(kube, body, NOW) == Outcome()
+    del kube.objects[("PDCluster", "serving", "glm53")]
+    assert reconcile(kube, body, NOW) == Outcome()
+    assert kube.writes == 0
