@@ -120,7 +120,9 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def parse(raw: dict[str, Any] | None) -> PDClusterSpec:
     """The spec dict (camelCase, as in the resource) -> model, or SpecError naming fields."""
     try:
-        return PDClusterSpec.model_validate(raw or {})
+        # camelCase only, as the CRD names them: the API server prunes a snake_case key, so
+        # the model (which takes field names from Python) must not take one from a document
+        return PDClusterSpec.model_validate(raw or {}, by_name=False)
     except pydantic.ValidationError as exc:
         problems = []
         for err in exc.errors():
