@@ -151,3 +151,129 @@ def test_cel_rules_sit_where_they_apply():
     assert spec["properties"]["kvCache"]["default"] == {
         "pageSizeTokens": 64, "dtype": "Auto", "layout": "Auto"}
     assert spec["properties"]["prefill"]["default"]["minReplicas"] == 1
+
+
+# -- the other direction: what the CRD admits, the model takes (or refuses, naming the field) --
+
+#: free-form values: the schema lets any key through (maps of user data), so their keys are
+#: data, not field names
+def _free_form(node: dict) -> bool:
+    return bool(node.get("x-kubernetes-preserve-unknown-fields")) or isinstance(
+        node.get("additionalProperties"), dict)
+
+
+def _schema_fields(node: dict, path: str = "spec"):
+    """Field paths the CRD declares (not the keys of free-form maps)."""
+    for name, sub in node.get("properties", {}).items():
+        yield f"{path}.{name}", sub
+        yield from _schema_fields(sub, f"{path}.{name}")
+    if "items" in node:
+        yield from _schema_fields(node["items"], f"{path}[]")
+
+
+def test_every_field_the_crd_declares_is_a_model_field():
+    model_paths = {path for path, _ in _model_fields(PDClusterSpec)}
+    crd_paths = {path for path, _ in _schema_fields(_schema()["properties"]["spec"])}
+    assert crd_paths - model_paths == set(), "the CRD admits these; the model knows nothing of them"
+    assert model_paths - crd_paths == set()
+
+
+def test_the_crd_names_fields_in_camel_case_only():
+    import re
+
+    for path, _ in _schema_fields(_schema()["properties"]["spec"]):
+        name = path.rsplit(".", 1)[-1].removesuffix("[]")
+        assert re.fullmatch(r"[a-z][A-Za-z0-9]*", name), path
+
+
+def _full_spec() -> dict:
+    """A sample with every default filled in: every section present, to rename and vary."""
+    return dump(parse(yaml.safe_load(EXAMPLES[0].read_text())["spec"]))
+
+
+def _keys(value, path=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield (*path, k)
+            yield from _keys(v, (*path, k))
+
+
+def _snake(name: str) -> str:
+    import re
+
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def test_the_model_refuses_a_snake_case_spelling_the_crd_would_prune():
+    """The API server drops a field its schema does not name; the model must not take it
+    either (``pdscale render`` would otherwise render what the cluster never sees)."""
+    from pdscale.operator.checklist import SpecError
+
+    spec = _full_spec()
+    free = {path for path, node in _schema_fields(_schema()["properties"]["spec"]) if _free_form(node)}
+    renamed = 0
+    for keys in list(_keys(spec)):
+        if _snake(keys[-1]) == keys[-1] or any(
+                "spec." + ".".join(keys[:i]) in free for i in range(1, len(keys))):
+            continue
+        doc = copy.deepcopy(spec)
+        parent = doc
+        for k in keys[:-1]:
+            parent = parent[k]
+        parent[_snake(keys[-1])] = parent.pop(keys[-1])
+        with pytest.raises(SpecError) as refused:
+            parse(doc)
+        fields = [p.field for p in refused.value.problems]
+        assert any(_snake(keys[-1]) in f or keys[-1] in f for f in fields), (keys, fields)
+        renamed += 1
+    assert renamed > 30
+
+
+def _admitted_values(node: dict) -> list:
+    """Values the CRD's schema admits at one leaf: its bounds, its enum, both booleans."""
+    if "enum" in node:
+        return list(node["enum"])
+    kind = node.get("type")
+    if kind == "boolean":
+        return [True, False]
+    if kind == "integer":
+        low, high = node.get("minimum", 0), node.get("maximum", 2**31 - 1)
+        return [low, high]
+    if kind == "number":
+        return [node.get("minimum", 0.0), node.get("maximum", 1e9)]
+    if kind == "string" and "pattern" not in node and "format" not in node:
+        return ["x" * max(1, node.get("minLength", 1))]
+    return []
+
+
+def test_what_the_crd_admits_the_model_accepts_or_refuses_naming_a_field():
+    """Every leaf of the sample set, one at a time, to each value the schema admits there:
+    the operator's validation takes it, or refuses with problems that name fields of the
+    CRD (the SpecValid=False message); never an exception of another kind."""
+    from pdscale.operator.checklist import SpecError, validate
+
+    spec = _full_spec()
+    nodes = dict(_schema_fields(_schema()["properties"]["spec"]))
+    known = set(nodes) | {"spec"}
+    accepted = refused = 0
+    for keys in list(_keys(spec)):
+        path = "spec." + ".".join(keys)
+        node = nodes.get(path)
+        if node is None:
+            continue  # a key inside a free-form map
+        for value in _admitted_values(node):
+            doc = copy.deepcopy(spec)
+            parent = doc
+            for k in keys[:-1]:
+                parent = parent[k]
+            parent[keys[-1]] = value
+            try:
+                validate(doc)
+                accepted += 1
+            except SpecError as exc:
+                refused += 1
+                for problem in exc.problems:
+                    named = problem.field.split("[")[0].rstrip(".")
+                    assert problem.message and any(
+                        named == k or named.startswith(k + ".") for k in known), (path, value, problem)
+    assert accepted > 50 and refused > 0, (accepted, refused)
