@@ -47,46 +47,65 @@ READINGS = (
 # output tokens and TPOT on the decode side; TTFT on the decode side, which in SGLang's PD
 # mode receives the request at the same time as prefill, so its TTFT includes bootstrap,
 # prefill and KV transfer.
+
+
+def _sglang(names: str, role: str) -> str:
+    """A selector of SGLang's metric(s) ``names`` (a regex alternative) for one role, under
+    both spellings of the prefix: ``sglang:`` (the Prometheus client's collector) and
+    ``sglang_`` (where colons are not allowed in names, as some exporters rewrite them)."""
+    return f'{{{{__name__=~"sglang[:_]{names}",{{sel}},role="{role}"}}}}'
+
+
 SGLANG_QUERIES: Mapping[str, str] = {
     # Arrivals at the router where it is scraped (role="router"); engines count a request
     # only when it completes, which under overload is the rate served, not the rate offered.
     "rate_rps": (
         'sum(rate(smg_http_requests_total{{{sel},role="router",method="POST",'
         'path=~"/generate|/v1/chat/completions|/v1/completions"}}[{window}]))'
-        ' or sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))'
+        f' or sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
     ),
     "mean_input_tokens": (
-        'sum(rate(sglang:prompt_tokens_total{{{sel},role="prefill"}}[{window}]))'
-        ' / sum(rate(sglang:num_requests_total{{{sel},role="prefill"}}[{window}]))'
+        f'sum(rate({_sglang("prompt_tokens_total", "prefill")}[{{window}}]))'
+        f' / sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
     ),
     "mean_output_tokens": (
-        'sum(rate(sglang:generation_tokens_total{{{sel},role="decode"}}[{window}]))'
-        ' / sum(rate(sglang:num_requests_total{{{sel},role="decode"}}[{window}]))'
+        f'sum(rate({_sglang("generation_tokens_total", "decode")}[{{window}}]))'
+        f' / sum(rate({_sglang("num_requests_total", "decode")}[{{window}}]))'
     ),
     "prefix_hit_rate": (
-        'sum(rate(sglang:cached_tokens_total{{{sel},role="prefill"}}[{window}]))'
-        ' / sum(rate(sglang:prompt_tokens_total{{{sel},role="prefill"}}[{window}]))'
+        f'sum(rate({_sglang("cached_tokens_total", "prefill")}[{{window}}]))'
+        f' / sum(rate({_sglang("prompt_tokens_total", "prefill")}[{{window}}]))'
     ),
     "ttft_p50_seconds": (
         "histogram_quantile(0.5, sum by (le) (rate("
-        'sglang:time_to_first_token_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+        f'{_sglang("time_to_first_token_seconds_bucket", "decode")}[{{window}}])))'
     ),
     "ttft_at_percentile_seconds": (
         "histogram_quantile({quantile}, sum by (le) (rate("
-        'sglang:time_to_first_token_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+        f'{_sglang("time_to_first_token_seconds_bucket", "decode")}[{{window}}])))'
     ),
     "tpot_p50_seconds": (
         "histogram_quantile(0.5, sum by (le) (rate("
-        'sglang:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+        f'{_sglang("inter_token_latency_seconds_bucket", "decode")}[{{window}}])))'
     ),
     "tpot_at_percentile_seconds": (
         "histogram_quantile({quantile}, sum by (le) (rate("
-        'sglang:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
+        f'{_sglang("inter_token_latency_seconds_bucket", "decode")}[{{window}}])))'
     ),
-    "queue_depth_prefill": 'sum(sglang:num_queue_reqs{{{sel},role="prefill"}})',
-    "queue_depth_decode": 'sum(sglang:num_queue_reqs{{{sel},role="decode"}})',
-    "running_requests_prefill": 'sum(sglang:num_running_reqs{{{sel},role="prefill"}})',
-    "running_requests_decode": 'sum(sglang:num_running_reqs{{{sel},role="decode"}})',
+    # Every queue a request waits in before its role works on it, summed in one selector (a
+    # queue an engine version does not export adds nothing; none at all is unknown). Prefill:
+    # the scheduler's waiting queue and the bootstrap queue (waiting for its decode peer), named
+    # num_prefill_prealloc_queue_reqs before SGLang renamed it num_prefill_bootstrap_queue_reqs
+    # (an engine exports one of the two); not the inflight queue, whose prefill is done and
+    # whose KV is on its way. Decode: waiting, prealloc (KV memory) and transfer (KV arriving).
+    "queue_depth_prefill": (
+        f'sum({_sglang("(num_queue_reqs|num_prefill_prealloc_queue_reqs|num_prefill_bootstrap_queue_reqs)", "prefill")})'
+    ),
+    "queue_depth_decode": (
+        f'sum({_sglang("(num_queue_reqs|num_decode_prealloc_queue_reqs|num_decode_transfer_queue_reqs)", "decode")})'
+    ),
+    "running_requests_prefill": f'sum({_sglang("num_running_reqs", "prefill")})',
+    "running_requests_decode": f'sum({_sglang("num_running_reqs", "decode")})',
 }
 
 # vLLM: the decode instance's TTFT misses the prefill time (the proxy sends to prefill first),
@@ -123,7 +142,13 @@ VLLM_QUERIES: Mapping[str, str] = {
         'vllm:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
     "queue_depth_prefill": 'sum(vllm:num_requests_waiting{{{sel},role="prefill"}})',
-    "queue_depth_decode": 'sum(vllm:num_requests_waiting{{{sel},role="decode"}})',
+    # a decode's requests waiting for room to run (reason="capacity"), where vLLM splits its
+    # waiting gauge by reason: those deferred on their KV pull are no lack of decode capacity;
+    # older vLLM has only the total
+    "queue_depth_decode": (
+        'sum(vllm:num_requests_waiting_by_reason{{{sel},role="decode",reason="capacity"}})'
+        ' or sum(vllm:num_requests_waiting{{{sel},role="decode"}})'
+    ),
     "running_requests_prefill": 'sum(vllm:num_requests_running{{{sel},role="prefill"}})',
     "running_requests_decode": 'sum(vllm:num_requests_running{{{sel},role="decode"}})',
 }

@@ -32,7 +32,9 @@ def test_every_reading_has_a_query_for_both_engines():
 
 def test_queries_select_the_right_role_and_window():
     q = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=120, percentile=0.99)
-    assert q["queue_depth_prefill"] == 'sum(sglang:num_queue_reqs{namespace="a",pdcluster="b",role="prefill"})'
+    assert q["queue_depth_prefill"] == (
+        'sum({__name__=~"sglang[:_](num_queue_reqs|num_prefill_prealloc_queue_reqs|'
+        'num_prefill_bootstrap_queue_reqs)",namespace="a",pdcluster="b",role="prefill"})')
     assert '[120s]' in q["rate_rps"]
     assert 'role="decode"' in q["tpot_at_percentile_seconds"] and "0.99" in q["tpot_at_percentile_seconds"]
 
@@ -97,19 +99,35 @@ def test_partial_answers_keep_what_was_read():
 
 
 class _Engine(BaseHTTPRequestHandler):
-    """SGLang-named counters growing at known rates: 5 req/s of 2,000 prompt tokens, 40% cached."""
+    """SGLang-named counters growing at known rates: 5 req/s of 2,000 prompt tokens, 40% cached,
+    100 output tokens; and the PD queues. The prefill writes the ``sglang:`` prefix, the decode
+    ``sglang_`` (an exporter that rewrites the colon): the reader must read both."""
 
     started = time.monotonic()
 
     def do_GET(self):
         t = time.monotonic() - self.started
         role = self.server.role  # type: ignore[attr-defined]
-        lines = [
-            f'sglang:num_requests_total{{engine_type="{role}"}} {5 * t:.3f}',
-            f'sglang:prompt_tokens_total{{engine_type="{role}"}} {5 * 2000 * t:.3f}',
-            f'sglang:cached_tokens_total{{engine_type="{role}"}} {5 * 800 * t:.3f}',
-            f'sglang:num_queue_reqs{{engine_type="{role}"}} {3 if role == "prefill" else 1}',
-        ]
+        if role == "prefill":
+            lines = [
+                f'sglang:num_requests_total{{engine_type="{role}"}} {5 * t:.3f}',
+                f'sglang:prompt_tokens_total{{engine_type="{role}"}} {5 * 2000 * t:.3f}',
+                f'sglang:cached_tokens_total{{engine_type="{role}"}} {5 * 800 * t:.3f}',
+                # waiting 3 + bootstrap 2 count; the inflight queue's prefill is done
+                f'sglang:num_queue_reqs{{engine_type="{role}"}} 3',
+                f'sglang:num_prefill_prealloc_queue_reqs{{engine_type="{role}"}} 2',
+                f'sglang:num_prefill_inflight_queue_reqs{{engine_type="{role}"}} 9',
+            ]
+        else:
+            lines = [
+                f'sglang_num_requests_total{{engine_type="{role}"}} {5 * t:.3f}',
+                f'sglang_generation_tokens_total{{engine_type="{role}"}} {5 * 100 * t:.3f}',
+                # waiting 1 + prealloc 2 + transfer 4
+                f'sglang_num_queue_reqs{{engine_type="{role}"}} 1',
+                f'sglang_num_decode_prealloc_queue_reqs{{engine_type="{role}"}} 2',
+                f'sglang_num_decode_transfer_queue_reqs{{engine_type="{role}"}} 4',
+                f'sglang_num_running_reqs{{engine_type="{role}"}} 6',
+            ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -136,7 +154,8 @@ def test_reads_a_real_prometheus(prometheus):
         client = prometheus_client(prometheus.url)
         deadline = time.monotonic() + 40
         snap = read_metrics(client, queries, 0.0)
-        while time.monotonic() < deadline and snap.readings["mean_input_tokens"] is None:
+        while time.monotonic() < deadline and (snap.readings["mean_input_tokens"] is None
+                                               or snap.readings["mean_output_tokens"] is None):
             time.sleep(1)
             snap = read_metrics(client, queries, 0.0)
         # A rate is only whole once the series spans the window (Prometheus extrapolates less
@@ -147,7 +166,9 @@ def test_reads_a_real_prometheus(prometheus):
         assert r["rate_rps"] is not None and r["rate_rps"].value == pytest.approx(5, rel=0.25)
         assert r["mean_input_tokens"].value == pytest.approx(2000, rel=0.02)
         assert r["prefix_hit_rate"].value == pytest.approx(0.4, rel=0.02)
-        assert r["queue_depth_prefill"].value == 3 and r["queue_depth_decode"].value == 1
+        assert r["mean_output_tokens"].value == pytest.approx(100, rel=0.02)
+        assert r["queue_depth_prefill"].value == 3 + 2 and r["queue_depth_decode"].value == 1 + 2 + 4
+        assert r["running_requests_decode"].value == 6
         # No histogram is exported: TTFT is unknown, not zero, and the failure says so.
         assert r["ttft_at_percentile_seconds"] is None and snap.failures["ttft_at_percentile_seconds"] == "no data"
         # Another PDCluster's selector sees nothing at all.
