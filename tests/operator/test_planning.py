@@ -113,3 +113,41 @@ def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
 def test_unreadable_history_is_forgotten_not_fatal():
     assert history_from_json("{not json") == (History(), None)
     assert history_from_json(None) == (History(), None)
+
+
+# -- the spec fields the configuration is made of ----------------------------------------------
+def _moved(value: object, section: str, name: str) -> object:
+    """Another valid value for a spec field (for a field of ``profile``: another shipped one)."""
+    if name == "profile":
+        return "article-xpyd"
+    if value is None:
+        return 100
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value - 1 if name == "percentile" else value + 1
+    if isinstance(value, str):
+        return "http://elsewhere:9090" if "url" in name else value + "-other"
+    if isinstance(value, list):
+        return [*value, "--other"]
+    raise AssertionError(f"no other value for {section}.{name} ({value!r})")
+
+
+def test_the_configuration_reads_exactly_the_listed_spec_fields():
+    """Each field of PLANNER_SPEC_FIELDS moves the configuration (pdscale replay lists them
+    with their sources); the other fields of the same sections do not (a field read but not
+    listed would go unreported in a replay)."""
+    from pdscale.operator.planning import PLANNER_SPEC_FIELDS
+
+    spec = sample_spec()
+    base = planner_config(spec)
+    for section in ("slo", "planner", "prefill", "decode"):
+        part = getattr(spec, section)
+        for name in type(part).model_fields:
+            value = getattr(part, name)
+            if not isinstance(value, (int, str, list, type(None))) or hasattr(value, "value"):
+                continue  # planner.mode and the resources: an enum and nested models
+            other = spec.model_copy(update={section: part.model_copy(update={
+                name: _moved(value, section, name)})})
+            moved = planner_config(other) != base
+            assert moved == ((section, name) in PLANNER_SPEC_FIELDS), f"{section}.{name}"
