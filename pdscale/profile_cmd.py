@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--name", help="the fitted profile's name (default: the output file's stem)")
     fit.add_argument("--format", choices=FORMATS, help="reader for every FILE "
                                                                "(default: detected per file)")
+    fit.add_argument("--kv-transfer-in-ttft", action=argparse.BooleanOptionalAction, default=None,
+                     help="the measured TTFTs include the PD KV hand-off, taken off (by the base's "
+                          "kv_transfer) before the prefill fit (default: yes for benchmark "
+                          "clients, no for Dynamo's profiler)")
     fit.add_argument("--slo-ttft", type=float, default=2.0,
                      help="TTFT target, seconds: warn when the points stop well short of it")
     fit.add_argument("--slo-tpot", type=float, default=0.05,
@@ -78,7 +82,8 @@ def fit(args: argparse.Namespace) -> int:
         name = args.name or args.output.stem
         result = fit_profile(benchmarks, base, name=name, base_name=args.base,
                              fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                             slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot))
+                             slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot),
+                             kv_transfer_in_ttft=args.kv_transfer_in_ttft)
     except (BenchmarkError, FitError, ProfileError) as exc:
         return refuse(str(exc))
     for warning in result.warnings:

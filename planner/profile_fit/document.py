@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import Slo
+from ..model import PerformanceModel, Slo
 from ..profile import Profile, parse_profile
 from .fit import FitError, RoleFit, coverage_warnings, fit_decode, fit_prefill
-from .points import Benchmark
+from .points import Benchmark, PrefillPoint
 
 #: points kept in the provenance per role (evenly thinned beyond): enough to re-fit or plot,
 #: small enough for the profile's size limit
@@ -58,17 +58,43 @@ def _thin(rows: list[list[float | None]]) -> list[list[float | None]]:
     return [rows[int(i * step)] for i in range(MAX_POINTS_KEPT)]
 
 
+def _prefill_compute_points(benchmarks: Sequence[Benchmark], base: Profile,
+                            kv_transfer_in_ttft: bool | None) -> tuple[list[PrefillPoint], int]:
+    """The prefill points as compute time: the TTFT less the base's KV hand-off where the TTFT
+    includes it (the model adds the hand-off itself, so fitting it into the prefill would count
+    it twice). Returns the points and how many were dropped for falling to zero or below."""
+    transfer = PerformanceModel(base).kv_transfer_seconds
+    points, dropped = [], 0
+    for b in benchmarks:
+        subtract = b.ttft_includes_kv_transfer if kv_transfer_in_ttft is None else kv_transfer_in_ttft
+        for p in b.prefill:
+            seconds = p.ttft_seconds - (transfer(p.input_tokens) if subtract else 0.0)
+            if seconds > 0:
+                points.append(PrefillPoint(p.input_tokens, seconds))
+            else:
+                dropped += 1
+    return points, dropped
+
+
 def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fitted_at: str,
-                slo: Slo | None = None, base_name: str | None = None) -> FittedProfile:
+                slo: Slo | None = None, base_name: str | None = None,
+                kv_transfer_in_ttft: bool | None = None) -> FittedProfile:
     """Fit every term the points identify; the rest come from ``base``.
 
+    ``kv_transfer_in_ttft`` says whether the measured TTFTs include the KV hand-off (then the
+    base's ``kv_transfer`` time is taken off before the prefill fit); None = as each format
+    implies (a benchmark client through a PD router: yes; Dynamo's profiler: no).
     Raises :class:`FitError` when the files hold no point of either role."""
     slo = slo or Slo()
-    prefill_pts = [p for b in benchmarks for p in b.prefill]
+    prefill_pts, dropped = _prefill_compute_points(benchmarks, base, kv_transfer_in_ttft)
     decode_pts = [p for b in benchmarks for p in b.decode]
     if not prefill_pts and not decode_pts:
         raise FitError("no prefill and no decode point in " + ", ".join(b.source for b in benchmarks))
     warnings = []
+    if dropped:
+        warnings.append(f"{dropped} prefill points were shorter than the base's KV transfer time "
+                        "and were left out: is kv_transfer right, or were the TTFTs measured "
+                        "without a PD hand-off (--no-kv-transfer-in-ttft)?")
     prefill = fit_prefill(prefill_pts, base) if prefill_pts else None
     decode = fit_decode(decode_pts, base) if decode_pts else None
     if prefill is None:
@@ -102,7 +128,10 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
         "base": base_name or base.name,
         "slo": {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds},
         "sources": [{"file": b.source, "tool": b.tool, "prefill_points": len(b.prefill),
-                     "decode_points": len(b.decode), "recorded": b.recorded} for b in benchmarks],
+                     "decode_points": len(b.decode),
+                     "ttft_less_kv_transfer": (b.ttft_includes_kv_transfer if kv_transfer_in_ttft is None
+                                               else kv_transfer_in_ttft),
+                     "recorded": b.recorded} for b in benchmarks],
         "terms": terms,
         "kept_from_base": [*not_identified, "kv_transfer", "warmup", "prefill.prefix_cache_tokens",
                            "prefill.block_tokens"],

@@ -92,4 +92,5 @@ def read(path: Path) -> Benchmark:
                     raise BenchmarkError(source, "a context of 0 tokens", field=f"y_context_length[{i}]")
                 decode.append(DecodePoint(usage * kv / context, context, itl / 1000.0))
     return Benchmark(source=source, tool=TOOL, prefill=tuple(prefill), decode=tuple(decode),
-                     kv_capacity_tokens=kv, recorded={"units": "ms (prefill_ttft, z_itl)"})
+                     kv_capacity_tokens=kv, recorded={"units": "ms (prefill_ttft, z_itl)"},
+                     ttft_includes_kv_transfer=False)

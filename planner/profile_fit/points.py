@@ -77,6 +77,10 @@ class Benchmark:
     kv_capacity_tokens: int | None = None
     #: tool version, date, model, engine and hardware flags, as the file recorded them
     recorded: dict[str, Any] = field(default_factory=dict)
+    #: the TTFTs were measured through a PD pair, so they include the KV hand-off that the
+    #: model adds on its own (kv_transfer); a benchmark client's are, Dynamo's profiler's
+    #: (one engine, prefill only) are not
+    ttft_includes_kv_transfer: bool = True
 
 
 def _busy_integral(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray

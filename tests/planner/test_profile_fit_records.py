@@ -25,8 +25,9 @@ from pdscale.planner.profile_fit import (
 )
 
 TRUTH = shipped_profile()
-#: a base far from the truth, so that a term kept from it would fail the 10% checks
-BASE = shipped_profile("demo-sim")
+#: a base far from the truth, so that a term kept from it would fail the 10% checks, but with
+#: the truth's KV hand-off (the fit takes the base's off the measured TTFTs)
+BASE = shipped_profile("demo-sim").model_copy(update={"kv_transfer": TRUTH.kv_transfer})
 OUTPUT_TOKENS = 160
 #: prefill instances in front of the one decode instance (a PD ratio that lets the batch build)
 PREFILL_INSTANCES = 8
@@ -61,8 +62,9 @@ def simulate_run(model: PerformanceModel, concurrency: int, isl: int, requests_p
         nonlocal seq
         free = min(range(PREFILL_INSTANCES), key=prefill_free.__getitem__)
         begin = max(at, prefill_free[free])
-        first = begin + model.prefill_seconds(isl)
-        prefill_free[free] = first
+        done_prefill = begin + model.prefill_seconds(isl)
+        prefill_free[free] = done_prefill
+        first = done_prefill + model.kv_transfer_seconds(isl)  # the first token follows the hand-off
         seq += 1
         heapq.heappush(pending, (first, seq, _Request(client, isl, at, first)))
         left[client] -= 1
@@ -236,6 +238,16 @@ def test_records_of_each_tool_are_fitted_back_to_the_profile_that_made_them(tool
     # records carry no KV capacity: it stays the base's, and the provenance says so
     assert d.kv_capacity_tokens == BASE.decode.kv_capacity_tokens
     assert "decode.kv_capacity_tokens" in result.document["provenance"]["kept_from_base"]
+
+
+def test_the_kv_hand_off_in_a_measured_ttft_is_not_fitted_into_the_prefill(runs, tmp_path):
+    benchmarks = [read_benchmark(p) for p in files_for("aiperf", runs, tmp_path)]
+    kept = fit_profile(benchmarks, BASE, name="f", fitted_at="-", kv_transfer_in_ttft=False)
+    # fitted as if the TTFT were all prefill, the hand-off's 5 ms setup lands in the overhead
+    setup = TRUTH.kv_transfer.setup_seconds
+    assert kept.profile.prefill.overhead_seconds == pytest.approx(
+        TRUTH.prefill.overhead_seconds + setup, rel=0.05)
+    assert kept.document["provenance"]["sources"][0]["ttft_less_kv_transfer"] is False
 
 
 def test_the_batch_a_request_decoded_in_is_reconstructed_from_the_records(runs):
