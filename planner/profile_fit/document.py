@@ -11,7 +11,7 @@ from typing import Any
 from ..model import PerformanceModel, Slo
 from ..profile import Profile, parse_profile
 from .fit import FitError, RoleFit, coverage_warnings, fit_decode, fit_prefill
-from .points import Benchmark, PrefillPoint
+from .points import Benchmark, DecodePoint, PrefillPoint
 
 #: points kept in the provenance per role (evenly thinned beyond): enough to re-fit or plot,
 #: small enough for the profile's size limit
@@ -76,6 +76,43 @@ def _prefill_compute_points(benchmarks: Sequence[Benchmark], base: Profile,
     return points, dropped
 
 
+def _provenance(benchmarks: Sequence[Benchmark], prefill: RoleFit | None, decode: RoleFit | None,
+                kv_term: dict[str, Any] | None, prefill_pts: Sequence[PrefillPoint],
+                decode_pts: Sequence[DecodePoint], warnings: Sequence[str], *, fitted_at: str,
+                base: str, slo: Slo, kv_transfer_in_ttft: bool | None) -> dict[str, Any]:
+    """Where every number of the fitted profile came from, and how far its form is from them."""
+    terms = {**_terms(prefill, "prefill"), **_terms(decode, "decode")}
+    if kv_term:
+        terms["decode.kv_capacity_tokens"] = kv_term
+    not_identified = sorted(k for k, t in terms.items() if not t["identified"])
+    not_identified += [f"decode.{k}" for k in ("kv_capacity_tokens", "max_batch")
+                       if f"decode.{k}" not in terms]
+    return {
+        "fitted_by": "pdscale profile fit",
+        "fitted_at": fitted_at,
+        "base": base,
+        "slo": {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds},
+        "sources": [{"file": b.source, "tool": b.tool, "prefill_points": len(b.prefill),
+                     "decode_points": len(b.decode),
+                     "ttft_less_kv_transfer": (b.ttft_includes_kv_transfer if kv_transfer_in_ttft is None
+                                               else kv_transfer_in_ttft),
+                     "recorded": b.recorded} for b in benchmarks],
+        "terms": terms,
+        "kept_from_base": [*not_identified, "kv_transfer", "warmup", "prefill.prefix_cache_tokens",
+                           "prefill.block_tokens"],
+        "residuals": {"prefill_compute": _residuals(prefill), "decode_itl": _residuals(decode)},
+        "warnings": list(warnings),
+        "points": {
+            # prefill: the TTFT less the KV hand-off where the source's TTFT included it
+            "prefill_input_tokens_compute_seconds": _thin(
+                [[_round(p.input_tokens), _round(p.ttft_seconds)] for p in prefill_pts]),
+            "decode_batch_context_tokens_itl_seconds": _thin(
+                [[_round(p.batch, 4), _round(p.mean_context_tokens), _round(p.itl_seconds)]
+                 for p in decode_pts]),
+        },
+    }
+
+
 def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fitted_at: str,
                 slo: Slo | None = None, base_name: str | None = None,
                 kv_transfer_in_ttft: bool | None = None) -> FittedProfile:
@@ -98,7 +135,8 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
     prefill = fit_prefill(prefill_pts, base) if prefill_pts else None
     decode = fit_decode(decode_pts, base) if decode_pts else None
     if prefill is None:
-        warnings.append("no prefill point (no request alone in prefill): prefill kept from the base")
+        warnings.append("no prefill point (no request alone in prefill, or none left once the KV "
+                        "hand-off was taken off): prefill kept from the base")
     if decode is None:
         warnings.append("no decode point: decode kept from the base")
 
@@ -116,34 +154,9 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
     fitted = parse_profile(data, source="the fitted profile")
     warnings += coverage_warnings(fitted, decode_pts, prefill_pts, slo)
 
-    terms = {**_terms(prefill, "prefill"), **_terms(decode, "decode")}
-    if kv_term:
-        terms["decode.kv_capacity_tokens"] = kv_term
-    not_identified = sorted(k for k, t in terms.items() if not t["identified"])
-    not_identified += [f"decode.{k}" for k in ("kv_capacity_tokens", "max_batch")
-                       if f"decode.{k}" not in terms]
-    data["provenance"] = {
-        "fitted_by": "pdscale profile fit",
-        "fitted_at": fitted_at,
-        "base": base_name or base.name,
-        "slo": {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds},
-        "sources": [{"file": b.source, "tool": b.tool, "prefill_points": len(b.prefill),
-                     "decode_points": len(b.decode),
-                     "ttft_less_kv_transfer": (b.ttft_includes_kv_transfer if kv_transfer_in_ttft is None
-                                               else kv_transfer_in_ttft),
-                     "recorded": b.recorded} for b in benchmarks],
-        "terms": terms,
-        "kept_from_base": [*not_identified, "kv_transfer", "warmup", "prefill.prefix_cache_tokens",
-                           "prefill.block_tokens"],
-        "residuals": {"prefill_ttft": _residuals(prefill), "decode_itl": _residuals(decode)},
-        "warnings": list(warnings),
-        "points": {
-            "prefill_input_tokens_ttft_seconds": _thin(
-                [[_round(p.input_tokens), _round(p.ttft_seconds)] for p in prefill_pts]),
-            "decode_batch_context_tokens_itl_seconds": _thin(
-                [[_round(p.batch, 4), _round(p.mean_context_tokens), _round(p.itl_seconds)]
-                 for p in decode_pts]),
-        },
-    }
+    data["provenance"] = _provenance(
+        benchmarks, prefill, decode, kv_term, prefill_pts, decode_pts, warnings,
+        fitted_at=fitted_at, base=base_name or base.name, slo=slo,
+        kv_transfer_in_ttft=kv_transfer_in_ttft)
     profile = parse_profile(data, source="the fitted profile")
     return FittedProfile(profile, data, tuple(warnings))
