@@ -167,9 +167,13 @@ def test_a_worker_added_through_the_api_takes_traffic(fleet, gateway):
             records = [await send_one(session, fleet.router_url, "chat", spec(i, 40, 5),
                                       "sim-model", 0.0, 30) for i in range(8)]  # fmt: skip
             again = await router.sync([p1.spec, d1.spec, p2.spec, d2.spec])
-            return plan, listed, records, again
+            # adding a worker already there: 202 from sglang-router 0.3.2, 409 from smg; both
+            # mean present (the old rule raised on smg's 409)
+            present = await router.add_worker(p2.spec, timeout_seconds=5)
+            return plan, listed, records, again, present
 
-    plan, listed, records, again = asyncio.run(scenario())
+    plan, listed, records, again, present = asyncio.run(scenario())
+    assert present.matches(p2.spec) and not present.draining
     assert set(plan.add) == {p2.spec, d2.spec} and not plan.remove
     assert listed == {(e.url, e.role, e.bootstrap_port) for e in (p1, d1, p2, d2)}
     assert all(r.ok for r in records), [r.error for r in records]
