@@ -5,8 +5,9 @@ refused), and every grant a request can show was used.
 
 What an audit log cannot show, and where it is checked instead: permissions the server checks
 beyond a request's verb (``kube.IMPLIED``: the create behind an apply that creates, the
-finalizers update behind blockOwnerDeletion), and the namespace watch kopf makes only with
-``watchNamespaces`` (this run watches every namespace); test_rbac.py holds those to the code.
+finalizers update behind blockOwnerDeletion); test_rbac.py holds those to the code. The
+namespace watch kopf makes only with ``watchNamespaces`` has a run of its own: the chart
+installed with watchNamespaces, the operator as that release's ServiceAccount.
 """
 
 from __future__ import annotations
@@ -30,20 +31,26 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 OPERATOR_USER = f"system:serviceaccount:{rbac.NAMESPACE}:{rbac.NAME}"
 
 
-def operator_requests(audit_log: Path, offset: int) -> list[tuple[Need, int]]:
-    """(need, HTTP code) of every request the operator's identity made after ``offset``."""
+def audited(audit_log: Path, offset: int, user: str = OPERATOR_USER) -> list[tuple[Need, int, str]]:
+    """(need, HTTP code, namespace or "") of every request ``user`` made after ``offset``."""
     out = []
     with audit_log.open("rb") as f:
         f.seek(offset)
         for line in f:
             event = json.loads(line)
             ref = event.get("objectRef")
-            if event["user"]["username"] != OPERATOR_USER or ref is None:
+            if event["user"]["username"] != user or ref is None:
                 continue  # non-resource requests (discovery) need no grant of ours
             resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             code = (event.get("responseStatus") or {}).get("code", 0)
-            out.append((Need(ref.get("apiGroup", ""), resource, event["verb"]), code))
+            out.append((Need(ref.get("apiGroup", ""), resource, event["verb"]), code,
+                        ref.get("namespace", "")))
     return out
+
+
+def operator_requests(audit_log: Path, offset: int) -> list[tuple[Need, int]]:
+    """(need, HTTP code) of every request the operator's identity made after ``offset``."""
+    return [(need, code) for need, code, _ in audited(audit_log, offset)]
 
 
 def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, namespace,
@@ -114,3 +121,82 @@ def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, na
     # and the code's declarations are what the server saw
     assert used == set(REQUESTS) | {n for n in rbac.KOPF_NEEDS
                                     if (n.group, n.resource) != rbac.NAMESPACES}
+
+
+def _granted(rules: list[dict]) -> set[Need]:
+    return {Need(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def test_with_watch_namespaces_the_chart_grants_what_the_operator_uses_there(
+        cluster, operator_installed, admin_api, namespace, monkeypatch, tmp_path):
+    """The chart installed with watchNamespaces, the operator run as its ServiceAccount and told
+    the same: every request granted, the namespace observer's grants used, and no listing
+    outside the watched namespace."""
+    import subprocess
+    import uuid
+
+    import kopf
+    from kopf.testing import KopfRunner
+
+    from pdscale.testbed.localcluster import DEFAULT_BIN_DIR
+    from pdscale.testbed.nodes import operator_kubeconfig
+
+    if cluster.local is None:
+        pytest.skip("needs the local control plane's audit log (KUBECONFIG points elsewhere)")
+    audit_log = cluster.local.audit_log
+    chart = Path(__file__).resolve().parents[2] / "charts" / "pdscale"
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+
+    def helm(*args: str) -> None:
+        subprocess.run([str(DEFAULT_BIN_DIR / "helm"), *args, "-n", namespace,
+                        "--kubeconfig", str(cluster.kubeconfig)], check=True, timeout=120,
+                       capture_output=True)
+
+    helm("install", release, str(chart), "--set", "grafana.dashboard.enabled=false",
+         "--set", "replicaCount=0", "--set", "tenantPolicy.admission=false",
+         "--set", f"operator.watchNamespaces={{{namespace}}}", "--wait=false")
+    try:
+        kubeconfig = operator_kubeconfig(cluster.kubeconfig, tmp_path / "op.kubeconfig",
+                                         namespace=namespace, create=False)
+        for name, value in {"KUBECONFIG": str(kubeconfig), "PDSCALE_WATCH_NAMESPACES": namespace,
+                            "PDSCALE_LEADER_NAMESPACE": namespace,
+                            "PDSCALE_WATCH_TIMEOUT_SECONDS": "10"}.items():
+            monkeypatch.setenv(name, value)
+        offset = audit_log.stat().st_size
+        user = f"system:serviceaccount:{namespace}:{rbac.NAME}"
+        custom = client.CustomObjectsApi(admin_api)
+        settings = kopf.OperatorSettings()
+        settings.watching.server_timeout = 10
+        with KopfRunner(["run", "--namespace", namespace, "--standalone", "-m",
+                         "pdscale.operator.handlers"], settings=settings) as runner:
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, sample("demo-sim.yaml", "watched",
+                                                          **{"planner.mode": "Off"}))
+
+            def ready():
+                body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "watched")
+                return any(x["type"] == "Ready" and x["status"] == "True"
+                           for x in (body.get("status") or {}).get("conditions") or [])
+
+            wait_for(ready, timeout_seconds=120, what="Ready")
+            wait_for(lambda: Need("", "namespaces", "watch") in
+                     {n for n, _, _ in audited(audit_log, offset, user)},
+                     timeout_seconds=60, what="a finished namespace watch in the audit log")
+        assert runner.exception is None
+    finally:
+        helm("uninstall", release)
+
+    made = audited(audit_log, offset, user)
+    assert made, "no request of the operator's identity in the audit log"
+    refused = sorted({(n, code) for n, code, _ in made if code in (401, 403)})
+    assert refused == [], f"the API server refused these: {refused}"
+    granted = _granted(rbac.namespaced_rules() + rbac.watching_rules() + rbac.cluster_rules()
+                       + rbac.leader_rules())
+    used = {n for n, _, _ in made}
+    assert used - granted == set(), "made, but not granted"
+    assert _granted(rbac.watching_rules() + rbac.cluster_rules()) <= used
+    cluster_scoped = {rbac.NAMESPACES, rbac.CRDS}
+    outside = sorted({(n, ns) for n, _, ns in made
+                      if (n.group, n.resource) not in cluster_scoped and ns != namespace})
+    assert outside == [], f"requests outside the watched namespace: {outside}"
