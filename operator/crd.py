@@ -180,7 +180,7 @@ def _condition_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["type", "status"],
         "properties": {
-            "type": {"type": "string", "description": "Ready, Progressing, Degraded, SpecValid."},
+            "type": {"type": "string", "description": "Ready, Progressing, Degraded, SpecValid, ChildrenApplied."},
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": {"type": "string", "description": "CamelCase reason (conditions.py)."},
             "message": {"type": "string", "description": "Human-readable detail."},
@@ -214,7 +214,7 @@ def status_schema() -> dict[str, Any]:
             },
             "conditions": {
                 "type": "array",
-                "description": "Ready, Progressing, Degraded, SpecValid.",
+                "description": "Ready, Progressing, Degraded, SpecValid, ChildrenApplied.",
                 "items": _condition_schema(),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
