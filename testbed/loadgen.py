@@ -78,6 +78,11 @@ class RequestSpec:
     input_tokens: int
     output_tokens: int
     prompt: str
+    #: the shared prefix this prompt starts with ("<phase>/<k>"), None when it shares none: a
+    #: recording of the load names it so that a replay sees the same cache hits
+    prefix_group: str | None = None
+    #: leading tokens of the prompt taken from that shared prefix
+    shared_prefix_tokens: int = 0
 
 
 def draw_length(rng: random.Random, mean: int, spread: float = 0.5) -> int:
@@ -118,8 +123,11 @@ def plan_requests(
                 break
             n_in = draw_length(rng, phase.mean_input_tokens, spread)
             n_out = draw_length(rng, phase.mean_output_tokens, spread)
-            prompt = make_prompt(rng, n_in, rng.choice(pool), phase.prefix_share)
-            specs.append(RequestSpec(len(specs), phase.name, t, n_in, n_out, prompt))
+            k = rng.randrange(len(pool))  # draws as rng.choice(pool) did: same seed, same load
+            prompt = make_prompt(rng, n_in, pool[k], phase.prefix_share)
+            n_shared = min(round(phase.prefix_share * n_in), len(pool[k]))
+            specs.append(RequestSpec(len(specs), phase.name, t, n_in, n_out, prompt,
+                                     f"{phase.name}/{k}" if n_shared else None, n_shared))
         start += phase.duration_seconds
     return specs
 
