@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from kubernetes import client
 
 from pdscale.operator.pdcluster import PDClusterSpec
 
-from .loadgen import Phase, RequestRecord, percentile, plan_requests, send_one
+from . import demo_replay
+from .loadgen import Phase, RequestRecord, RequestSpec, percentile, plan_requests, send_one
 from .nodes import api_client
 from .stack import Stack
 
@@ -67,6 +69,8 @@ class DemoResult:
     phases: list[dict[str, Any]]
     samples: list[Sample] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)
+    #: the requests planned (prompt, lengths, prefix group), by index: what the recording keeps
+    specs: list[RequestSpec] = field(default_factory=list)
 
     def summary(self, slo_ttft: float, slo_tpot: float) -> dict[str, Any]:
         ok = [r for r in self.records if r.ok]
@@ -96,6 +100,15 @@ class DemoResult:
     def split_at_end(self, phase: str) -> str | None:
         last = [s for s in self.samples if s.phase == phase]
         return f"{last[-1].prefill_ready}P{last[-1].decode_ready}D" if last else None
+
+
+def phase_clock(phases: list[dict[str, Any]]) -> Callable[[float], str]:
+    """The phase running at t seconds after the load started (the last one after its end)."""
+    ends, total = [], 0.0
+    for p in phases:
+        total += p["duration_seconds"]
+        ends.append((total, p["name"]))
+    return lambda t: next((n for end, n in ends if t < end), ends[-1][1])
 
 
 def load_pdcluster(name: str, namespace: str, prometheus_url: str,
@@ -185,30 +198,25 @@ def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
     body = body or load_pdcluster(name, namespace, stack.prometheus.url)
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     url = router_url(core, namespace, name, body["spec"]["router"]["port"])
-    result = DemoResult(phases=[asdict(p) for p in phases])
     specs = plan_requests(phases, seed=seed)
-    ends, total = [], 0.0
-    for p in phases:
-        total += p.duration_seconds
-        ends.append((total, p.name))
+    result = DemoResult(phases=[asdict(p) for p in phases], specs=specs)
+    phase_at = phase_clock(result.phases)
 
-    def phase_at(t: float) -> str:
-        return next((n for end, n in ends if t < end), phases[-1].name)
+    # one clock for the samples and the requests' send times: the recording is replayed
+    # against the samples, interval by interval
+    started = time.monotonic()
 
     async def load() -> None:
         from aiohttp import ClientSession, TCPConnector
 
         async with ClientSession(connector=TCPConnector(limit=0)) as session:
-            start = time.monotonic()
-
             async def one(spec):  # type: ignore[no-untyped-def]
-                await asyncio.sleep(max(spec.at_seconds - (time.monotonic() - start), 0.0))
-                record = await send_one(session, url, "chat", spec, "sim-model", start, 120.0)
+                await asyncio.sleep(max(spec.at_seconds - (time.monotonic() - started), 0.0))
+                record = await send_one(session, url, "chat", spec, "sim-model", started, 120.0)
                 result.records.append(record)
 
             await asyncio.gather(*(one(s) for s in specs))
 
-    started = time.monotonic()
     loader = threading.Thread(target=lambda: asyncio.run(load()), name="load", daemon=True)
     loader.start()
     while loader.is_alive():
@@ -222,7 +230,8 @@ def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
 
 
 # -------------------------------------------------------------------- output
-def plot(result: DemoResult, path: Path, slo_ttft: float, slo_tpot: float) -> None:
+def plot(result: DemoResult, path: Path, slo_ttft: float, slo_tpot: float,
+         replayed: list[dict[str, Any]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -246,6 +255,12 @@ def plot(result: DemoResult, path: Path, slo_ttft: float, slo_tpot: float) -> No
     ax_fleet.plot(t, [s.decode_ready for s in result.samples], label="decode ready (y)", color="tab:orange")
     ax_fleet.plot(t, [s.prefill_target for s in result.samples], "--", label="prefill decided", color="tab:blue")
     ax_fleet.plot(t, [s.decode_target for s in result.samples], "--", label="decode decided", color="tab:orange")
+    if replayed:
+        tr = [d["t_seconds"] for d in replayed]
+        ax_fleet.step(tr, [d["replay_prefill"] for d in replayed], ":", where="post",
+                      label="prefill replayed", color="tab:blue")
+        ax_fleet.step(tr, [d["replay_decode"] for d in replayed], ":", where="post",
+                      label="decode replayed", color="tab:orange")
     ax_fleet.set_ylabel("instances (8xH200 nodes)")
     ax_fleet.legend(loc="upper left", fontsize=8)
     ok = [r for r in result.records if r.ok]
@@ -282,6 +297,49 @@ def summary_paragraph(s: dict[str, Any]) -> str:
             f"{(s['tpot_p90_seconds'] or float('nan')) * 1000:.0f} ms at the client). The fleet "
             f"ended each phase at: {splits}, using {s['gpu_hours_ready']:.2f} GPU-hours of Ready "
             f"instances.")
+
+
+def replay_live_load(result: DemoResult, summary: dict[str, Any], applied: dict[str, Any],
+                     out: Path, pdcluster: Path) -> dict[str, Any]:
+    """Record the load sent and what the client saw, replay it with the PDCluster applied
+    through pdscale and the oracle, and compare with the live run (demo_replay.fidelity)."""
+    from pdscale.planner.profile import load_profile
+
+    spec = PDClusterSpec.model_validate(applied["spec"])
+    block_tokens = load_profile(spec.planner.profile).prefill.block_tokens
+    demo_replay.write_recording(out, result.specs, result.records, applied,
+                                block_tokens=block_tokens)
+    reports = demo_replay.replay_recording(out / demo_replay.PDCLUSTER_FILE,
+                                           out / demo_replay.TRACE_FILE)
+    interval = float(spec.planner.interval_seconds)
+    phase_at = phase_clock(result.phases)
+    rows = demo_replay.side_by_side(
+        result.samples, reports["pdscale"]["decisions"], reports["oracle"]["decisions"],
+        interval_seconds=interval, phase_at=phase_at)
+    f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at)
+    f["trace_block_tokens"] = block_tokens
+    f["pdcluster_file"] = str(pdcluster)
+    return f
+
+
+def side_by_side_table(intervals: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Decided prefill/decode counts per replayed interval: live, replayed, oracle."""
+    from rich.table import Table
+
+    table = Table(title="decided xPyD per interval: live vs replayed (same load, same PDCluster)")
+    for col in ("t", "phase", "live", "live ready", "replayed", "oracle", "+-1"):
+        table.add_column(col)
+    for r in intervals:
+        live = (f"{r['live_prefill']}P{r['live_decode']}D" if r["live_prefill"] is not None
+                else "-")
+        oracle = (f"{r['oracle_prefill']}P{r['oracle_decode']}D"
+                  if r["oracle_prefill"] is not None else "-")
+        agrees = demo_replay.IntervalCounts(**r).agrees()
+        table.add_row(f"{r['t_seconds']:.0f}", r["phase"], live,
+                      f"{r['live_prefill_ready']}P{r['live_decode_ready']}D",
+                      f"{r['replay_prefill']}P{r['replay_decode']}D", oracle,
+                      "-" if agrees is None else ("yes" if agrees else "no"))
+    return table
 
 
 # -------------------------------------------------------------------- CLI
@@ -348,12 +406,23 @@ def run(args: argparse.Namespace) -> int:
             body = load_pdcluster("demo", "default", stack.prometheus.url, args.pdcluster)
             result = drive(stack, "default", "demo", phases, on_sample=on_sample, body=body)
     summary = result.summary(slo_ttft, slo_tpot)
-    plot_path = args.out / "demo.png"
-    plot(result, plot_path, slo_ttft, slo_tpot)
-    (args.out / "demo.json").write_text(json.dumps(
-        {"summary": summary, "phases": result.phases,
-         "samples": [asdict(s) for s in result.samples]}, indent=2))
+    plot_path, json_path = args.out / "demo.png", args.out / "demo.json"
+    record = {"summary": summary, "phases": result.phases,
+              "samples": [asdict(s) for s in result.samples]}
+    json_path.write_text(json.dumps(record, indent=2))  # kept should the replay fail
     console.print()  # a piped Live leaves the cursor at the end of the table
-    console.print(summary_paragraph(summary))
+    replay = replay_live_load(result, summary, body, args.out, args.pdcluster)
+    record["replay"] = replay
+    summary["replay"] = {k: replay[k] for k in (
+        "attainment_difference_pp", "counts_agree_share", "intervals_compared")} | {
+        "replayed_slo_attainment": replay["replayed"]["slo_attainment"],
+        "oracle_slo_attainment": (replay["oracle"] or {}).get("slo_attainment")}
+    json_path.write_text(json.dumps(record, indent=2))
+    plot(result, plot_path, slo_ttft, slo_tpot, replay["intervals"])
+    console.print(side_by_side_table(replay["intervals"]))
+    console.print(summary_paragraph(summary) + " " + demo_replay.fidelity_paragraph(replay))
+    console.print(f"recording: {args.out / demo_replay.TRACE_FILE} (trace), "
+                  f"{args.out / demo_replay.CLIENT_FILE} (what the client saw), "
+                  f"{args.out / demo_replay.PDCLUSTER_FILE} (the PDCluster applied)")
     console.print(f"plot: {plot_path}   data: {args.out / 'demo.json'}   logs: {args.out / 'stack'}")
     return 0 if summary["failed"] == 0 else 1

@@ -1,0 +1,297 @@
+"""The demo's load, recorded and replayed: how far does a replay predict what the live loop did?
+
+The demo writes the load it sent as a Mooncake-style JSONL trace (``timestamp`` in ms,
+``input_length``, ``output_length``, ``hash_ids``; plus ``index``, ``phase``, ``prefix_group``
+and ``shared_prefix_tokens``, which the reader ignores) and what the client saw per request.
+It then replays that trace with the PDCluster it applied, through the pdscale policy and the
+oracle (``pdscale.replay.configure`` and ``pdscale.planner.replay.run.run_policy``, what
+``pdscale replay -f`` runs), and compares attainment and the per-interval decisions.
+
+``hash_ids`` name blocks of the profile's ``prefill.block_tokens`` (the simulated engines'
+cache blocks): a block id stands for the whole prefix up to that block's end, so the first
+``shared_prefix_tokens // block_tokens`` blocks of a prompt carry its prefix group's ids and
+every later block (the unique rest, the partial last block) a fresh id. Two prompts of one
+group then share exactly the full blocks their shared words cover, as in the engines' caches.
+
+Everything here but :func:`replay_recording` and the writers is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .loadgen import RequestRecord, RequestSpec
+
+TRACE_FILE = "trace.jsonl"
+CLIENT_FILE = "requests.jsonl"
+PDCLUSTER_FILE = "pdcluster.yaml"
+#: the issue's fidelity targets: replayed attainment within this of the live run ...
+ATTAINMENT_TOLERANCE_PP = 5.0
+#: ... and counts within COUNT_TOLERANCE of the live ones in this share of intervals
+COUNT_TOLERANCE = 1
+AGREEMENT_TARGET = 0.9
+#: a shift of the live counts must agree better by this share of intervals before the note
+#: calls the live loop late: a point or two is what chance alignment gives
+LAG_GAIN = 0.15
+#: the replay's routers nearest to the live router's prefill policy (spec.router.prefillPolicy);
+#: the replay has no round robin or power of two, and least-queue is what both approximate
+REPLAY_ROUTER = {"CacheAware": "cache-aware", "Random": "random", "RoundRobin": "least-queue",
+                 "PowerOfTwo": "least-queue"}
+
+
+# -------------------------------------------------------------------- recording
+def trace_rows(specs: Sequence[RequestSpec], records: Iterable[RequestRecord], *,
+               block_tokens: int) -> list[dict[str, Any]]:
+    """One Mooncake row per request sent (failed ones too: the load was sent), by send time.
+
+    The arrival is when the client sent it (``sent_seconds``, the run's clock), not when it
+    was planned: on two busy cores a request can leave late, and the replay should see what the
+    router saw."""
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    by_index = {s.index: s for s in specs}
+    shared_ids: dict[tuple[str, int], int] = {}
+    next_id = 0
+    rows = []
+    for r in sorted(records, key=lambda r: (r.sent_seconds, r.index)):
+        spec = by_index[r.index]
+        shared_blocks = spec.shared_prefix_tokens // block_tokens if spec.prefix_group else 0
+        hash_ids = []
+        for j in range(math.ceil(spec.input_tokens / block_tokens)):
+            if j < shared_blocks:
+                key = (str(spec.prefix_group), j)
+                if key not in shared_ids:
+                    shared_ids[key] = next_id
+                    next_id += 1
+                hash_ids.append(shared_ids[key])
+            else:
+                hash_ids.append(next_id)
+                next_id += 1
+        rows.append({
+            "timestamp": round(r.sent_seconds * 1000.0), "input_length": spec.input_tokens,
+            "output_length": spec.output_tokens, "hash_ids": hash_ids, "index": spec.index,
+            "phase": spec.phase, "prefix_group": spec.prefix_group,
+            "shared_prefix_tokens": spec.shared_prefix_tokens,
+        })
+    return rows
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def write_recording(out: Path, specs: Sequence[RequestSpec], records: Sequence[RequestRecord],
+                    applied: dict[str, Any], *, block_tokens: int) -> None:
+    """The trace, the client's view of every request and the PDCluster as applied, under
+    ``out`` (``pdscale replay -f out/pdcluster.yaml --trace out/trace.jsonl`` reads them)."""
+    import yaml
+
+    write_jsonl(out / TRACE_FILE, trace_rows(specs, records, block_tokens=block_tokens))
+    write_jsonl(out / CLIENT_FILE, (asdict(r) for r in sorted(records, key=lambda r: r.index)))
+    (out / PDCLUSTER_FILE).write_text(yaml.safe_dump(applied, sort_keys=False))
+
+
+def replay_recording(pdcluster: Path, trace: Path,
+                     policies: Sequence[str] = ("pdscale", "oracle")) -> dict[str, dict[str, Any]]:
+    """Replay the recorded ``trace`` with the planner configuration of the PDCluster in
+    ``pdcluster`` (the operator's mapping, as ``pdscale replay -f``) under each policy.
+
+    The trace is read with the profile's block size (``pdscale replay --trace`` reads Mooncake
+    files as 512-token blocks) and the replay's router nearest the live prefill policy."""
+    from pdscale.planner.replay.run import ReplaySetup, run_policy
+    from pdscale.planner.replay.traces import read_mooncake
+    from pdscale.replay import configure, read_spec
+
+    configured = configure(read_spec(str(pdcluster)), spec_source=f"file {pdcluster}")
+    config = configured.config
+    recorded = read_mooncake(trace, block_tokens=config.model.profile.prefill.block_tokens)
+    router = REPLAY_ROUTER[configured.spec.router.prefill_policy.value]
+    setup = ReplaySetup(trace=recorded, planner=config, router=router)
+    return {policy: run_policy(setup, policy) for policy in policies}
+
+
+# -------------------------------------------------------------------- comparison (pure)
+@dataclass(frozen=True)
+class IntervalCounts:
+    """One replayed interval beside the live loop: decided prefill/decode counts."""
+
+    t_seconds: float
+    phase: str
+    #: what the live planner had decided (status.planner.recommended); None before its first
+    live_prefill: int | None
+    live_decode: int | None
+    #: the live fleet's Ready, non-draining instances
+    live_prefill_ready: int
+    live_decode_ready: int
+    replay_prefill: int
+    replay_decode: int
+    oracle_prefill: int | None = None
+    oracle_decode: int | None = None
+
+    def agrees(self, tolerance: int = COUNT_TOLERANCE) -> bool | None:
+        """Live and replayed decisions within ``tolerance`` for both roles; None: no live one."""
+        if self.live_prefill is None or self.live_decode is None:
+            return None
+        return (abs(self.live_prefill - self.replay_prefill) <= tolerance
+                and abs(self.live_decode - self.replay_decode) <= tolerance)
+
+
+def side_by_side(samples: Sequence[Any], replay_decisions: Sequence[dict[str, Any]],
+                 oracle_decisions: Sequence[dict[str, Any]], *, interval_seconds: float,
+                 phase_at: Callable[[float], str]) -> list[IntervalCounts]:
+    """Each replayed tick beside the live decision in force at the middle of its interval.
+
+    ``samples`` are the demo's (``t_seconds``, ``prefill_target``, ``decode_target``,
+    ``prefill_ready``, ``decode_ready``), on the recording's clock. The live planner ticks at
+    its own phase; the sample half an interval after the replay's tick shows the live decision
+    whose tick lies nearest the replay's, within half an interval either side."""
+    ordered = sorted(samples, key=lambda s: s.t_seconds)
+    oracle = {round(d["t"], 1): d for d in oracle_decisions}
+    rows = []
+    for d in replay_decisions:
+        mid = d["t"] + interval_seconds / 2
+        before = [s for s in ordered if s.t_seconds <= mid]
+        if not before:
+            continue
+        s = before[-1]
+        o = oracle.get(round(d["t"], 1))
+        rows.append(IntervalCounts(
+            d["t"], phase_at(d["t"]), s.prefill_target, s.decode_target, s.prefill_ready,
+            s.decode_ready, d["prefill"], d["decode"],
+            o["prefill"] if o else None, o["decode"] if o else None))
+    return rows
+
+
+def agreement(rows: Sequence[IntervalCounts], tolerance: int = COUNT_TOLERANCE) -> float | None:
+    """Share of intervals with a live decision whose counts agree within ``tolerance``."""
+    judged = [a for a in (r.agrees(tolerance) for r in rows) if a is not None]
+    return sum(judged) / len(judged) if judged else None
+
+
+def best_lag(rows: Sequence[IntervalCounts], max_lag: int = 6,
+             tolerance: int = COUNT_TOLERANCE) -> tuple[int, float | None]:
+    """The shift (in intervals, live behind the replay) at which the live counts agree best
+    with the replayed ones, and that agreement: live at k against replay at k - lag."""
+    best: tuple[int, float | None] = (0, agreement(rows, tolerance))
+    for lag in range(1, max_lag + 1):
+        shifted = [IntervalCounts(b.t_seconds, b.phase, b.live_prefill, b.live_decode,
+                                  b.live_prefill_ready, b.live_decode_ready,
+                                  a.replay_prefill, a.replay_decode)
+                   for a, b in zip(rows, rows[lag:], strict=False)]
+        share = agreement(shifted, tolerance)
+        if share is not None and (best[1] is None or share > best[1]):
+            best = (lag, share)
+    return best
+
+
+def difference_note(rows: Sequence[IntervalCounts], interval_seconds: float,
+                    tolerance: int = COUNT_TOLERANCE) -> str:
+    """Where the live and replayed counts part by more than ``tolerance``, by role and phase,
+    and whether the live ones look like the replayed ones late."""
+    parts = []
+    for role in ("prefill", "decode"):
+        below: dict[str, int] = {}
+        above: dict[str, int] = {}
+        for r in rows:
+            live, replayed = getattr(r, f"live_{role}"), getattr(r, f"replay_{role}")
+            if live is None:
+                continue
+            if live < replayed - tolerance:
+                below[r.phase] = below.get(r.phase, 0) + 1
+            elif live > replayed + tolerance:
+                above[r.phase] = above.get(r.phase, 0) + 1
+        if not below and not above:
+            parts.append(f"{role}: within {tolerance} in every interval")
+            continue
+        said = []
+        for word, where in (("below", below), ("above", above)):
+            if where:
+                phases = ", ".join(f"{p} {n}" for p, n in where.items())
+                said.append(f"{word} the replay in {sum(where.values())} ({phases})")
+        parts.append(f"{role}: live {' and '.join(said)}")
+    lag, shifted = best_lag(rows, tolerance=tolerance)
+    now = agreement(rows, tolerance)
+    note = "; ".join(parts) + "."
+    if lag and shifted is not None and now is not None and shifted >= now + LAG_GAIN:
+        note += (f" The live counts agree best with the replayed ones {lag} interval(s) "
+                 f"({lag * interval_seconds:g} s) earlier: {shifted:.0%} of intervals, against "
+                 f"{now:.0%} unshifted, so the live loop reaches the replayed decisions late.")
+    return note
+
+
+def interval_attainment_by_phase(per_interval: Sequence[dict[str, Any]], interval_seconds: float,
+                                 phase_at: Callable[[float], str]) -> dict[str, float | None]:
+    """A replay report's attainment per phase, from its per-interval figures (requests =
+    rate x interval): each interval counts for the phase of its middle, so up to one interval
+    of requests at each phase change is counted in its neighbour."""
+    good: dict[str, float] = {}
+    total: dict[str, float] = {}
+    for p in per_interval:
+        phase = phase_at(p["t"] + interval_seconds / 2)
+        n = p["rate_rps"] * interval_seconds
+        total[phase] = total.get(phase, 0.0) + n
+        good[phase] = good.get(phase, 0.0) + n * (p["attainment"] or 0.0)
+    return {phase: (good[phase] / n if n else None) for phase, n in total.items()}
+
+
+def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
+             rows: Sequence[IntervalCounts], *, interval_seconds: float,
+             phase_at: Callable[[float], str]) -> dict[str, Any]:
+    """The figures the issue asks for: live, replayed and oracle attainment (overall and per
+    phase), their difference in percentage points, the share of intervals whose decided
+    counts agree within +-1, and a note on where they part."""
+    def outcome(report: dict[str, Any]) -> dict[str, Any]:
+        return {"slo_attainment": report["slo_attainment"],
+                "slo_attainment_by_phase": interval_attainment_by_phase(
+                    report["per_interval"], interval_seconds, phase_at),
+                "gpu_hours": report["gpu_hours"], "initial_fleet": report["initial_fleet"]}
+
+    replayed, oracle = reports["pdscale"], reports.get("oracle")
+    share = agreement(rows)
+    diff = (None if live["slo_attainment"] is None
+            else 100.0 * (replayed["slo_attainment"] - live["slo_attainment"]))
+    return {
+        "live": {"slo_attainment": live["slo_attainment"],
+                 "slo_attainment_by_phase": live["slo_attainment_by_phase"],
+                 "gpu_hours_ready": live["gpu_hours_ready"]},
+        "replayed": outcome(replayed),
+        "oracle": outcome(oracle) if oracle else None,
+        "attainment_difference_pp": diff,
+        "attainment_within_tolerance": diff is not None and abs(diff) <= ATTAINMENT_TOLERANCE_PP,
+        "counts_agree_share": share,
+        "counts_agree_within_target": share is not None and share >= AGREEMENT_TARGET,
+        "intervals_compared": sum(1 for r in rows if r.agrees() is not None),
+        "note": difference_note(rows, interval_seconds),
+        "intervals": [asdict(r) for r in rows],
+    }
+
+
+def fidelity_paragraph(f: dict[str, Any]) -> str:
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1%}"
+
+    def phases(by_phase: dict[str, float | None]) -> str:
+        return ", ".join(f"{k} {pct(v)}" for k, v in by_phase.items())
+
+    live, rep, orc = f["live"], f["replayed"], f["oracle"]
+    diff = f["attainment_difference_pp"]
+    share = f["counts_agree_share"]
+    text = (f"Replayed with the same PDCluster, the recorded load met both SLOs for "
+            f"{pct(rep['slo_attainment'])} ({phases(rep['slo_attainment_by_phase'])}) against "
+            f"{pct(live['slo_attainment'])} live ({phases(live['slo_attainment_by_phase'])})")
+    if diff is not None:
+        text += (f": {diff:+.1f} pp ({'within' if f['attainment_within_tolerance'] else 'NOT within'} "
+                 f"{ATTAINMENT_TOLERANCE_PP:g} pp)")
+    if orc is not None:
+        text += f"; the oracle on the same load {pct(orc['slo_attainment'])}"
+    text += (f". Decided counts agree within +-{COUNT_TOLERANCE} in {pct(share)} of "
+             f"{f['intervals_compared']} intervals (target {AGREEMENT_TARGET:.0%}): {f['note']}")
+    return text
