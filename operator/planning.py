@@ -32,7 +32,13 @@ def history_keep(config: PlannerConfig) -> int:
     return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1)
 
 
-#: intervals over which lengths and the prefix hit rate are averaged (see planner_config)
+#: intervals over which lengths and the prefix hit rate are averaged (see planner_config).
+#: 3 follows a load-shape change within a few intervals (the demo, 10 s intervals: 15 kept
+#: prefill at 1-2 for 4 intervals of long documents). It costs the policy benchmark (60 s
+#: intervals, bench/policy_bench.py), where per-minute lengths are noisy and each noisy high
+#: is then held by the scale-down window: against 15, Mooncake x6 99.51% at 193.3 GPU-h
+#: (15: 99.51% at 175.5), Azure code x20 98.83% at 383.4 (15: 99.02% at 352.1), ServeGen x0.3
+#: 99.29% at 1297.8 (15: 99.28% at 1282.2); 5 and 8 land in between.
 LENGTH_WINDOW_INTERVALS = 3
 
 
