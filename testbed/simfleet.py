@@ -34,6 +34,7 @@ from kubernetes import client
 from .localcluster import _die_with_parent
 from .localprometheus import LocalPrometheus
 from .nodes import api_client
+from .simengine import engine_flags
 
 MANAGED_BY = "app.kubernetes.io/managed-by=pdscale-operator"
 LABEL_ROLE = "pdscale.io/role"
@@ -184,6 +185,8 @@ class SimFleet:
                 cmd += ["--bootstrap-port", annotations.get(BOOTSTRAP_ANNOTATION, "8998")]
             if self.profile:
                 cmd += ["--profile", self.profile]
+            # the engine flags that change what it reports (buckets, log interval, caps)
+            cmd += engine_flags(list(container.command or []) + list(container.args or []))
         with open(log, "ab") as out:
             process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
