@@ -201,7 +201,7 @@ def configure(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("-f", "--filename", dest="spec_file",
+    parser.add_argument("-f", "--filename", dest="spec_file", metavar="PDCLUSTER.yaml",
                         help="the PDCluster whose planner to replay (default: the CRD's defaults)")
     parser.add_argument("--trace", required=True, help="Mooncake .jsonl, Azure CSV or rate-series CSV")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
