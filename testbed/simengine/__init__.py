@@ -11,18 +11,21 @@ uses in PD mode (observed, not guessed - see the report in tests/loop/README.md)
 - traffic: ``POST /generate``, ``/v1/chat/completions``, ``/v1/completions``, streaming or not,
   sent to the prefill and the decode instance *at the same time* with ``bootstrap_host``,
   ``bootstrap_port`` and a router-minted ``bootstrap_room`` injected into the body;
-- load and metrics: ``GET /get_load`` (router ``/get_loads``) and ``GET /metrics``;
+- load and metrics: ``GET /v1/loads?include=core,disagg,queues,memory`` (the smg gateway's
+  poll), ``GET /get_load`` (the deprecated shim over it; sglang-router's ``/get_loads``) and
+  ``GET /metrics``;
 - a tokenizer: the router loads one for the ``model_path`` a worker reports, from the Hugging
   Face hub unless it is a local directory with a tokenizer.json; ``--model-path DIR`` writes
   one there, so nothing leaves the machine.
 
 Pairing works as in SGLang: a prefill instance runs a bootstrap server on its own host at
-``--bootstrap-port``; the decode instance asks it (``GET /sim/kv/{room}``, a long poll) for the
-KV of its room, which is answered when the prefill of that room has been computed. The decode
-side then waits the KV-transfer time and starts emitting tokens. A prefill request stays
-in flight until its room's KV has been collected, because removing a prefill instance whose KV
-is still awaited is exactly the failure the release order must avoid. A prefill that refuses
-a request (draining) fails its room at once, so the decode half does not wait for nothing.
+``--bootstrap-port``; the decode instance, once it has KV memory for the request, asks it
+(``GET /sim/kv/{room}``, a long poll) for the KV of its room. Until then the prefill request
+waits in its bootstrap queue; then it is computed, its KV is held for the transfer time (the
+inflight queue) and handed over, and only then does the prefill request finish, answer and
+count. A prefill that refuses a request (draining) fails its room at once, so the decode half
+does not wait for nothing. What every queue, counter, gauge and endpoint means, with the
+upstream file it copies and the test that checks it: docs/conformance.md.
 
 ``--dialect vllm`` speaks vLLM's part instead, as vllm-router 0.1.17 uses it in PD mode with
 ``--kv-connector nixl`` (observed; tests/loop/README.md): the router sends the prefill first
@@ -30,10 +33,12 @@ a request (draining) fails its room at once, so the decode half does not wait fo
 original request to the decode with the ``kv_transfer_params`` the prefill answered. The sim's
 prefill names itself there (``remote_host``, ``remote_port`` = its bootstrap server, standing
 in for NIXL's side channel, ``remote_request_id`` = the room), and the decode collects that
-room as above, waits the KV-transfer time and decodes; without them it prefills locally. No
-``/generate``, ``/server_info`` or ``/get_load``; ``/metrics`` has vLLM's names (``vllm:...``,
-label ``model_name``), whose ``num_requests_running`` + ``num_requests_waiting`` are what the
-operator reads as in-flight work.
+room as above (counted as waiting, reason ``deferred``) and decodes; without them it
+prefills locally. The prefill's request finishes with its one token *before* the pull; its KV
+stays pinned until the pull ends or ``--kv-lease-seconds`` pass (``/sim/state``
+``kv_pinned_requests``; released vLLM has no metric for it). No ``/generate``,
+``/server_info`` or ``/get_load``; ``/metrics`` has vLLM's names (``vllm:...``, label
+``model_name``).
 
 Time follows a pluggable :class:`TimingModel` (model seconds), divided by
 ``--time-compression``: a compressed engine behaves like one that is that many times faster in
@@ -41,9 +46,10 @@ every respect, so latencies observed by clients and in ``/metrics`` are wall-clo
 
 Drain: ``SIGTERM`` or ``POST /sim/drain`` makes ``/health`` answer 503 and new requests get 503,
 in-flight requests finish; after SIGTERM (or ``/sim/drain?exit=1``) the process exits once
-nothing is in flight (exit status 0) or ``--drain-timeout-seconds`` passed (status 3).
-``GET /sim/state`` and
-``GET /get_load`` expose the in-flight count.
+no request is being served (exit status 0) or ``--drain-timeout-seconds`` passed (status 3).
+An SGLang prefill request is served until its KV transfer ends; a vLLM prefill does not wait
+for its pinned KV, as vLLM does not. ``GET /sim/state`` exposes the in-flight count and every
+queue.
 
 aiohttp rather than the standard library: it is already installed (kopf depends on it), and the
 engine needs an asyncio HTTP server that can stream and an HTTP client (decode -> prefill
