@@ -94,13 +94,13 @@ def test_a_profile_fitted_from_aiperf_through_the_router_plans_like_the_truth(tm
     assert sum(len(b.prefill) for b in benchmarks) >= 6 * len(PREFILL_LENGTHS)
     fitted = fit_profile(benchmarks, truth, name="fitted", fitted_at="-").profile
     t, f = PerformanceModel(truth), PerformanceModel(fitted)
-    errors = {k: getattr(fitted.decode if k in type(fitted.decode).model_fields else fitted.prefill, k)
+    fitted_terms = {k: getattr(fitted.decode if k in type(fitted.decode).model_fields else fitted.prefill, k)
               for k in ("tokens_per_second", "attention_doubling_tokens", "overhead_seconds",
                         "step_seconds", "per_sequence_seconds", "per_context_token_seconds")}
     for isl in (100, 1500):
         context = isl + 64 / 2
         want = t.decode_batch_at_slo(TPOT_TARGET_SECONDS, context)
         got = f.decode_batch_at_slo(TPOT_TARGET_SECONDS, context)
-        assert abs(got - want) <= 0.1 * want, (context, got, want, errors)
+        assert abs(got - want) <= 0.1 * want, (context, got, want, fitted_terms)
     longest = max(PREFILL_LENGTHS)
-    assert f.prefill_seconds(longest) == pytest.approx(t.prefill_seconds(longest), rel=0.10), errors
+    assert f.prefill_seconds(longest) == pytest.approx(t.prefill_seconds(longest), rel=0.10), fitted_terms
