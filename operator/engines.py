@@ -58,6 +58,28 @@ def _user_args(spec: PDClusterSpec, role: str) -> list[str]:
     return [*spec.engine.extra_args, *getattr(spec, role).extra_args]
 
 
+#: SGLang's default histogram buckets, seconds (``TokenizerMetricsCollector``,
+#: python/sglang/srt/metrics/collector.py): TTFT starts at 0.1 s and jumps 4 -> 6 s, inter-token latency 40 -> 60 ms, so a
+#: percentile near a 5 s or 50 ms SLO is interpolated inside one wide bucket.
+SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
+)  # fmt: skip
+SGLANG_DEFAULT_ITL_BUCKETS_SECONDS = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+    0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
+#: edges added around an SLO, as multiples of it: the SLO itself is an edge (the share of
+#: requests within it is read exactly) and a percentile within +-50% of it is interpolated
+#: inside a bucket at most 25% of the SLO wide
+SLO_BUCKET_MULTIPLES = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5)
+
+
+def slo_buckets(defaults: tuple[float, ...], slo_seconds: float) -> list[str]:
+    """The engine's default buckets with edges around ``slo_seconds`` added, as flag values."""
+    edges = {round(x, 6) for x in defaults} | {round(slo_seconds * m, 6) for m in SLO_BUCKET_MULTIPLES}
+    return [f"{x:g}" for x in sorted(edges)]
+
+
 def sglang(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
     """`python3 -m sglang.launch_server` for one role of a PD deployment."""
     par = getattr(spec.parallelism, role)
@@ -80,6 +102,12 @@ def sglang(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
         # Without it only attention-TP rank 0 reports, and with DP-attention every metric
         # would look like it came from one rank.
         "--enable-metrics-for-all-schedulers",
+        # The planner reads TTFT and TPOT percentiles from these histograms: edges at and
+        # around the SLOs, or the defaults leave the SLO inside one wide bucket.
+        "--bucket-time-to-first-token",
+        *slo_buckets(SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS, spec.slo.ttft_seconds),
+        "--bucket-inter-token-latency",
+        *slo_buckets(SGLANG_DEFAULT_ITL_BUCKETS_SECONDS, spec.slo.tpot_seconds),
     ]
     if par.data_parallel_attention:
         args.append("--enable-dp-attention")

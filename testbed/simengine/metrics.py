@@ -9,16 +9,17 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from pdscale.operator.engines import (
+    SGLANG_DEFAULT_ITL_BUCKETS_SECONDS,
+    SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS,
+)
+
 # The engines' own default buckets (docs/conformance.md): tests see what production sees, and a
 # quantile read from them is as coarse as it is in production. Bucket flags override them.
-#: SGLang ``TokenizerMetricsCollector`` (python/sglang/srt/metrics/collector.py)
-SGLANG_TTFT_BUCKETS_SECONDS = (
-    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
-)  # fmt: skip
-SGLANG_ITL_BUCKETS_SECONDS = (
-    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
-    0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
-)  # fmt: skip
+#: SGLang ``TokenizerMetricsCollector`` (python/sglang/srt/metrics/collector.py): one source
+#: with the operator, which renders edges around the SLOs on top of them
+SGLANG_TTFT_BUCKETS_SECONDS = SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS
+SGLANG_ITL_BUCKETS_SECONDS = SGLANG_DEFAULT_ITL_BUCKETS_SECONDS
 SGLANG_E2E_BUCKETS_SECONDS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
     2400,

@@ -38,16 +38,36 @@ def _container(children, role):
 
 
 def _args(container) -> dict:
-    """Flag -> value ('' for switches), checking no flag is given twice."""
+    """Flag -> value ('' for switches, a space-joined list for a flag of several values, as
+    SGLang's --bucket-* take), checking no flag is given twice."""
     out, args, i = {}, container["args"], 0
     while i < len(args):
         flag = args[i]
-        assert flag not in out, f"{flag} twice"
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            out[flag], i = args[i + 1], i + 2
-        else:
-            out[flag], i = "", i + 1
+        assert flag.startswith("--") and flag not in out, f"{flag} twice or not a flag"
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        out[flag], i = " ".join(args[i + 1 : j]), j
     return out
+
+
+def test_sglang_histograms_have_edges_at_the_slos(sglang_children):
+    """The planner reads TTFT/TPOT percentiles from the engines' histograms: the SLO is an edge
+    and the edges around it are at most a quarter of it apart, on both roles."""
+    from pdscale.operator.engines import SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS
+
+    sglang_spec, _ = _sample("sglang-glm-4p8d.yaml")
+    for role in ("prefill", "decode"):
+        args = _args(_container(sglang_children, role))
+        for flag, slo in (("--bucket-time-to-first-token", sglang_spec.slo.ttft_seconds),
+                          ("--bucket-inter-token-latency", sglang_spec.slo.tpot_seconds)):
+            edges = [float(x) for x in args[flag].split()]
+            assert edges == sorted(set(edges))
+            assert slo in edges
+            near = [e for e in edges if 0.5 * slo <= e <= 1.5 * slo]
+            assert max(b - a for a, b in zip(near, near[1:])) <= 0.25 * slo + 1e-9
+        ttft = [float(x) for x in args["--bucket-time-to-first-token"].split()]
+        assert set(SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS) <= set(ttft)  # the defaults stay
 
 
 def _env(container) -> dict:
