@@ -299,27 +299,58 @@ def summary_paragraph(s: dict[str, Any]) -> str:
             f"instances.")
 
 
-def replay_live_load(result: DemoResult, summary: dict[str, Any], applied: dict[str, Any],
-                     out: Path, pdcluster: Path) -> dict[str, Any]:
-    """Record the load sent and what the client saw, replay it with the PDCluster applied
-    through pdscale and the oracle, and compare with the live run (demo_replay.fidelity)."""
+def record_live_load(result: DemoResult, applied: dict[str, Any], out: Path) -> None:
+    """Write the load sent, what the client saw and the PDCluster applied under ``out``, the
+    trace's prefix blocks in the profile's cache block size."""
     from pdscale.planner.profile import load_profile
 
     spec = PDClusterSpec.model_validate(applied["spec"])
     block_tokens = load_profile(spec.planner.profile).prefill.block_tokens
     demo_replay.write_recording(out, result.specs, result.records, applied,
                                 block_tokens=block_tokens)
-    reports = demo_replay.replay_recording(out / demo_replay.PDCLUSTER_FILE,
-                                           out / demo_replay.TRACE_FILE)
+
+
+def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Replay the recording under ``out`` with the PDCluster applied, through pdscale and the
+    oracle (and each replay router), and compare with the live run (demo_replay.fidelity)."""
+    pdcluster, trace = out / demo_replay.PDCLUSTER_FILE, out / demo_replay.TRACE_FILE
+    spec = PDClusterSpec.model_validate(yaml.safe_load(pdcluster.read_text())["spec"])
+    reports = demo_replay.replay_recording(pdcluster, trace)
     interval = float(spec.planner.interval_seconds)
     phase_at = phase_clock(result.phases)
     rows = demo_replay.side_by_side(
         result.samples, reports["pdscale"]["decisions"], reports["oracle"]["decisions"],
         interval_seconds=interval, phase_at=phase_at)
     f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at)
-    f["trace_block_tokens"] = block_tokens
-    f["pdcluster_file"] = str(pdcluster)
+    f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace)
     return f
+
+
+def recorded_result(out: Path) -> DemoResult:
+    """A finished demo's result, read back from ``out`` (demo.json and the client's records)."""
+    record = json.loads((out / "demo.json").read_text())
+    lines = (out / demo_replay.CLIENT_FILE).read_text().splitlines()
+    return DemoResult(phases=record["phases"], samples=[Sample(**s) for s in record["samples"]],
+                      records=[RequestRecord(**json.loads(line)) for line in lines if line])
+
+
+def report_replay(console: Any, result: DemoResult, summary: dict[str, Any], out: Path,
+                  record: dict[str, Any], slo_ttft: float, slo_tpot: float) -> None:
+    """Replay the recording, add the comparison to demo.json and the plot, print it."""
+    replay = compare_with_replay(result, summary, out)
+    record["replay"] = replay
+    summary["replay"] = {k: replay[k] for k in (
+        "attainment_difference_pp", "counts_agree_share", "intervals_compared")} | {
+        "replayed_slo_attainment": replay["replayed"]["slo_attainment"],
+        "oracle_slo_attainment": (replay["oracle"] or {}).get("slo_attainment")}
+    record["summary"] = summary
+    (out / "demo.json").write_text(json.dumps(record, indent=2))
+    plot(result, out / "demo.png", slo_ttft, slo_tpot, replay["intervals"])
+    console.print(side_by_side_table(replay["intervals"]))
+    console.print(summary_paragraph(summary) + " " + demo_replay.fidelity_paragraph(replay))
+    console.print(f"recording: {out / demo_replay.TRACE_FILE} (trace), "
+                  f"{out / demo_replay.CLIENT_FILE} (what the client saw), "
+                  f"{out / demo_replay.PDCLUSTER_FILE} (the PDCluster applied)")
 
 
 def side_by_side_table(intervals: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
@@ -351,6 +382,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Helm chart to install (default: charts/pdscale of this checkout)")
     parser.add_argument("-f", "--pdcluster", type=Path, default=Path("examples/demo-sim.yaml"),
                         help="the PDCluster to apply (default: examples/demo-sim.yaml)")
+    parser.add_argument("--replay-only", action="store_true",
+                        help="run no demo: replay the recording of the last one under --out and "
+                             "compare it with the live run again")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -375,6 +409,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     slo = PDClusterSpec.model_validate(yaml.safe_load(args.pdcluster.read_text())["spec"]).slo
     slo_ttft, slo_tpot = slo.ttft_seconds, slo.tpot_seconds
+    if args.replay_only:
+        result = recorded_result(args.out)
+        record = json.loads((args.out / "demo.json").read_text())
+        summary = result.summary(slo_ttft, slo_tpot)
+        report_replay(console, result, summary, args.out, record, slo_ttft, slo_tpot)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     with Stack(workdir=args.out / "stack", nodes=args.nodes, profile="demo-sim",
                chart=args.chart) as stack:
@@ -409,20 +449,11 @@ def run(args: argparse.Namespace) -> int:
     plot_path, json_path = args.out / "demo.png", args.out / "demo.json"
     record = {"summary": summary, "phases": result.phases,
               "samples": [asdict(s) for s in result.samples]}
-    json_path.write_text(json.dumps(record, indent=2))  # kept should the replay fail
-    console.print()  # a piped Live leaves the cursor at the end of the table
-    replay = replay_live_load(result, summary, body, args.out, args.pdcluster)
-    record["replay"] = replay
-    summary["replay"] = {k: replay[k] for k in (
-        "attainment_difference_pp", "counts_agree_share", "intervals_compared")} | {
-        "replayed_slo_attainment": replay["replayed"]["slo_attainment"],
-        "oracle_slo_attainment": (replay["oracle"] or {}).get("slo_attainment")}
+    # kept should the replay fail
     json_path.write_text(json.dumps(record, indent=2))
-    plot(result, plot_path, slo_ttft, slo_tpot, replay["intervals"])
-    console.print(side_by_side_table(replay["intervals"]))
-    console.print(summary_paragraph(summary) + " " + demo_replay.fidelity_paragraph(replay))
-    console.print(f"recording: {args.out / demo_replay.TRACE_FILE} (trace), "
-                  f"{args.out / demo_replay.CLIENT_FILE} (what the client saw), "
-                  f"{args.out / demo_replay.PDCLUSTER_FILE} (the PDCluster applied)")
+    plot(result, plot_path, slo_ttft, slo_tpot)
+    console.print()  # a piped Live leaves the cursor at the end of the table
+    record_live_load(result, body, args.out)
+    report_replay(console, result, summary, args.out, record, slo_ttft, slo_tpot)
     console.print(f"plot: {plot_path}   data: {args.out / 'demo.json'}   logs: {args.out / 'stack'}")
     return 0 if summary["failed"] == 0 else 1

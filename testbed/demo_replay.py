@@ -37,7 +37,7 @@ COUNT_TOLERANCE = 1
 AGREEMENT_TARGET = 0.9
 #: a shift of the live counts must agree better by this share of intervals before the note
 #: calls the live loop late: a point or two is what chance alignment gives
-LAG_GAIN = 0.15
+LAG_GAIN = 0.1
 #: the replay's routers nearest to the live router's prefill policy (spec.router.prefillPolicy);
 #: the replay has no round robin or power of two, and least-queue is what both approximate
 REPLAY_ROUTER = {"CacheAware": "cache-aware", "Random": "random", "RoundRobin": "least-queue",
@@ -100,12 +100,14 @@ def write_recording(out: Path, specs: Sequence[RequestSpec], records: Sequence[R
 
 
 def replay_recording(pdcluster: Path, trace: Path,
-                     policies: Sequence[str] = ("pdscale", "oracle")) -> dict[str, dict[str, Any]]:
+                     policies: Sequence[str] = ("pdscale", "oracle"), *,
+                     router: str | None = None) -> dict[str, dict[str, Any]]:
     """Replay the recorded ``trace`` with the planner configuration of the PDCluster in
     ``pdcluster`` (the operator's mapping, as ``pdscale replay -f``) under each policy.
 
     The trace is read with the profile's block size (``pdscale replay --trace`` reads Mooncake
-    files as 512-token blocks) and the replay's router nearest the live prefill policy."""
+    files as 512-token blocks). ``router`` is one of the replay's routers; None: the one
+    nearest the live prefill policy (:data:`REPLAY_ROUTER`)."""
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
     from pdscale.replay import configure, read_spec
@@ -113,9 +115,24 @@ def replay_recording(pdcluster: Path, trace: Path,
     configured = configure(read_spec(str(pdcluster)), spec_source=f"file {pdcluster}")
     config = configured.config
     recorded = read_mooncake(trace, block_tokens=config.model.profile.prefill.block_tokens)
-    router = REPLAY_ROUTER[configured.spec.router.prefill_policy.value]
+    router = router or REPLAY_ROUTER[configured.spec.router.prefill_policy.value]
     setup = ReplaySetup(trace=recorded, planner=config, router=router)
-    return {policy: run_policy(setup, policy) for policy in policies}
+    return {policy: run_policy(setup, policy) | {"router": router} for policy in policies}
+
+
+def router_sensitivity(pdcluster: Path, trace: Path) -> dict[str, dict[str, float]]:
+    """pdscale's and the oracle's replayed attainment under each of the replay's routers.
+
+    None of them is SGLang's cache-aware policy, which routes on a prefix match only above a
+    match-rate threshold and to the shortest queue when loads part: the spread says how much
+    of a replayed figure is the router model's."""
+    from pdscale.planner.replay.routers import ROUTERS
+
+    out = {}
+    for router in ROUTERS:
+        reports = replay_recording(pdcluster, trace, router=router)
+        out[router] = {policy: r["slo_attainment"] for policy, r in reports.items()}
+    return out
 
 
 # -------------------------------------------------------------------- comparison (pure)
@@ -176,17 +193,18 @@ def agreement(rows: Sequence[IntervalCounts], tolerance: int = COUNT_TOLERANCE) 
     return sum(judged) / len(judged) if judged else None
 
 
-def best_lag(rows: Sequence[IntervalCounts], max_lag: int = 6,
-             tolerance: int = COUNT_TOLERANCE) -> tuple[int, float | None]:
-    """The shift (in intervals, live behind the replay) at which the live counts agree best
-    with the replayed ones, and that agreement: live at k against replay at k - lag."""
-    best: tuple[int, float | None] = (0, agreement(rows, tolerance))
-    for lag in range(1, max_lag + 1):
-        shifted = [IntervalCounts(b.t_seconds, b.phase, b.live_prefill, b.live_decode,
-                                  b.live_prefill_ready, b.live_decode_ready,
-                                  a.replay_prefill, a.replay_decode)
-                   for a, b in zip(rows, rows[lag:], strict=False)]
-        share = agreement(shifted, tolerance)
+def best_lag(rows: Sequence[IntervalCounts], max_lag: int = 6, tolerance: int = COUNT_TOLERANCE,
+             roles: tuple[str, ...] = ("prefill", "decode")) -> tuple[int, float | None]:
+    """The shift (in intervals, live behind the replay) at which the live counts of ``roles``
+    agree best with the replayed ones, and that agreement: live at k against replay at k - lag
+    (the earliest shift among equals)."""
+    best: tuple[int, float | None] = (0, None)
+    for lag in range(0, max_lag + 1):
+        judged = [all(abs(getattr(b, f"live_{role}") - getattr(a, f"replay_{role}")) <= tolerance
+                      for role in roles)
+                  for a, b in zip(rows, rows[lag:], strict=False)
+                  if b.live_prefill is not None and b.live_decode is not None]
+        share = sum(judged) / len(judged) if judged else None
         if share is not None and (best[1] is None or share > best[1]):
             best = (lag, share)
     return best
@@ -216,15 +234,15 @@ def difference_note(rows: Sequence[IntervalCounts], interval_seconds: float,
             if where:
                 phases = ", ".join(f"{p} {n}" for p, n in where.items())
                 said.append(f"{word} the replay in {sum(where.values())} ({phases})")
-        parts.append(f"{role}: live {' and '.join(said)}")
-    lag, shifted = best_lag(rows, tolerance=tolerance)
-    now = agreement(rows, tolerance)
-    note = "; ".join(parts) + "."
-    if lag and shifted is not None and now is not None and shifted >= now + LAG_GAIN:
-        note += (f" The live counts agree best with the replayed ones {lag} interval(s) "
-                 f"({lag * interval_seconds:g} s) earlier: {shifted:.0%} of intervals, against "
-                 f"{now:.0%} unshifted, so the live loop reaches the replayed decisions late.")
-    return note
+        text = f"{role}: live {' and '.join(said)}"
+        lag, shifted = best_lag(rows, tolerance=tolerance, roles=(role,))
+        now = best_lag(rows, max_lag=0, tolerance=tolerance, roles=(role,))[1]
+        if lag and shifted is not None and now is not None and shifted >= now + LAG_GAIN:
+            text += (f", and agrees best with the replay {lag} interval(s) "
+                     f"({lag * interval_seconds:g} s) earlier ({shifted:.0%} of intervals, "
+                     f"{now:.0%} unshifted): the live loop decides it late")
+        parts.append(text)
+    return "; ".join(parts) + "."
 
 
 def interval_attainment_by_phase(per_interval: Sequence[dict[str, Any]], interval_seconds: float,
@@ -259,6 +277,7 @@ def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
     diff = (None if live["slo_attainment"] is None
             else 100.0 * (replayed["slo_attainment"] - live["slo_attainment"]))
     return {
+        "router": replayed.get("router"),
         "live": {"slo_attainment": live["slo_attainment"],
                  "slo_attainment_by_phase": live["slo_attainment_by_phase"],
                  "gpu_hours_ready": live["gpu_hours_ready"]},
@@ -284,7 +303,8 @@ def fidelity_paragraph(f: dict[str, Any]) -> str:
     live, rep, orc = f["live"], f["replayed"], f["oracle"]
     diff = f["attainment_difference_pp"]
     share = f["counts_agree_share"]
-    text = (f"Replayed with the same PDCluster, the recorded load met both SLOs for "
+    router = f" (replay router {f['router']})" if f.get("router") else ""
+    text = (f"Replayed with the same PDCluster{router}, the recorded load met both SLOs for "
             f"{pct(rep['slo_attainment'])} ({phases(rep['slo_attainment_by_phase'])}) against "
             f"{pct(live['slo_attainment'])} live ({phases(live['slo_attainment_by_phase'])})")
     if diff is not None:
@@ -294,4 +314,8 @@ def fidelity_paragraph(f: dict[str, Any]) -> str:
         text += f"; the oracle on the same load {pct(orc['slo_attainment'])}"
     text += (f". Decided counts agree within +-{COUNT_TOLERANCE} in {pct(share)} of "
              f"{f['intervals_compared']} intervals (target {AGREEMENT_TARGET:.0%}): {f['note']}")
+    others = {k: v for k, v in (f.get("by_router") or {}).items() if k != f.get("router")}
+    if others:
+        text += " Under the replay's other routers pdscale / the oracle met " + ", ".join(
+            f"{k} {pct(v.get('pdscale'))} / {pct(v.get('oracle'))}" for k, v in others.items()) + "."
     return text

@@ -97,7 +97,17 @@ def test_a_live_loop_that_follows_the_replay_late_is_called_late() -> None:
     rows = [counts(10.0 * k, lv, rp) for k, (lv, rp) in enumerate(zip(live, replayed, strict=True))]
     assert agreement(rows) == 12 / 16
     assert best_lag(rows) == (2, 1.0)
-    assert "2 interval(s) (20 s) earlier: 100% of intervals, against 75% unshifted" in difference_note(rows, 10.0)
+    assert best_lag(rows, roles=("decode",)) == (2, 1.0)
+    note = difference_note(rows, 10.0)
+    assert ("prefill: live below the replay in 2 (chat 2) and above the replay in 2 (chat 2), and "
+            "agrees best with the replay 2 interval(s) (20 s) earlier (100% of intervals, 75% "
+            "unshifted): the live loop decides it late;") in note
+    assert note.endswith("decode: live below the replay in 2 (chat 2), and agrees best with the replay 2 "
+                         "interval(s) (20 s) earlier (100% of intervals, 88% unshifted): the live "
+                         "loop decides it late.")
+    # a live loop that is low, not late, is not called late
+    low = [counts(10.0 * k, (lp - 3, ld), (lp, ld)) for k, (lp, ld) in enumerate(replayed)]
+    assert "late" not in difference_note(low, 10.0)
     steady = [counts(10.0 * k, (2, 3), (2, 3)) for k in range(8)]
     assert difference_note(steady, 10.0) == "prefill: within 1 in every interval; decode: within 1 in every interval."
 
