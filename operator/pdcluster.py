@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "pdscale.io"
@@ -500,8 +500,45 @@ class SLOSpec(_Model):
         return self.tpot_milliseconds / 1000.0
 
 
+#: the key of a profile ConfigMap read when ``profileConfigMap.key`` is unset (what
+#: ``kubectl create configmap NAME --from-file=profile.yaml`` writes)
+PROFILE_CONFIGMAP_KEY = "profile.yaml"
+
+
+class ProfileConfigMapRef(_Model):
+    """A ConfigMap in the PDCluster's own namespace holding a profile YAML (what ``pdscale
+    profile fit`` writes). Only the PDCluster's namespace: a tenant cannot point the operator
+    at another tenant's objects, nor at a file."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="Name of the ConfigMap, in the PDCluster's namespace.",
+    )
+    key: str = Field(
+        default=PROFILE_CONFIGMAP_KEY,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key of the ConfigMap's data holding the profile YAML (at most 256 KiB).",
+    )
+
+
 class PlannerSpec(_Model):
     """The autoscaling planner (filled in by later work)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.profile) && has(self.profileConfigMap))",
+                    "message": "name a profile either by profile or by profileConfigMap, not both",
+                    "fieldPath": ".profileConfigMap",
+                }
+            ]
+        }
+    )
 
     mode: PlannerMode = Field(
         default=PlannerMode.OFF,
@@ -529,8 +566,21 @@ class PlannerSpec(_Model):
         max_length=63,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Performance profile the planner sizes with: the name of a shipped "
-        "profile (never a path); unset: the planner's default.",
+        "profile (never a path); unset: profileConfigMap, or else the planner's default.",
     )
+    profile_config_map: ProfileConfigMapRef | None = Field(
+        default=None,
+        alias="profileConfigMap",
+        description="A profile of your own (pdscale profile fit) in a ConfigMap of this "
+        "namespace, instead of a shipped one. While it is missing or invalid the planner holds "
+        "and says why in status.planner.profile.",
+    )
+
+    @model_validator(mode="after")
+    def _one_profile_source(self) -> PlannerSpec:
+        if self.profile is not None and self.profile_config_map is not None:
+            raise ValueError("name a profile either by profile or by profileConfigMap, not both")
+        return self
 
 
 class PDClusterSpec(_Model):
