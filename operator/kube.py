@@ -80,7 +80,8 @@ REQUESTS: dict[Need, str] = {
     Need("", "serviceaccounts", "patch"): "Kube.apply: reconcile (the router's identity)",
     Need("networking.k8s.io", "networkpolicies", "get"): "Kube.get: reconcile reads each child",
     Need("networking.k8s.io", "networkpolicies", "patch"): "Kube.apply: reconcile",
-    Need("", "configmaps", "get"): "Kube.get: planner memory (planner_memory)",
+    Need("", "configmaps", "get"): "Kube.get: planner memory (planner_memory); the profile "
+    "named by spec.planner.profileConfigMap, in the PDCluster's namespace (profile_source)",
     Need("", "configmaps", "patch"): "Kube.apply: planner memory, when it exists",
     Need("", "configmaps", "create"): "Kube.create: planner memory, the first time",
     Need("", "pods", "list"): "Kube.list_pods: ready counts, planner, router sync, drains",

@@ -46,8 +46,9 @@ from .names import Owner
 from .pdcluster import PDClusterSpec, PlannerMode
 from .planner_memory import PlannerMemory, memory_problem
 from .planning import history_from_json, history_keep, history_to_json, planner_config
+from .profile_source import ProfileSources, report_profile
 from .reconcile import reconcile_current
-from .status import overdue_pods
+from .status import overdue_pods, profile_status
 from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_after_seconds
 from .vllm_discovery import Announcer
 from .workerlist import WorkerLists, desired_workers
@@ -86,6 +87,7 @@ class PlannerLoop:
         self.prometheus_url = prometheus_url or os.environ.get("PDSCALE_PROMETHEUS_URL")
         self.report = Reporter(kube)
         self.memory = PlannerMemory(kube)
+        self.profiles = ProfileSources(kube)
         #: the vLLM announcer inside runs in its own thread (started by the kopf wiring)
         self.worker_lists = worker_lists or WorkerLists(Announcer(side_channel_port=NIXL_SIDE_CHANNEL_PORT))
         self.drains = drains or Drains(kube, self.report)
@@ -171,8 +173,15 @@ class PlannerLoop:
         if last_plan is not None and now - last_plan < spec.planner.interval_seconds:
             return decision
         previous = decision
+        # the profile first: one that cannot be used holds the planner (the decision in
+        # force stays), says why, and is read again next tick
+        resolved = self.profiles.resolve(ns, spec)
+        if resolved.profile is None:
+            report_profile(self.kube, body, profile_status(None, resolved.source, None,
+                                                           resolved.problem), resolved)
+            return previous
         started = time.monotonic()
-        config = planner_config(spec)
+        config = planner_config(spec, resolved.profile)
         snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
         obs = observation_from(
             snapshot, now,
@@ -184,6 +193,8 @@ class PlannerLoop:
             return previous  # another writer's newer memory stands; the next tick plans on it
         self.report.plan_seconds(ns, name, time.monotonic() - started)
         self.report.decision(body, spec, decision, previous, snapshot, obs)
+        report_profile(self.kube, body, profile_status(resolved.profile, resolved.source,
+                                                       history.calibration), resolved)
         return decision
 
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:

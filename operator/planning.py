@@ -15,7 +15,7 @@ from typing import Any
 from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
-from pdscale.planner.profile import Profile, shipped_profile
+from pdscale.planner.profile import Profile, ProfileError, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
 
@@ -86,6 +86,11 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
       prefill at 1-2 for 4 intervals of long documents.
     - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``)."""
     p = spec.planner
+    if profile is None and p.profile_config_map is not None:
+        # never the default in its place: a replay of this spec would plan other hardware
+        raise ProfileError(f"spec.planner.profileConfigMap: the profile is in ConfigMap "
+                           f"{p.profile_config_map.name!r}; pass it (the operator reads it; "
+                           f"pdscale profile export writes it to a file for --profile)")
     return build_config(
         model=PerformanceModel(profile or shipped_profile(p.profile)),
         slo=Slo(

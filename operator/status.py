@@ -3,11 +3,14 @@ validation result, name conflicts). Time is passed in, never read."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdscale.planner.model import Calibration
 from pdscale.planner.observe import Role
+from pdscale.planner.profile import Profile
 
 from . import conditions as c
 from . import names
@@ -196,3 +199,78 @@ def patch_for(previous: dict[str, Any] | None, desired: dict[str, Any]) -> dict[
     previous = previous or {}
     patch = {k: v for k, v in desired.items() if previous.get(k) != v}
     return patch or None
+
+
+# -- status.planner.profile: the profile in use, where it came from, how far it has moved ------
+#: a provenance is a tenant's YAML: status quotes at most this much of any string in it
+_MAX_QUOTED = 120
+#: ... and names at most this many terms
+_MAX_TERMS = 20
+
+
+def profile_status(profile: Profile | None, source: str, calibration: Calibration | None,
+                   problem: str | None = None) -> dict[str, Any]:
+    """``status.planner.profile`` (pure): the profile's name and source (``shipped`` or
+    ``ConfigMap NAME@RESOURCEVERSION``), a summary of its provenance when it has one (who
+    fitted it and when, from which tools, how many points per role, which terms the points
+    could not identify, the fit's RMS residual per role in percent), and how far the online
+    calibration has moved it, in percent of the profile (100 = unmoved): ``prefillTimePercent``
+    scales prefill compute time, ``decodeTimePercent`` TPOT, and the headrooms the instances
+    each role is sized for. Integers only (no floats in the API); a provenance field of the
+    wrong type is left out, never an error."""
+    out: dict[str, Any] = {"source": source}
+    if problem is not None:
+        out["problem"] = problem
+    if profile is None:
+        return out
+    out["name"] = _quoted(profile.name)
+    if profile.provenance:
+        out["provenance"] = _provenance_summary(profile.provenance)
+    cal = calibration or Calibration()
+    out["calibration"] = {
+        "prefillTimePercent": _percent(cal.prefill_factor),
+        "decodeTimePercent": _percent(cal.decode_factor),
+        "prefillHeadroomPercent": _percent(cal.prefill_headroom),
+        "decodeHeadroomPercent": _percent(cal.decode_headroom),
+        "samples": int(cal.samples),
+    }
+    return out
+
+
+def _percent(factor: float) -> int | None:
+    return round(factor * 100) if math.isfinite(factor) else None
+
+
+def _quoted(value: object) -> str | None:
+    return value[:_MAX_QUOTED] if isinstance(value, str) else None
+
+
+def _mapping(value: object) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _provenance_summary(prov: Mapping[str, Any]) -> dict[str, Any]:
+    sources = [s for s in prov.get("sources") or [] if isinstance(s, dict)] \
+        if isinstance(prov.get("sources"), list) else []
+    terms, residuals = _mapping(prov.get("terms")), _mapping(prov.get("residuals"))
+    out: dict[str, Any] = {
+        "fittedBy": _quoted(prov.get("fitted_by")),
+        "fittedAt": _quoted(prov.get("fitted_at")),
+        "base": _quoted(prov.get("base")),
+        "tools": sorted({t for s in sources if (t := _quoted(s.get("tool")))})[:_MAX_TERMS],
+        "points": {"prefill": sum(_count(s.get("prefill_points")) for s in sources),
+                   "decode": sum(_count(s.get("decode_points")) for s in sources)},
+        "notIdentified": sorted(str(k)[:_MAX_QUOTED] for k, t in terms.items()
+                                if isinstance(t, dict) and t.get("identified") is False)[:_MAX_TERMS],
+    }
+    for role, key in (("prefill", "prefill_compute"), ("decode", "decode_itl")):
+        rms = _mapping(residuals.get(key)).get("rms_relative")
+        if isinstance(rms, (int, float)) and not isinstance(rms, bool) and math.isfinite(rms):
+            out.setdefault("residualPercent", {})[role] = round(rms * 100)
+    warnings = prov.get("warnings")
+    out["warnings"] = len(warnings) if isinstance(warnings, list) else 0
+    return {k: v for k, v in out.items() if v is not None}
