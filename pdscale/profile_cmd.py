@@ -5,6 +5,11 @@ profile's parametric terms and writes a profile YAML with its provenance. Exampl
     pdscale profile fit prefill/raw_data.npz decode/raw_data.npz -o mine.yaml
     pdscale profile fit c1/profile_export.jsonl c8/profile_export.jsonl --base demo-sim -o mine.yaml
 
+``export`` writes the profile a PDCluster plans with (shipped or from its ConfigMap), with the
+online calibration's time factors applied, read from the cluster ($KUBECONFIG):
+
+    pdscale profile export NAMESPACE/NAME -o calibrated.yaml
+
 Exit status 2 when a file cannot be read or the points cannot determine a profile (the message
 names the file, the line and the field).
 """
@@ -54,12 +59,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="TTFT target, seconds: warn when the points stop well short of it")
     fit.add_argument("--slo-tpot", type=float, default=0.05,
                      help="TPOT target, seconds: warn when no decode batch reaches near it")
+    export = actions.add_parser(
+        "export", help="write the profile a PDCluster plans with, calibrated",
+        description="Write the profile a PDCluster plans with (shipped, or from "
+                    "spec.planner.profileConfigMap) as YAML, with the online calibration's time "
+                    "factors applied to prefill overhead and tokens/s and to the decode step, "
+                    "per-sequence and per-context terms (provenance.calibration lists them and "
+                    "the headrooms, which are not terms). Reads the cluster through $KUBECONFIG.")
+    export.add_argument("pdcluster", metavar="NAMESPACE/NAME", help="the PDCluster")
+    export.add_argument("-o", "--output", required=True, type=Path, help="profile YAML to write")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.profile_command == "fit":
         return fit(args)
+    if args.profile_command == "export":
+        return export(args)
     return 2
+
+
+def export(args: argparse.Namespace) -> int:
+    import time
+
+    import yaml
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+
+    from pdscale.operator.clock import now_rfc3339
+    from pdscale.operator.kube import Kube, api_client_from_environment
+    from pdscale.operator.profile_source import export_profile
+    from pdscale.planner.profile import ProfileError, load_profile
+
+    def refuse(message: str) -> int:
+        print(f"pdscale profile export: error: {message}", file=sys.stderr)
+        return 2
+
+    namespace, _, name = args.pdcluster.partition("/")
+    if not namespace or not name or "/" in name:
+        return refuse(f"{args.pdcluster!r}: want NAMESPACE/NAME")
+    try:
+        kube = Kube(api_client_from_environment())
+        profile = export_profile(kube, namespace, name, now=time.time(), exported_at=now_rfc3339())
+    except (ProfileError, ConfigException) as exc:
+        return refuse(str(exc))
+    except ApiException as exc:
+        return refuse(f"the API server answered HTTP {exc.status} {exc.reason}")
+    cal = (profile.provenance or {})["calibration"]
+    header = (f"# Exported by `pdscale profile export {namespace}/{name}` from "
+              f"{cal['exported_from']} at {cal['exported_at']}: the terms under "
+              f"provenance.calibration.applied_to carry the online calibration's factors.\n")
+    args.output.write_text(header + yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False,
+                                                   width=100), encoding="utf-8")
+    load_profile(args.output)  # what we write must load where profiles are read
+    print(f"wrote {args.output}: profile {profile.name!r} from {cal['exported_from']}; prefill "
+          f"time x{cal['prefill_factor']:.3g}, decode time x{cal['decode_factor']:.3g}, headroom "
+          f"prefill x{cal['prefill_headroom']:.3g} decode x{cal['decode_headroom']:.3g} (not "
+          f"applied)")
+    return 0
 
 
 def fit(args: argparse.Namespace) -> int:

@@ -295,3 +295,11 @@ def test_export_reads_the_pdcluster_its_configmap_and_its_memory():
     assert exported.provenance["calibration"]["exported_from"] == "ConfigMap my-profile@7"
     with pytest.raises(ProfileError, match=f"no PDCluster {NS}/other"):
         export_profile(kube, NS, "other", now=10.0, exported_at="t")  # type: ignore[arg-type]
+
+
+def test_the_export_command_wants_namespace_and_name(tmp_path, capsys):
+    from pdscale.main import main
+
+    assert main(["profile", "export", "just-a-name", "-o", str(tmp_path / "p.yaml")]) == 2
+    assert "want NAMESPACE/NAME" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()
