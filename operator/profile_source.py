@@ -147,7 +147,7 @@ def report_profile(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
     before = ((body.get("status") or {}).get("planner") or {}).get("profile") or {}
     if before == summary:
         return
-    patch: dict[str, Any] = {"profile": summary}
+    patch: dict[str, Any] = {"profile": _merge_patch(before, summary)}
     if resolved.problem is not None:
         patch.update(held=True, explanation=f"holding: the profile cannot be used: {resolved.problem}")
     kube.patch_status(meta["namespace"], meta["name"], {"planner": patch})
@@ -163,6 +163,17 @@ def report_profile(kube: Kube, body: dict[str, Any], summary: dict[str, Any],
         post_event(kube, body, Event("Normal", "PlannerProfileLoaded",
                                      f"planning with profile {summary.get('name')!r} "
                                      f"({summary.get('source')})"), now_rfc3339())
+
+
+def _merge_patch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning ``before`` into ``after``: a key ``after`` lacks is written
+    null (removed), so a cleared problem or a lost provenance does not linger in status."""
+    out: dict[str, Any] = {k: None for k in before if k not in after}
+    for key, value in after.items():
+        old = before.get(key)
+        out[key] = (_merge_patch(old, value) if isinstance(old, dict) and isinstance(value, dict)
+                    else value)
+    return out
 
 
 #: the terms the online calibration's time factors scale (``model.PerformanceModel``): prefill

@@ -129,7 +129,7 @@ def test_the_crd_refuses_both_sources_too():
 
 def test_a_configmap_spec_is_never_planned_with_the_default_in_its_place():
     spec = _spec({"profileConfigMap": {"name": "my-profile"}})
-    with pytest.raises(ProfileError, match="profileConfigMap.*my-profile"):
+    with pytest.raises(ProfileError, match=r"profileConfigMap.*my-profile"):
         planner_config(spec)
     mine = profile_from_configmap(configmap(fitted_yaml()), REF, NS)
     assert planner_config(spec, mine).model.profile.prefill == mine.prefill
@@ -251,7 +251,10 @@ def test_a_problem_is_reported_once_holds_the_planner_and_posts_one_warning():
     good = ResolvedProfile(TRUTH, "shipped")
     report_profile(kube, body, profile_status(TRUTH, "shipped", None), good)  # type: ignore[arg-type]
     assert [e["reason"] for e in kube.events] == ["PlannerProfileInvalid", "PlannerProfileLoaded"]
-    assert "held" not in kube.patches[-1]["planner"]
+    cleared = kube.patches[-1]["planner"]
+    assert "held" not in cleared  # the decision's own report sets it
+    assert cleared["profile"]["problem"] is None  # merge patch: removed, not left behind
+    assert cleared["profile"]["source"] == "shipped" and cleared["profile"]["name"] == TRUTH.name
 
 
 # -- export: the calibration applied ------------------------------------------------------------
