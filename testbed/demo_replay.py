@@ -38,6 +38,7 @@ AGREEMENT_TARGET = 0.9
 #: a shift of the live counts must agree better by this share of intervals before the note
 #: calls the live loop late: a point or two is what chance alignment gives
 LAG_GAIN = 0.1
+MIN_INTERVALS_GAINED = 2
 #: the replay's routers nearest to the live router's prefill policy (spec.router.prefillPolicy);
 #: the replay has no round robin or power of two, and least-queue is what both approximate
 REPLAY_ROUTER = {"CacheAware": "cache-aware", "Random": "random", "RoundRobin": "least-queue",
@@ -193,18 +194,25 @@ def agreement(rows: Sequence[IntervalCounts], tolerance: int = COUNT_TOLERANCE) 
     return sum(judged) / len(judged) if judged else None
 
 
+def shifted_agreement(rows: Sequence[IntervalCounts], lag: int, tolerance: int = COUNT_TOLERANCE,
+                      roles: tuple[str, ...] = ("prefill", "decode")) -> tuple[int, int]:
+    """(intervals agreeing, intervals judged) for the live counts of ``roles`` at k against
+    the replayed ones at k - ``lag``."""
+    judged = [all(abs(getattr(b, f"live_{role}") - getattr(a, f"replay_{role}")) <= tolerance
+                  for role in roles)
+              for a, b in zip(rows, rows[lag:], strict=False)
+              if b.live_prefill is not None and b.live_decode is not None]
+    return sum(judged), len(judged)
+
+
 def best_lag(rows: Sequence[IntervalCounts], max_lag: int = 6, tolerance: int = COUNT_TOLERANCE,
              roles: tuple[str, ...] = ("prefill", "decode")) -> tuple[int, float | None]:
     """The shift (in intervals, live behind the replay) at which the live counts of ``roles``
-    agree best with the replayed ones, and that agreement: live at k against replay at k - lag
-    (the earliest shift among equals)."""
+    agree best with the replayed ones, and that agreement (the earliest shift among equals)."""
     best: tuple[int, float | None] = (0, None)
     for lag in range(0, max_lag + 1):
-        judged = [all(abs(getattr(b, f"live_{role}") - getattr(a, f"replay_{role}")) <= tolerance
-                      for role in roles)
-                  for a, b in zip(rows, rows[lag:], strict=False)
-                  if b.live_prefill is not None and b.live_decode is not None]
-        share = sum(judged) / len(judged) if judged else None
+        agree, judged = shifted_agreement(rows, lag, tolerance, roles)
+        share = agree / judged if judged else None
         if share is not None and (best[1] is None or share > best[1]):
             best = (lag, share)
     return best
@@ -236,8 +244,14 @@ def difference_note(rows: Sequence[IntervalCounts], interval_seconds: float,
                 said.append(f"{word} the replay in {sum(where.values())} ({phases})")
         text = f"{role}: live {' and '.join(said)}"
         lag, shifted = best_lag(rows, tolerance=tolerance, roles=(role,))
-        now = best_lag(rows, max_lag=0, tolerance=tolerance, roles=(role,))[1]
-        if lag and shifted is not None and now is not None and shifted >= now + LAG_GAIN:
+        agree_now, judged_now = shifted_agreement(rows, 0, tolerance, (role,))
+        now = agree_now / judged_now if judged_now else None
+        # a shift must set right more than one interval: one disagreement at the start or
+        # the end of the run falls out of any shifted comparison
+        agree_late, judged_late = shifted_agreement(rows, lag, tolerance, (role,))
+        gained = (judged_now - agree_now) - (judged_late - agree_late)
+        if (lag and shifted is not None and now is not None and shifted >= now + LAG_GAIN
+                and gained >= MIN_INTERVALS_GAINED):
             text += (f", and agrees best with the replay {lag} interval(s) "
                      f"({lag * interval_seconds:g} s) earlier ({shifted:.0%} of intervals, "
                      f"{now:.0%} unshifted): the live loop decides it late")
@@ -276,6 +290,11 @@ def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
     share = agreement(rows)
     diff = (None if live["slo_attainment"] is None
             else 100.0 * (replayed["slo_attainment"] - live["slo_attainment"]))
+    replayed_by_phase = outcome(replayed)["slo_attainment_by_phase"]
+    # an overall figure can agree while phases part both ways: say each phase's difference
+    by_phase = {phase: 100.0 * (replayed_by_phase[phase] - v)
+                for phase, v in live["slo_attainment_by_phase"].items()
+                if v is not None and replayed_by_phase.get(phase) is not None}
     return {
         "router": replayed.get("router"),
         "live": {"slo_attainment": live["slo_attainment"],
@@ -285,6 +304,7 @@ def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
         "oracle": outcome(oracle) if oracle else None,
         "attainment_difference_pp": diff,
         "attainment_within_tolerance": diff is not None and abs(diff) <= ATTAINMENT_TOLERANCE_PP,
+        "attainment_difference_pp_by_phase": by_phase,
         "counts_agree_share": share,
         "counts_agree_within_target": share is not None and share >= AGREEMENT_TARGET,
         "intervals_compared": sum(1 for r in rows if r.agrees() is not None),
@@ -310,6 +330,9 @@ def fidelity_paragraph(f: dict[str, Any]) -> str:
     if diff is not None:
         text += (f": {diff:+.1f} pp ({'within' if f['attainment_within_tolerance'] else 'NOT within'} "
                  f"{ATTAINMENT_TOLERANCE_PP:g} pp)")
+    if f.get("attainment_difference_pp_by_phase"):
+        text += ", by phase " + ", ".join(
+            f"{k} {v:+.1f}" for k, v in f["attainment_difference_pp_by_phase"].items())
     if orc is not None:
         text += f"; the oracle on the same load {pct(orc['slo_attainment'])}"
     text += (f". Decided counts agree within +-{COUNT_TOLERANCE} in {pct(share)} of "

@@ -150,10 +150,13 @@ def test_fidelity_reports_the_difference_in_points_and_checks_the_targets() -> N
     f = fidelity(live, {"pdscale": report(0.45), "oracle": report(0.9)}, rows,
                  interval_seconds=10.0, phase_at=phase)
     assert f["attainment_difference_pp"] == pytest.approx(3.0)
+    assert f["attainment_difference_pp_by_phase"] == {"chat": pytest.approx(3.0)}
     assert f["attainment_within_tolerance"] and f["counts_agree_share"] == 0.9
     assert f["counts_agree_within_target"] and f["intervals_compared"] == 10
     f = fidelity(live, {"pdscale": report(0.50)}, rows[1:], interval_seconds=10.0, phase_at=phase)
     assert f["attainment_difference_pp"] == pytest.approx(8.0)
     assert not f["attainment_within_tolerance"] and not f["counts_agree_within_target"]
     text = demo_replay.fidelity_paragraph(f)
-    assert "+8.0 pp (NOT within 5 pp)" in text and "88.9% of 9 intervals" in text
+    assert "+8.0 pp (NOT within 5 pp), by phase chat +8.0." in text and "88.9% of 9 intervals" in text
+    # one disagreeing interval at the end is no sign of lateness (a shift only drops it)
+    assert "late" not in text
