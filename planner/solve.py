@@ -24,7 +24,8 @@ One call of ``plan`` runs these steps, each a function of its own:
 
     _observed_load     the load now (None: hold)
     _forecast_loads    the loads per interval that size prefill and decode
-    _needs             instances each interval needs, split in proportion over budget
+    _needs             instances each interval needs (decode: at least what the sequences
+                       running now need, until new capacity serves), split over budget
     _timing            warm-ups, drains and pre-existing warm-ups, in intervals
     _scale_down_floor  the stabilisation window's floor for the first interval
     _program           the MILP: costs, constraint rows, integrality
@@ -406,6 +407,11 @@ def _load_shape(
         hit = sum(x.rate_rps * x.prefix_hit_rate for x in recent) / wsum
     else:
         isl, osl, hit = load.mean_input_tokens, load.mean_output_tokens, load.prefix_hit_rate
+    if cfg.length_jump_ratio is not None and load.rate_rps > 0:
+        # a new, longer shape is sized for now; noise around the window's mean is not
+        jump = cfg.length_jump_ratio
+        isl = load.mean_input_tokens if load.mean_input_tokens >= jump * isl else isl
+        osl = load.mean_output_tokens if load.mean_output_tokens >= jump * osl else osl
     # bursts come back: size new capacity for a high quantile of recent sub-window peaks
     # (the scale-down floor holds what the highest needs)
     peaks = [
@@ -452,6 +458,9 @@ class _Needs:
     over: np.ndarray
     #: what this interval needs (after the split): remembered for the scale-down window
     desired: tuple[int, int]
+    #: decode instances the sequences running now need where that exceeds the load model's
+    #: (0: the load model's binds), for the explanation (``_decode_need_from_sequences``)
+    decode_from_sequences: int = 0
 
 
 def _needs(
@@ -479,6 +488,12 @@ def _needs(
          [needed(ld)[1] for ld in (future_decode or future)]],
         dtype=float,
     )  # shape (2, H)
+    # decode: at least what the sequences running now need, until capacity ordered now
+    # serves (from then on the load model's need, and the scale-down window, hold it)
+    lead = _intervals(model.profile.warmup.new_node_seconds, cfg.interval_seconds) + 1
+    from_sequences = _decode_need_from_sequences(cfg, observation, (future_decode or future)[0])
+    binding = from_sequences if from_sequences > need[1, 0] else 0
+    need[1, :lead] = np.maximum(need[1, :lead], from_sequences)
     need[0] = np.maximum(need[0], cfg.min_prefill)
     need[1] = np.maximum(need[1], cfg.min_decode)
     # Over budget, divide the shortfall before solving: each role gets the budget in
@@ -493,7 +508,36 @@ def _needs(
         p_share = np.clip(p_share, cfg.min_prefill, max(avail - cfg.min_decode, cfg.min_prefill))
         need[0] = np.where(over, p_share, need[0])
         need[1] = np.where(over, np.maximum(avail - p_share, cfg.min_decode), need[1])
-    return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])))
+    return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])),
+                  decode_from_sequences=binding)
+
+
+def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, load: Load) -> int:
+    """Decode instances the sequences running now need (0 when unknown or stale).
+
+    Decode, by Little's law: the ``N`` sequences running on the decode instances run at the
+    TPOT target on ceil(N x headroom / (b x decode_utilization)) instances, ``b`` the batch
+    one instance runs at the target for the load's mean context
+    (``model.decode_batch_at_slo``). Rates and lengths are counted when requests finish, so
+    after a change of load shape they show the need one residence time and a length window
+    late; the sequences already running show it at once. In steady load N = rate x output x
+    TPOT with TPOT within the target, which the load model's rate x output / tokens-per-second
+    at the target already covers, so this adds nothing there.
+
+    Not the decode queues: in PD mode a decode receives each request with its prefill, so its
+    transfer queue holds requests whose prefill has not run yet (docs/conformance.md). Counted,
+    the demo's long documents (4 tokens out) asked for 10 decodes for a prefill backlog. That
+    backlog is prefill's, and enters as load (``current_load``'s backlog)."""
+    now, running = observation.now_seconds, observation.decode.running_requests
+    sequences = None if running is None else running.fresh(now, cfg.max_age_seconds)
+    if sequences is None or sequences <= 0:
+        return 0
+    model = cfg.model
+    batch = model.decode_batch_at_slo(cfg.slo.tpot_seconds, model.decode_mean_context(load))
+    if batch <= 0:
+        return 0  # the target cannot be met at any batch: the load model says so already
+    per_instance = batch * cfg.decode_utilization / model.calibration.decode_headroom
+    return math.ceil(round(sequences / per_instance, 9))
 
 
 # -- timing ----------------------------------------------------------------------------------
@@ -945,6 +989,9 @@ def _load_clauses(
         parts.append(f"forecast peak {peak:.1f} req/s within {len(future) * interval / 60:.0f} min")
     need, desired = needs.need, needs.desired
     parts.append(f"needs {desired[0]}P{desired[1]}D now, up to {int(need[0].max())}P{int(need[1].max())}D")
+    if needs.decode_from_sequences:
+        parts.append(f"decode {needs.decode_from_sequences} for the sequences running now "
+                     "(rates and lengths lag: they are counted as requests finish)")
     cal = cfg.model.calibration
     learned = [f"{n} x{h:.2f}" for n, h in zip(_ROLES, (cal.prefill_headroom, cal.decode_headroom),
                                                strict=True) if h > 1.0 + 1e-9]

@@ -64,6 +64,7 @@ RULES = [
     ("shortfall_penalty", 0.0, "> 0"),
     ("role_switch_penalty", -1.0, ">= 0"),
     ("max_age_seconds", 0.0, "> 0"),
+    ("length_jump_ratio", 0.5, ">= 1 or None"),
     ("backlog_seconds", 0.0, "> 0 or None"),
     ("decode_drain_seconds", -5.0, ">= 0 or None"),
     ("solver_time_limit_seconds", 0.0, "> 0"),

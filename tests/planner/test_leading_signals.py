@@ -1,0 +1,160 @@
+"""The live loop sizes from what is in the system now, not only from what has finished.
+
+Rates and lengths are counted as requests finish: after a change of load shape they show the
+need late. The sequences in the decode system show it at once (Little's law at the batch the
+TPOT target allows), and the plan must take it within one tick, without moving in steady load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pdscale.planner.config import PlannerConfig, build_config
+from pdscale.planner.model import Load, PerformanceModel, Slo
+from pdscale.planner.observe import Observation, Reading, RoleState
+from pdscale.planner.profile import shipped_profile
+from pdscale.planner.solve import History, step
+
+# the demo's instance: a decode runs 2 sequences at the 50 ms TPOT target
+MODEL = PerformanceModel(shipped_profile("demo-sim"))
+SLO = Slo(ttft_seconds=5.0, tpot_seconds=0.05, percentile=0.9)
+
+
+def config(**kw: object) -> PlannerConfig:
+    c = build_config(model=MODEL, slo=SLO, interval_seconds=10.0, node_budget=24, warmup_seconds=20.0,
+                     max_prefill=16, max_decode=16, stabilization_window_seconds=30.0,
+                     decode_drain_seconds=10.0, count_prefill_backlog=True, length_window=3)
+    return replace(c, **kw)  # type: ignore[arg-type]
+
+
+def observe(now: float, *, rate: float, isl: float, osl: float, p: int, d: int,
+            decode_running: float | None, decode_waiting: float | None = 0.0) -> Observation:
+    def at(x: float | None) -> Reading | None:
+        return None if x is None else Reading(x, now)
+
+    return Observation(
+        now_seconds=now, rate_rps=at(rate), mean_input_tokens=at(isl), mean_output_tokens=at(osl),
+        prefix_hit_rate=at(0.5),
+        prefill=RoleState(ready=p, queue_depth=at(0.0), running_requests=at(1.0)),
+        decode=RoleState(ready=d, queue_depth=at(decode_waiting), running_requests=at(decode_running)),
+    )
+
+
+def test_the_sizing_batch_is_the_profile_s() -> None:
+    # the arithmetic below rests on it: 10 ms + 20 ms per sequence fits 2 in 50 ms
+    assert MODEL.decode_batch_at_slo(0.05, 300.0) == 2
+
+
+def steady(c: PlannerConfig, intervals: int, *, rate: float, isl: float, osl: float, p: int,
+           d: int) -> History:
+    """A history of ``intervals`` calm intervals of this load (sequences at Little's law at
+    half the TPOT target: a fleet that meets it)."""
+    h = History()
+    for k in range(intervals):
+        o = observe(10.0 * k, rate=rate, isl=isl, osl=osl, p=p, d=d,
+                    decode_running=rate * osl * 0.025)
+        _, h = step(o, config=c, history=h, now=10.0 * k)
+    return h
+
+
+def test_decode_sequences_with_stale_lengths_are_sized_in_one_step() -> None:
+    """Chat turned into agents: lengths still say chat (40 tokens out, 3 decodes), but 24
+    sequences run on the decodes. One step asks for all of it: 24 / (2 x 0.8) = 15."""
+    c = config()
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
+    o = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    decision, _ = step(o, config=c, history=h, now=60.0)
+    assert decision.decode == 15, decision.explanation
+    assert "decode 15 for the sequences running now" in decision.explanation
+    # the sequences made the difference: unread, the stale lengths keep 3
+    unread = replace(o, decode=replace(o.decode, running_requests=None, queue_depth=None))
+    without, _ = step(unread, config=c, history=h, now=60.0)
+    assert without.decode == 3
+
+
+def test_the_sequences_need_is_held_by_the_scale_down_window_then_released() -> None:
+    c = config()
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
+    busy = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    first, h = step(busy, config=c, history=h, now=60.0)
+    assert first.decode == 15
+    decisions = []
+    for k in range(1, 8):  # the backlog has cleared: the fleet is at 15 and calm
+        now = 60.0 + 10.0 * k
+        o = observe(now, rate=2.0, isl=100.0, osl=40.0, p=2, d=15, decode_running=2.0)
+        d, h = step(o, config=c, history=h, now=now)
+        decisions.append(d.decode)
+    assert decisions[0] == 15  # held within the 30 s window
+    assert decisions[-1] < 15  # and released after it
+
+
+def test_the_decode_queues_are_prefill_s_backlog_not_decode_need() -> None:
+    """Long documents queued at prefill wait in their decodes' transfer queue too: no decode
+    is needed for them (4 tokens out each)."""
+    c = config()
+    h = steady(c, 6, rate=1.0, isl=600.0, osl=4.0, p=6, d=1)
+    calm = observe(60.0, rate=1.0, isl=600.0, osl=4.0, p=6, d=1, decode_running=0.2)
+    queued = replace(calm, decode=replace(calm.decode, queue_depth=Reading(16.0, 60.0)))
+    a, _ = step(calm, config=c, history=h, now=60.0)
+    b, _ = step(queued, config=c, history=h, now=60.0)
+    assert a.decode == b.decode == 1
+
+
+def test_unknown_or_stale_sequences_add_nothing() -> None:
+    c = config()
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
+    base = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=None,
+                   decode_waiting=None)
+    known, _ = step(base, config=c, history=h, now=60.0)
+    stale = replace(base, decode=replace(base.decode, running_requests=Reading(24.0, 60.0 - 1000.0)))
+    old, _ = step(stale, config=c, history=h, now=60.0)
+    assert old.decode == known.decode
+
+
+def test_steady_load_moves_nothing() -> None:
+    """An hour of the same load on a fleet that meets it: the sequences at Little's law add
+    nothing to the load model's need, so no count changes after the first tick."""
+    c = config()
+    h = History()
+    counts = []
+    p, d = 2, 3
+    for k in range(360):
+        now = 10.0 * k
+        # Poisson-like wobble of what is in the system: +-50% around the mean
+        wobble = 1.0 + 0.5 * ((k * 7919) % 11 - 5) / 5
+        o = observe(now, rate=2.0, isl=100.0, osl=40.0, p=p, d=d,
+                    decode_running=2.0 * 40.0 * 0.04 * wobble)
+        decision, h = step(o, config=c, history=h, now=now)
+        p, d = decision.prefill, decision.decode
+        counts.append((p, d))
+    assert len(set(counts[1:])) == 1, sorted(set(counts))
+
+
+def test_load_model_need_still_wins_when_larger() -> None:
+    c = config()
+    load = Load(4.0, 100.0, 40.0, 0.5)
+    o = observe(0.0, rate=load.rate_rps, isl=100.0, osl=40.0, p=2, d=2, decode_running=1.0)
+    with_rule, _ = step(o, config=c, history=History(), now=0.0)
+    unread = replace(o, decode=replace(o.decode, running_requests=None, queue_depth=None))
+    without, _ = step(unread, config=c, history=History(), now=0.0)
+    assert with_rule.decode == without.decode
+
+
+def test_a_longer_load_shape_is_sized_at_once_noise_is_not() -> None:
+    """Chat (100 tokens in) turned into long documents (600 in): the 3-interval window's mean
+    would trail; one interval's lengths at 1.5x the window's or more are a new shape."""
+    c = config()
+    h = steady(c, 6, rate=1.0, isl=100.0, osl=40.0, p=1, d=3)
+    long_docs = observe(60.0, rate=1.0, isl=600.0, osl=40.0, p=1, d=3, decode_running=1.0)
+    jumped, _ = step(long_docs, config=c, history=h, now=60.0)
+    # as if the window had held long documents all along
+    settled = steady(c, 6, rate=1.0, isl=600.0, osl=40.0, p=1, d=3)
+    known, _ = step(long_docs, config=c, history=settled, now=60.0)
+    assert jumped.desired[0] == known.desired[0] > 1
+    windowed, _ = step(long_docs, config=replace(c, length_jump_ratio=None), history=h, now=60.0)
+    assert windowed.desired[0] < jumped.desired[0]
+    # 1.3x is noise around the window: the window's mean sizes it
+    noisy = observe(60.0, rate=1.0, isl=130.0, osl=40.0, p=1, d=3, decode_running=1.0)
+    n, _ = step(noisy, config=c, history=h, now=60.0)
+    n_windowed, _ = step(noisy, config=replace(c, length_jump_ratio=None), history=h, now=60.0)
+    assert n.desired == n_windowed.desired
