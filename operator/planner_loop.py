@@ -209,7 +209,7 @@ class PlannerLoop:
         if not url:
             return MetricsSnapshot({q: None for q in queries},
                                    {q: "no Prometheus URL (spec.planner.prometheusURL)" for q in queries})
-        return read_metrics(prometheus_client(url), queries, now)
+        return read_metrics(prometheus_client(url), queries, now, at_seconds=now)
 
 
 #: the longest wait between retries of a failing loop tick (well under the stuck bound)

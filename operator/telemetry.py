@@ -36,6 +36,18 @@ SLO_TTFT = Gauge("pdscale_slo_ttft_seconds", "TTFT target", _labels[:2])
 SLO_TPOT = Gauge("pdscale_slo_tpot_seconds", "TPOT target", _labels[:2])
 PLAN_SECONDS = Histogram("pdscale_planner_plan_duration_seconds", "Time to read metrics and plan",
                          _labels[:2], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+# The fleet as the planner saw it at its last decision, and when that was: with the readings
+# (evaluated at that time) they are the whole input of a decision, so ``pdscale replay
+# --prometheus`` can re-run it. The plan time is set last, so a scrape that shows a new one shows
+# that decision's counts too.
+OBSERVED_INSTANCES = Gauge("pdscale_planner_observed_instances",
+                           "Instances by state (ready, warming, draining, recently_ready) at the last decision",
+                           (*_labels, "state"))
+WARMING_READY_IN = Gauge("pdscale_planner_warming_ready_in_seconds",
+                         "Seconds from the last decision until each warming instance was expected to serve",
+                         (*_labels, "slot"))
+LAST_PLAN = Gauge("pdscale_planner_last_plan_timestamp_seconds",
+                  "When the planner last decided (the planner's clock, Unix seconds)", _labels[:2])
 DECISIONS = Counter("pdscale_planner_decisions_total", "Planner decisions by what bound them",
                     (*_labels[:2], "bound"))
 LOOP_ERRORS = Counter("pdscale_loop_errors_total",
@@ -107,6 +119,8 @@ class Reporter:
 
     def __init__(self, kube: Kube):
         self.kube = kube
+        #: (namespace, PDCluster, role) -> warming slots exported at the last decision
+        self.warming_slots: dict[tuple[str, str, str], int] = {}
 
     def ready(self, namespace: str, name: str, pods: Mapping[Role, Sequence[PodView]]) -> None:
         for role in Role:
@@ -137,11 +151,26 @@ class Reporter:
         for gauge, reading in ((OBSERVED_TTFT, obs.ttft_at_percentile_seconds), (OBSERVED_TPOT, obs.tpot_at_percentile_seconds)):
             if reading is not None:  # no reading: the gauge keeps its last value
                 gauge.labels(ns, name).set(reading.value)
+        self._planner_input(ns, name, obs)
         DECISIONS.labels(ns, name, decision_bound(decision)).inc()
         log.info("plan %s/%s: %s (%s)", ns, name, short(decision), decision.explanation)
         event = decision_event(decision, previous)
         if event is not None:
             post_event(self.kube, body, Event(*event), now_rfc3339())
+
+    def _planner_input(self, ns: str, name: str, obs: Observation) -> None:
+        """The role states of the decision and its time, the time last (see LAST_PLAN)."""
+        for role in Role:
+            st = obs.role(role)
+            for state, count in (("ready", st.ready), ("warming", len(st.warming)),
+                                 ("draining", st.draining), ("recently_ready", st.recently_ready)):
+                OBSERVED_INSTANCES.labels(ns, name, role, state).set(count)
+            for slot, w in enumerate(st.warming):
+                WARMING_READY_IN.labels(ns, name, role, str(slot)).set(w.ready_at_seconds - obs.now_seconds)
+            for slot in range(len(st.warming), self.warming_slots.get((ns, name, role), 0)):
+                WARMING_READY_IN.remove(ns, name, role, str(slot))
+            self.warming_slots[(ns, name, role)] = len(st.warming)
+        LAST_PLAN.labels(ns, name).set(obs.now_seconds)
 
     def memory_ignored(self, body: dict[str, Any], problem: str) -> None:
         """The stored planner memory was not fit to plan from: planning starts afresh."""

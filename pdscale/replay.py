@@ -203,12 +203,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("-f", "--filename", dest="spec_file", metavar="PDCLUSTER.yaml",
                         help="the PDCluster whose planner to replay (default: the CRD's defaults)")
-    parser.add_argument("--trace", required=True, help="Mooncake .jsonl, Azure CSV or rate-series CSV")
+    parser.add_argument("--trace", help="Mooncake .jsonl, Azure CSV or rate-series CSV")
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="instead of a trace: re-run the planner on what it read from this "
+                             "Prometheus over --start..--end, next to the live decisions; with "
+                             "spec flags, also the what-if's decisions and instance-hours")
+    parser.add_argument("--pdcluster", metavar="NS/NAME", help="the PDCluster replayed (--prometheus)")
+    parser.add_argument("--start", help="--prometheus: range start, Unix seconds or RFC 3339")
+    parser.add_argument("--end", help="--prometheus: range end, Unix seconds or RFC 3339")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time K times")
     parser.add_argument(
-        "--policy", required=True,
+        "--policy",
         help="pdscale | static:xPyD (e.g. static:4P17D) | static:best | reactive | sla-interp | oracle",
     )
     parser.add_argument("--profile", help="profile YAML or shipped name (default: spec.planner.profile)")
@@ -255,6 +262,11 @@ def run(args: argparse.Namespace) -> int:
     from pdscale.planner.replay.traces import TraceError, load_trace
 
     console = Console(stderr=True)
+    if args.prometheus:
+        return _run_prometheus(args, console)
+    if not args.trace or not args.policy:
+        console.print("[red]error:[/red] --trace and --policy are needed (or --prometheus)")
+        return 2
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         console.print("[red]error:[/red] --plot needs matplotlib: pip install 'pdscale[plot]'")
         return 2
@@ -326,6 +338,35 @@ def run(args: argparse.Namespace) -> int:
         plot_report(report, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _run_prometheus(args: argparse.Namespace, console: Any) -> int:
+    """``--prometheus``: the spec (``-f``, else the live PDCluster's) re-run over a recorded
+    range; the spec flags make a what-if next to it."""
+    from pdscale import prometheus_replay
+
+    if not (args.pdcluster and args.start and args.end):
+        console.print("[red]error:[/red] --prometheus needs --pdcluster NS/NAME, --start and --end")
+        return 2
+    try:
+        if args.spec_file:
+            spec, source = read_spec(args.spec_file), f"file {args.spec_file}"
+        else:
+            namespace, _, name = args.pdcluster.partition("/")
+            spec, source = prometheus_replay.spec_from_cluster(namespace, name), f"PDCluster {args.pdcluster}"
+        profile = None
+        if args.profile:
+            from pdscale.planner.profile import load_profile
+            profile = load_profile(args.profile)
+        configured = configure(spec, spec_source=source, profile=profile, profile_source="flag --profile")
+        overrides = {f.flag: getattr(args, f.flag.lstrip("-").replace("-", "_")) for f in SPEC_FLAGS}
+        whatif = (configure(spec, spec_source=source, overrides=overrides, profile=profile,
+                            profile_source="flag --profile")
+                  if any(v is not None for v in overrides.values()) else None)
+    except Exception as exc:  # a spec, profile or cluster read that failed: say which
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    return prometheus_replay.run(args, configured, whatif)
 
 
 def _fmt(v: Any) -> str:

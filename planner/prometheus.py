@@ -283,12 +283,12 @@ class MetricsSnapshot:
 
 
 class QueryClient(Protocol):
-    def custom_query(self, query: str) -> Any: ...
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
 def read_metrics(
     client: QueryClient, queries: Mapping[str, str], now_seconds: float,
-    max_age_seconds: float | None = None,
+    max_age_seconds: float | None = None, *, at_seconds: float | None = None,
 ) -> MetricsSnapshot:
     """Run every query; a failure makes that reading unknown, never zero.
 
@@ -296,12 +296,18 @@ def read_metrics(
     ``custom_query``); readings carry their samples' timestamps, which the planner compares
     with its own clock (``Reading.fresh``). With ``max_age_seconds`` (the planner's), a
     sample that old is unknown here already, and the failure says it was stale;
-    ``now_seconds`` is the caller's clock for that comparison."""
+    ``now_seconds`` is the caller's clock for that comparison.
+
+    ``at_seconds`` evaluates every query at that time (Unix seconds; the HTTP API's ``time``)
+    instead of whenever the request arrives: what a replay of a past interval reads, and what
+    makes a live reading reproducible (the same query at the same time gives the same
+    answer once every scrape up to that time is stored)."""
     readings: dict[str, Reading | None] = {}
     failures: dict[str, str] = {}
     for name, query in queries.items():
         try:
-            answer = client.custom_query(query)
+            answer = (client.custom_query(query) if at_seconds is None
+                      else client.custom_query(query, params={"time": repr(float(at_seconds))}))
         except Exception as exc:  # the client raises requests' and its own errors alike
             readings[name] = None
             failures[name] = _describe_error(exc)

@@ -1,0 +1,394 @@
+"""Replay from Prometheus: the planner re-run on what it read over a past range.
+
+A decision's whole input is the readings (PromQL evaluated at the plan time), the fleet's
+role states at that time, the configuration and the history of earlier decisions. The operator
+exports the role states and the plan time with every decision (``operator/telemetry.py``:
+``pdscale_planner_observed_instances``, ``pdscale_planner_warming_ready_in_seconds``,
+``pdscale_planner_last_plan_timestamp_seconds``) and evaluates its queries at the plan time;
+so the same queries evaluated at the same times, joined with the same role states and run
+through the same pure ``step`` from the same (empty) history, give the same decisions.
+
+Where that cannot hold, the report says so:
+
+- no plan times recorded (the operator's metrics not scraped, or an operator older than these
+  gauges): the ticks are a grid from ``--start`` at the interval, the role states the nearest
+  earlier ``pdscale_ready_replicas`` (ready only, nothing warming or draining);
+- a range that starts after the live planner had already planned: its memory (the length
+  window, the scale-down window, the calibration) is not in Prometheus, so the first
+  intervals up to the scale-down window may differ;
+- a what-if (another interval, SLO, budget): the readings are the live fleet's and so are the
+  role states; the what-if's decisions say what it would have asked for, not what the fleet
+  it would have run would have measured, and its latencies are not predicted here.
+
+The pure parts (tick times, joining recorded samples, re-planning, instance-hours) take plain
+values; :func:`read_recording` and :func:`read_readings` are the only functions that query.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdscale.planner.config import PlannerConfig
+from pdscale.planner.decision import Decision
+from pdscale.planner.observe import RoleState, Warming
+from pdscale.planner.prometheus import (
+    MetricsSnapshot,
+    QueryClient,
+    observation_from,
+    read_metrics,
+    render_queries,
+)
+from pdscale.planner.solve import History, step
+
+PLAN_TIME_METRIC = "pdscale_planner_last_plan_timestamp_seconds"
+INSTANCES_METRIC = "pdscale_planner_observed_instances"
+WARMING_METRIC = "pdscale_planner_warming_ready_in_seconds"
+RECOMMENDED_METRIC = "pdscale_planner_recommended_replicas"
+READY_METRIC = "pdscale_ready_replicas"
+
+#: a raw sample as the HTTP API gives it in a range vector: (timestamp, value)
+Sample = tuple[float, float]
+#: series labels and their samples
+Series = tuple[Mapping[str, str], Sequence[Sample]]
+
+
+@dataclass(frozen=True)
+class RecordedTick:
+    """One live decision's inputs other than the readings, as the operator exported them."""
+
+    #: the planner's clock at the decision (Unix seconds)
+    at_seconds: float
+    prefill: RoleState
+    decode: RoleState
+    #: the counts the live planner decided (prefill, decode), when recorded
+    live: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Recording:
+    ticks: tuple[RecordedTick, ...]
+    #: why the replay cannot be exact, one line each (empty: nothing known against it)
+    caveats: tuple[str, ...] = field(default=())
+
+
+def tick_times(start_seconds: float, end_seconds: float, interval_seconds: float) -> list[float]:
+    """Planning times from ``start`` to ``end`` inclusive, one per interval (a grid: the live
+    loop's own times are recorded where the operator exports them; this is the fallback and
+    the what-if's clock)."""
+    if interval_seconds <= 0 or not math.isfinite(interval_seconds):
+        raise ValueError(f"interval: must be a positive number of seconds, got {interval_seconds!r}")
+    if end_seconds < start_seconds:
+        raise ValueError(f"--end ({end_seconds:.0f}) is before --start ({start_seconds:.0f})")
+    n = math.floor((end_seconds - start_seconds) / interval_seconds + 1e-9)
+    return [start_seconds + i * interval_seconds for i in range(n + 1)]
+
+
+def _by_time(series: Sequence[Series], key: str) -> dict[float, dict[str, float]]:
+    """timestamp -> {label value of ``key`` (plus ``/slot`` etc. joined) -> value}."""
+    out: dict[float, dict[str, float]] = {}
+    for labels, samples in series:
+        name = "/".join(str(labels.get(k, "")) for k in key.split("/"))
+        for ts, value in samples:
+            out.setdefault(float(ts), {})[name] = float(value)
+    return out
+
+
+def recorded_ticks(plan_times: Sequence[Series], instances: Sequence[Series],
+                   warming: Sequence[Series], recommended: Sequence[Series]) -> list[RecordedTick]:
+    """Join the operator's exported gauges into one tick per live decision (pure).
+
+    A decision is the first scrape that shows a new ``plan time`` value; the role states and
+    the decided counts are read from that same scrape (same timestamp: the operator sets the
+    plan time last, so that scrape already holds this decision's states)."""
+    firsts: dict[float, float] = {}  # plan time -> first scrape showing it
+    for _, samples in plan_times:
+        for ts, value in samples:
+            if value not in firsts or ts < firsts[value]:
+                firsts[value] = ts
+    counts = _by_time(instances, "role/state")
+    slots = _by_time(warming, "role/slot")
+    decided = _by_time(recommended, "role")
+    ticks = []
+    for at in sorted(firsts):
+        scrape = firsts[at]
+        c, w, d = counts.get(scrape, {}), slots.get(scrape, {}), decided.get(scrape, {})
+        live = ((int(d["prefill"]), int(d["decode"]))
+                if "prefill" in d and "decode" in d else None)
+        ticks.append(RecordedTick(at, _role_state("prefill", at, c, w),
+                                  _role_state("decode", at, c, w), live))
+    return ticks
+
+
+def _role_state(role: str, at: float, counts: Mapping[str, float],
+                ready_in: Mapping[str, float]) -> RoleState:
+    """One role's state from one scrape: counts by ``role/state``, and each warming slot's
+    seconds to serving (``role/slot``) made a time again."""
+    slots = sorted((int(k.split("/")[1]), v) for k, v in ready_in.items() if k.split("/")[0] == role)
+    return RoleState(ready=int(counts.get(f"{role}/ready", 0)),
+                     warming=tuple(Warming(ready_at_seconds=at + v) for _, v in slots),
+                     draining=int(counts.get(f"{role}/draining", 0)),
+                     recently_ready=int(counts.get(f"{role}/recently_ready", 0)))
+
+
+def grid_ticks(times: Sequence[float], ticks: Sequence[RecordedTick],
+               ready: Sequence[Series] = ()) -> list[RecordedTick]:
+    """Ticks at ``times`` with the role states of the latest recorded decision at or before
+    each (the live fleet's), else the latest ``pdscale_ready_replicas`` (ready only), else an
+    empty fleet. Used when the times are not the live decisions' (a what-if interval, or no
+    plan times recorded)."""
+    by_role: dict[str, list[Sample]] = {}
+    for labels, samples in ready:
+        by_role.setdefault(str(labels.get("role", "")), []).extend(samples)
+    out = []
+    for t in times:
+        before = [k for k in ticks if k.at_seconds <= t]
+        if before:
+            last = before[-1]
+            states = [RoleState(ready=s.ready, draining=s.draining, recently_ready=s.recently_ready,
+                                warming=tuple(Warming(max(t, w.ready_at_seconds)) for w in s.warming))
+                      for s in (last.prefill, last.decode)]
+        else:
+            states = []
+            for role in ("prefill", "decode"):
+                seen = [v for ts, v in sorted(by_role.get(role, [])) if ts <= t]
+                states.append(RoleState(ready=int(seen[-1]) if seen else 0))
+        out.append(RecordedTick(t, states[0], states[1], None))
+    return out
+
+
+def replan(ticks: Sequence[RecordedTick], snapshots: Sequence[MetricsSnapshot],
+           config: PlannerConfig, history: History | None = None) -> list[Decision]:
+    """The planner's decisions over recorded ticks (pure): each tick's readings joined with its
+    role states, run through ``step`` with the history carried from the previous tick, as the
+    live loop does (``operator/planner_loop.py``)."""
+    if len(ticks) != len(snapshots):
+        raise ValueError(f"{len(ticks)} ticks but {len(snapshots)} sets of readings")
+    history = history or History()
+    decisions = []
+    for tick, snapshot in zip(ticks, snapshots, strict=True):
+        obs = observation_from(snapshot, tick.at_seconds, tick.prefill, tick.decode)
+        decision, history = step(obs, config=config, history=history, now=tick.at_seconds)
+        decisions.append(decision)
+    return decisions
+
+
+def instance_hours(times: Sequence[float], counts: Sequence[tuple[int, int]],
+                   interval_seconds: float, end_seconds: float | None = None) -> float:
+    """Instances decided x the time each decision stood, in hours: each count holds until
+    the next decision (the last one for ``interval_seconds``, or until ``end_seconds``).
+    Decided, not provisioned: warm-ups and drains are not counted."""
+    total = 0.0
+    for i, (t, (p, d)) in enumerate(zip(times, counts, strict=True)):
+        if i + 1 < len(times):
+            held = times[i + 1] - t
+        else:
+            held = interval_seconds if end_seconds is None else max(0.0, min(interval_seconds, end_seconds - t))
+        total += (p + d) * held
+    return total / 3600.0
+
+
+def matches(decisions: Sequence[Decision], ticks: Sequence[RecordedTick]) -> tuple[int, int]:
+    """(ticks whose replayed counts equal the live ones, ticks with live counts recorded)."""
+    known = [(d, t.live) for d, t in zip(decisions, ticks, strict=True) if t.live is not None]
+    return sum(1 for d, live in known if (d.prefill, d.decode) == live), len(known)
+
+
+# -- the only functions that query -------------------------------------------------------------
+def _range(client: QueryClient, metric: str, selector: str, start: float, end: float) -> list[Series]:
+    """Every raw sample of ``metric`` in [start, end]: an instant query of a range vector,
+    which returns the samples as scraped (a range query would resample them)."""
+    window = max(1, math.ceil(end - start))
+    answer = client.custom_query(f"{metric}{{{selector}}}[{window}s]",
+                                 params={"time": repr(float(end))})
+    out: list[Series] = []
+    for series in answer or []:
+        if not isinstance(series, dict):
+            continue
+        samples = [(float(ts), float(v)) for ts, v in series.get("values", [])]
+        out.append((series.get("metric", {}), samples))
+    return out
+
+
+def read_recording(client: QueryClient, namespace: str, pdcluster: str, start: float,
+                   end: float) -> tuple[list[RecordedTick], list[Series], bool]:
+    """The live decisions' times, role states and counts in [start, end], the ready counts
+    (for the fallback when no plan time was recorded), and whether the live planner had
+    decided before ``start`` (then its memory at ``start`` is not empty)."""
+    sel = f'namespace="{namespace}",pdcluster="{pdcluster}"'
+    ticks = recorded_ticks(*(_range(client, m, sel, start, end) for m in
+                             (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC)))
+    before = any(t.at_seconds < start for t in ticks)
+    # plan times recorded in the range but decided before it are not this range's
+    ticks = [t for t in ticks if start <= t.at_seconds <= end]
+    return ticks, _range(client, READY_METRIC, sel, start, end), before
+
+
+def read_readings(client: QueryClient, engine: str, namespace: str, pdcluster: str,
+                  config: PlannerConfig, times: Sequence[float]) -> list[MetricsSnapshot]:
+    """The planner's queries, as the live loop renders them for ``config`` (window = the
+    interval, at least 10 s; the SLO's percentile), evaluated at each time."""
+    queries = render_queries(engine, namespace=namespace, pdcluster=pdcluster,
+                             window_seconds=max(int(config.interval_seconds), 10),
+                             percentile=config.slo.percentile)
+    return [read_metrics(client, queries, t, at_seconds=t) for t in times]
+
+
+def describe(decision: Decision) -> dict[str, Any]:
+    return {"at": decision.at_seconds, "prefill": decision.prefill, "decode": decision.decode,
+            "held": decision.held, "shortfall": decision.shortfall,
+            "explanation": decision.explanation}
+
+
+# -- the command (``pdscale replay --prometheus``) ----------------------------------------------
+def parse_time(text: str, flag: str) -> float:
+    """Unix seconds, or an RFC 3339 time (``2026-12-02T01:00:00Z``)."""
+    from datetime import datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is neither Unix seconds nor an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{flag}: {text!r} has no time zone (add Z for UTC)")
+    return moment.timestamp()
+
+
+def spec_from_cluster(namespace: str, name: str) -> Any:
+    """The live PDCluster's spec, through the kubeconfig (the replay of the spec that ran)."""
+    from kubernetes import client, config
+
+    from pdscale.operator.checklist import parse
+    from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+
+    config.load_kube_config()  # type: ignore[no-untyped-call]
+    body = client.CustomObjectsApi().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    return parse(body.get("spec") if isinstance(body, dict) else None)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A re-plan over a range: its ticks, decisions, and what stood in the way of exactness."""
+
+    ticks: tuple[RecordedTick, ...]
+    decisions: tuple[Decision, ...]
+    caveats: tuple[str, ...]
+
+
+def replay_range(client: QueryClient, *, engine: str, namespace: str, name: str,
+                 config: PlannerConfig, start: float, end: float,
+                 recorded: Sequence[RecordedTick], ready: Sequence[Series],
+                 live_interval_seconds: float) -> Replayed:
+    """Read and re-plan: at the live decisions' times when they are recorded and the interval
+    is the live one, else on a grid at ``config``'s interval (and say why)."""
+    from pdscale.operator.names import base_name
+
+    caveats = []
+    if recorded and config.interval_seconds == live_interval_seconds:
+        ticks = list(recorded)
+    else:
+        ticks = grid_ticks(tick_times(recorded[0].at_seconds if recorded else start, end,
+                                      config.interval_seconds), recorded, ready)
+        if not recorded:
+            caveats.append(f"no plan times recorded ({PLAN_TIME_METRIC} has no samples for "
+                           f"{namespace}/{name}: the operator's metrics are not scraped, or it "
+                           "predates them): ticks on a grid from --start, role states from "
+                           f"{READY_METRIC} (ready only; nothing warming or draining)")
+        else:
+            caveats.append(f"interval {config.interval_seconds:g} s is not the live "
+                           f"{live_interval_seconds:g} s: ticks on a grid, each with the live "
+                           "fleet's role states at its latest decision before it")
+    snapshots = read_readings(client, engine, namespace, base_name(name), config,
+                              [t.at_seconds for t in ticks])
+    return Replayed(tuple(ticks), tuple(replan(ticks, snapshots, config)), tuple(caveats))
+
+
+def run(args: Any, configured: Any, whatif: Any | None) -> int:
+    """``pdscale replay --prometheus URL --pdcluster NS/NAME --start T --end T``: the spec's
+    decisions re-run over the range next to the live ones, and with override flags the
+    what-if's decisions and instance-hours."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdscale.planner.prometheus import prometheus_client
+
+    console = Console(stderr=True)
+    namespace, _, name = args.pdcluster.partition("/")
+    try:
+        if not namespace or not name:
+            raise ValueError(f"--pdcluster: expected NAMESPACE/NAME, got {args.pdcluster!r}")
+        start, end = parse_time(args.start, "--start"), parse_time(args.end, "--end")
+        tick_times(start, end, 1.0)  # validates the order
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    client = prometheus_client(args.prometheus, timeout_seconds=60.0)
+    engine = configured.spec.engine.kind.value
+    try:
+        recorded, ready, planned_before = read_recording(client, namespace, name, start, end)
+    except Exception as exc:  # the client raises requests' and its own errors alike
+        console.print(f"[red]error:[/red] reading {args.prometheus}: {exc}")
+        return 1
+    live_interval = float(configured.spec.planner.interval_seconds)
+    base = replay_range(client, engine=engine, namespace=namespace, name=name,
+                        config=configured.config, start=start, end=end, recorded=recorded,
+                        ready=ready, live_interval_seconds=live_interval)
+    caveats = list(base.caveats)
+    if planned_before or not recorded:
+        caveats.append("the replay starts from an empty planner memory; the live planner "
+                       + ("had decided before --start" if planned_before else "may have decided "
+                          "before --start") + ", and its remembered loads, decisions and "
+                       "calibration are not in Prometheus: decisions within the scale-down window "
+                       f"({configured.config.stabilization_seconds:g} s) of --start may differ")
+
+    table = Table(title=f"{namespace}/{name}: live decisions and the replay "
+                        f"({len(base.ticks)} ticks)")
+    for column in ("t (s)", "fleet P/D ready+warming", "live", "replayed", "", "explanation"):
+        table.add_column(column)
+    t0 = base.ticks[0].at_seconds if base.ticks else start
+    for tick, d in zip(base.ticks, base.decisions, strict=True):
+        live = f"{tick.live[0]}P{tick.live[1]}D" if tick.live else "-"
+        same = "" if tick.live is None else ("=" if (d.prefill, d.decode) == tick.live else "DIFFERS")
+        table.add_row(f"{tick.at_seconds - t0:.0f}",
+                      f"{tick.prefill.ready}+{len(tick.prefill.warming)} / "
+                      f"{tick.decode.ready}+{len(tick.decode.warming)}",
+                      live, f"{d.prefill}P{d.decode}D", same, d.explanation)
+    Console().print(table)
+    agreed, known = matches(base.decisions, base.ticks)
+    console.print(f"replayed = live in {agreed} of {known} decisions with live counts recorded")
+    times = [t.at_seconds for t in base.ticks]
+    if known == len(base.ticks) and base.ticks:
+        live_h = instance_hours(times, [t.live for t in base.ticks if t.live], live_interval, end)
+        console.print(f"instance-hours decided: live {live_h:.3f}")
+    replayed_h = instance_hours(times, [(d.prefill, d.decode) for d in base.decisions],
+                                configured.config.interval_seconds, end)
+    console.print(f"instance-hours decided: replayed {replayed_h:.3f}")
+    if whatif is not None:
+        alt = replay_range(client, engine=engine, namespace=namespace, name=name,
+                           config=whatif.config, start=start, end=end, recorded=recorded,
+                           ready=ready, live_interval_seconds=live_interval)
+        caveats.extend(alt.caveats)
+        changed = [f"{n}={v}" for n, v, src in whatif.sources if src.startswith("flag")]
+        alt_table = Table(title=f"what-if ({', '.join(changed)})")
+        for column in ("t (s)", "what-if", "explanation"):
+            alt_table.add_column(column)
+        for tick, d in zip(alt.ticks, alt.decisions, strict=True):
+            alt_table.add_row(f"{tick.at_seconds - t0:.0f}", f"{d.prefill}P{d.decode}D", d.explanation)
+        Console().print(alt_table)
+        alt_h = instance_hours([t.at_seconds for t in alt.ticks],
+                               [(d.prefill, d.decode) for d in alt.decisions],
+                               whatif.config.interval_seconds, end)
+        console.print(f"instance-hours decided: what-if {alt_h:.3f} ({alt_h - replayed_h:+.3f} "
+                      "against the replayed spec)")
+        caveats.append("what-if: re-planned on the live fleet's readings and role states; the "
+                       "latencies the what-if fleet would have had are not predicted here (that "
+                       "needs a synthetic trace replayed on the simulator)")
+    for line in caveats:
+        console.print(f"note: {line}")
+    return 0
