@@ -1,0 +1,151 @@
+"""Replay from Prometheus against a real one: a live planning loop reads SGLang-named engines
+through Prometheus at its plan times and exports its decisions and role states through the
+operator's gauges (scraped by the same Prometheus); the replay over the run's time range reads
+them back and reproduces every live decision exactly, and a tighter TTFT target asks for more.
+
+The live loop is the operator's planning tick (``planner_loop._plan_if_due``: read at now,
+join the fleet's role states, ``step``, ``Reporter.decision``) driven here at a 10 s interval,
+on a fleet that follows its decisions with the spec's warm-up (no API server: the role states
+are what the operator would have counted from pods)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from prometheus_client import start_http_server
+from test_prometheus_replay import ROOT, _Fleet, _NoKube, _spec
+
+from pdscale.main import main
+from pdscale.operator.telemetry import Reporter
+from pdscale.planner.prometheus import (
+    observation_from,
+    prometheus_client,
+    read_metrics,
+    render_queries,
+)
+from pdscale.planner.solve import History, step
+from pdscale.prometheus_replay import instance_hours, matches, read_recording, replay_range
+from pdscale.replay import configure
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+NAME = "replayed"
+EXAMPLE = ROOT / "examples" / "demo-sim.yaml"
+SWITCH_SECONDS = 60.0  # the load's shape changes this long after the engines start
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """Counters of a load that changes shape at SWITCH_SECONDS: 0.4 req/s of 600 prompt tokens,
+    then 0.25 req/s of 1,000; 30% of prompt tokens cached, 300 output tokens."""
+
+    started = time.monotonic()
+
+    def do_GET(self):
+        t = time.monotonic() - self.started
+        first, second = min(t, SWITCH_SECONDS), max(0.0, t - SWITCH_SECONDS)
+        requests = 0.4 * first + 0.25 * second
+        prompt = 0.4 * 600 * first + 0.25 * 1000 * second
+        role = self.server.role  # type: ignore[attr-defined]
+        if role == "prefill":
+            lines = [f"sglang:num_requests_total {requests:.4f}",
+                     f"sglang:prompt_tokens_total {prompt:.4f}",
+                     f"sglang:cached_tokens_total {0.3 * prompt:.4f}",
+                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 0"]
+        else:
+            lines = [f"sglang:num_requests_total {requests:.4f}",
+                     f"sglang:generation_tokens_total {300 * requests:.4f}",
+                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 2"]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys):
+    _Engine.started = time.monotonic()
+    servers = []
+    for role in ("prefill", "decode"):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+        server.role = role  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        prometheus.set_targets(f"replay-{role}", [f"127.0.0.1:{server.server_address[1]}"],
+                               {"namespace": "ns", "pdcluster": NAME, "role": role})
+    operator_metrics, _ = start_http_server(0, addr="127.0.0.1")
+    prometheus.set_targets("replay-operator", [f"127.0.0.1:{operator_metrics.server_port}"])
+    try:
+        spec = _spec()
+        configured = configure(spec, spec_source="test", overrides={"--interval": 10})
+        spec, config = configured.spec, configured.config
+        queries = render_queries("sglang", namespace="ns", pdcluster=NAME,
+                                 window_seconds=max(spec.planner.interval_seconds, 10),
+                                 percentile=config.slo.percentile)
+        client = prometheus_client(prometheus.url)
+        deadline = time.monotonic() + 40
+        while read_metrics(client, queries, 0.0).readings["mean_output_tokens"] is None:
+            assert time.monotonic() < deadline, "Prometheus never scraped the engines"
+            time.sleep(1)
+        time.sleep(12)  # a whole rate window and two scrapes more
+
+        fleet = _Fleet(warmup=float(spec.prefill.warmup_seconds))
+        report = Reporter(_NoKube())  # type: ignore[arg-type]
+        body = {"metadata": {"namespace": "ns", "name": NAME, "uid": "u"}}
+        history, previous, live = History(), None, []
+        for _ in range(8):
+            now = time.time()
+            snap = read_metrics(client, queries, now, at_seconds=now)  # as planner_loop reads
+            obs = observation_from(snap, now, fleet.state("prefill", now), fleet.state("decode", now))
+            decision, history = step(obs, config=config, history=history, now=now)
+            report.decision(body, spec, decision, previous, snap, obs)
+            fleet.move("prefill", decision.prefill, now)
+            fleet.move("decode", decision.decode, now)
+            previous = decision
+            live.append(decision)
+            time.sleep(max(0.0, now + config.interval_seconds - time.time()))
+        time.sleep(3)  # the last decision's gauges scraped
+        start, end = live[0].at_seconds - 1.0, live[-1].at_seconds + 2.0
+        assert all(d.prefill and d.decode for d in live) and not all(d.held for d in live)
+
+        recorded, ready, before = read_recording(client, "ns", NAME, start, end)
+        assert [t.at_seconds for t in recorded] == [d.at_seconds for d in live]
+        assert [t.live for t in recorded] == [(d.prefill, d.decode) for d in live]
+        assert any(t.prefill.warming or t.decode.warming for t in recorded)
+        assert not before
+        replayed = replay_range(client, engine="sglang", namespace="ns", name=NAME, config=config,
+                                start=start, end=end, recorded=recorded, ready=ready,
+                                live_interval_seconds=float(spec.planner.interval_seconds))
+        assert replayed.caveats == ()
+        assert list(replayed.decisions) == live  # every field, not only the counts
+        assert matches(replayed.decisions, recorded) == (len(live), len(live))
+
+        tight = configure(spec, spec_source="test", overrides={"--slo-ttft": 3.0}).config
+        whatif = replay_range(client, engine="sglang", namespace="ns", name=NAME, config=tight,
+                              start=start, end=end, recorded=recorded, ready=ready,
+                              live_interval_seconds=float(spec.planner.interval_seconds))
+        times = [t.at_seconds for t in recorded]
+        base_h = instance_hours(times, [(d.prefill, d.decode) for d in live], config.interval_seconds)
+        tight_h = instance_hours(times, [(d.prefill, d.decode) for d in whatif.decisions],
+                                 tight.interval_seconds)
+        assert tight_h > base_h
+
+        # the command a user runs says the same
+        capsys.readouterr()
+        assert main(["replay", "--prometheus", prometheus.url, "--pdcluster", f"ns/{NAME}",
+                     "--start", f"{start:.3f}", "--end", f"{end:.3f}",
+                     "-f", str(EXAMPLE), "--slo-ttft", "3"]) == 0
+        out = " ".join(capsys.readouterr().err.split())
+        assert f"replayed = live in {len(live)} of {len(live)} decisions" in out
+        assert "instance-hours decided: what-if" in out and "not predicted" in out
+    finally:
+        operator_metrics.shutdown()
+        for server in servers:
+            server.shutdown()
+        for job in ("replay-prefill", "replay-decode", "replay-operator"):
+            prometheus.set_targets(job, [])
