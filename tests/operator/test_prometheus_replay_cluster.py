@@ -1,0 +1,119 @@
+"""Replay from Prometheus on the running operator: a Recommend PDCluster plans on SGLang-named
+engines read through a real Prometheus, which also scrapes the operator's own metrics; `pdscale
+replay --prometheus` over that time range reproduces every decision the planner's memory
+ConfigMap recorded, field for field."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from kubernetes import client
+from pdc_cluster_helpers import sample, wait_for
+from prometheus_client import start_http_server
+
+from pdscale.operator.builders import PLANNER_MEMORY_KEY
+from pdscale.operator.checklist import parse
+from pdscale.operator.planning import history_from_json, history_to_json, planner_config
+from pdscale.planner.prometheus import prometheus_client
+from pdscale.planner.solve import History
+from pdscale.prometheus_replay import matches, read_recording, replay_range
+
+pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
+
+NAME = "rpl"
+SWITCH_SECONDS = 50.0
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """0.4 req/s of 600 prompt tokens, then (after SWITCH_SECONDS) 0.25 req/s of 1,000; 30% of
+    prompt tokens cached, 300 output tokens."""
+
+    started = time.monotonic()
+
+    def do_GET(self):
+        t = time.monotonic() - self.started
+        first, second = min(t, SWITCH_SECONDS), max(0.0, t - SWITCH_SECONDS)
+        requests = 0.4 * first + 0.25 * second
+        prompt = 0.4 * 600 * first + 0.25 * 1000 * second
+        if self.server.role == "prefill":  # type: ignore[attr-defined]
+            lines = [f"sglang:num_requests_total {requests:.4f}",
+                     f"sglang:prompt_tokens_total {prompt:.4f}",
+                     f"sglang:cached_tokens_total {0.3 * prompt:.4f}",
+                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 0"]
+        else:
+            lines = [f"sglang:num_requests_total {requests:.4f}",
+                     f"sglang:generation_tokens_total {300 * requests:.4f}",
+                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 2"]
+        body = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_replay_reproduces_the_operators_recorded_decisions(cluster, admin_api, namespace,
+                                                           run_operator, prometheus):
+    _Engine.started = time.monotonic()
+    servers = []
+    for role in ("prefill", "decode"):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+        server.role = role  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        prometheus.set_targets(f"rpl-{role}", [f"127.0.0.1:{server.server_address[1]}"],
+                               {"namespace": namespace, "pdcluster": NAME, "role": role})
+    # the operator runs in this process (KopfRunner): its registry is this one
+    operator_metrics, _ = start_http_server(0, addr="127.0.0.1")
+    prometheus.set_targets("rpl-operator", [f"127.0.0.1:{operator_metrics.server_port}"])
+    doc = sample("demo-sim.yaml", NAME, **{"planner.mode": "Recommend",
+                                          "planner.prometheusURL": prometheus.url})
+    custom = client.CustomObjectsApi(admin_api)
+    core = client.CoreV1Api(admin_api)
+    try:
+        with run_operator():
+            custom.create_namespaced_custom_object("pdscale.io", "v1alpha1", namespace,
+                                                   "pdclusters", doc)
+
+            def recorded_decisions():
+                try:
+                    cm = core.read_namespaced_config_map(f"{NAME}-planner", namespace)
+                except client.ApiException:
+                    return None
+                history, _ = history_from_json((cm.data or {}).get(PLANNER_MEMORY_KEY))
+                fresh = [d for d in history.decisions if not d.held]
+                return history.decisions if len(fresh) >= 5 else None
+
+            decisions = wait_for(recorded_decisions, timeout_seconds=240,
+                                 what="five planner decisions on read metrics")
+            time.sleep(3)  # the last decision's gauges scraped
+        live = list(decisions)
+        start, end = live[0].at_seconds - 1.0, live[-1].at_seconds + 2.0
+        promql = prometheus_client(prometheus.url)
+        recorded, ready, before = read_recording(promql, namespace, NAME, start, end)
+        assert not before
+        assert [t.at_seconds for t in recorded] == [d.at_seconds for d in live]
+        spec = parse(doc["spec"])
+        replayed = replay_range(promql, engine="sglang", namespace=namespace, name=NAME,
+                                config=planner_config(spec), start=start, end=end,
+                                recorded=recorded, ready=ready,
+                                live_interval_seconds=float(spec.planner.interval_seconds))
+        assert replayed.caveats == ()
+        assert matches(replayed.decisions, recorded) == (len(live), len(live))
+        # every field, as the memory keeps them (its JSON writes NaN and infinity alike as null)
+        remembered, _ = history_from_json(history_to_json(
+            History(decisions=replayed.decisions), None, keep=len(live)))
+        assert list(remembered.decisions) == live
+        assert any(not d.held for d in live) and any(t.prefill.warming or t.decode.warming
+                                                     for t in recorded)
+    finally:
+        operator_metrics.shutdown()
+        for server in servers:
+            server.shutdown()
+        for job in ("rpl-prefill", "rpl-decode", "rpl-operator"):
+            prometheus.set_targets(job, [])
