@@ -18,7 +18,10 @@ Where that cannot hold, the report says so:
   intervals up to the scale-down window may differ;
 - a what-if (another interval, SLO, budget): the readings are the live fleet's and so are the
   role states; the what-if's decisions say what it would have asked for, not what the fleet
-  it would have run would have measured, and its latencies are not predicted here.
+  it would have run would have measured, and its latencies are not predicted here;
+- a scrape that began before a plan time but was stored after the live query ran: the live
+  reading missed its sample and the replay's has it (scrapes are stored when they finish).
+  Rare (a scrape takes milliseconds); the tick then shows DIFFERS or a different explanation.
 
 The pure parts (tick times, joining recorded samples, re-planning, instance-hours) take plain
 values; :func:`read_recording` and :func:`read_readings` are the only functions that query.
@@ -314,7 +317,6 @@ def run(args: Any, configured: Any, whatif: Any | None) -> int:
     decisions re-run over the range next to the live ones, and with override flags the
     what-if's decisions and instance-hours."""
     from rich.console import Console
-    from rich.table import Table
 
     from pdscale.planner.prometheus import prometheus_client
 
@@ -347,11 +349,31 @@ def run(args: Any, configured: Any, whatif: Any | None) -> int:
                        "calibration are not in Prometheus: decisions within the scale-down window "
                        f"({configured.config.stabilization_seconds:g} s) of --start may differ")
 
-    table = Table(title=f"{namespace}/{name}: live decisions and the replay "
-                        f"({len(base.ticks)} ticks)")
+    _print_replay(namespace, name, base, live_interval, configured.config.interval_seconds, end)
+    if whatif is not None:
+        alt = replay_range(client, engine=engine, namespace=namespace, name=name,
+                           config=whatif.config, start=start, end=end, recorded=recorded,
+                           ready=ready, live_interval_seconds=live_interval)
+        caveats.extend(alt.caveats)
+        _print_whatif(base, alt, whatif, configured.config.interval_seconds, end)
+        caveats.append("what-if: re-planned on the live fleet's readings and role states; the "
+                       "latencies the what-if fleet would have had are not predicted here (that "
+                       "needs a synthetic trace replayed on the simulator)")
+    for line in dict.fromkeys(caveats):  # the same reason once
+        console.print(f"note: {line}")
+    return 0
+
+
+def _print_replay(namespace: str, name: str, base: Replayed, live_interval: float,
+                  interval: float, end: float) -> None:
+    """The ticks, live and replayed side by side, and how many agree."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{namespace}/{name}: live decisions and the replay ({len(base.ticks)} ticks)")
     for column in ("t (s)", "fleet P/D ready+warming", "live", "replayed", "", "explanation"):
         table.add_column(column)
-    t0 = base.ticks[0].at_seconds if base.ticks else start
+    t0 = base.ticks[0].at_seconds if base.ticks else 0.0
     for tick, d in zip(base.ticks, base.decisions, strict=True):
         live = f"{tick.live[0]}P{tick.live[1]}D" if tick.live else "-"
         same = "" if tick.live is None else ("=" if (d.prefill, d.decode) == tick.live else "DIFFERS")
@@ -360,35 +382,35 @@ def run(args: Any, configured: Any, whatif: Any | None) -> int:
                       f"{tick.decode.ready}+{len(tick.decode.warming)}",
                       live, f"{d.prefill}P{d.decode}D", same, d.explanation)
     Console().print(table)
+    console = Console(stderr=True)
     agreed, known = matches(base.decisions, base.ticks)
     console.print(f"replayed = live in {agreed} of {known} decisions with live counts recorded")
     times = [t.at_seconds for t in base.ticks]
-    if known == len(base.ticks) and base.ticks:
-        live_h = instance_hours(times, [t.live for t in base.ticks if t.live], live_interval, end)
-        console.print(f"instance-hours decided: live {live_h:.3f}")
-    replayed_h = instance_hours(times, [(d.prefill, d.decode) for d in base.decisions],
-                                configured.config.interval_seconds, end)
+    live_counts = [t.live for t in base.ticks if t.live is not None]
+    if base.ticks and len(live_counts) == len(base.ticks):
+        console.print(f"instance-hours decided: live {instance_hours(times, live_counts, live_interval, end):.3f}")
+    replayed_h = instance_hours(times, [(d.prefill, d.decode) for d in base.decisions], interval, end)
     console.print(f"instance-hours decided: replayed {replayed_h:.3f}")
-    if whatif is not None:
-        alt = replay_range(client, engine=engine, namespace=namespace, name=name,
-                           config=whatif.config, start=start, end=end, recorded=recorded,
-                           ready=ready, live_interval_seconds=live_interval)
-        caveats.extend(alt.caveats)
-        changed = [f"{n}={v}" for n, v, src in whatif.sources if src.startswith("flag")]
-        alt_table = Table(title=f"what-if ({', '.join(changed)})")
-        for column in ("t (s)", "what-if", "explanation"):
-            alt_table.add_column(column)
-        for tick, d in zip(alt.ticks, alt.decisions, strict=True):
-            alt_table.add_row(f"{tick.at_seconds - t0:.0f}", f"{d.prefill}P{d.decode}D", d.explanation)
-        Console().print(alt_table)
-        alt_h = instance_hours([t.at_seconds for t in alt.ticks],
-                               [(d.prefill, d.decode) for d in alt.decisions],
-                               whatif.config.interval_seconds, end)
-        console.print(f"instance-hours decided: what-if {alt_h:.3f} ({alt_h - replayed_h:+.3f} "
-                      "against the replayed spec)")
-        caveats.append("what-if: re-planned on the live fleet's readings and role states; the "
-                       "latencies the what-if fleet would have had are not predicted here (that "
-                       "needs a synthetic trace replayed on the simulator)")
-    for line in caveats:
-        console.print(f"note: {line}")
-    return 0
+
+
+def _print_whatif(base: Replayed, alt: Replayed, whatif: Any, base_interval: float,
+                  end: float) -> None:
+    """The what-if's decisions and its instance-hours against the replayed spec's."""
+    from rich.console import Console
+    from rich.table import Table
+
+    changed = [f"{n}={v}" for n, v, src in whatif.sources if src.startswith("flag")]
+    table = Table(title=f"what-if ({', '.join(changed)})")
+    for column in ("t (s)", "what-if", "explanation"):
+        table.add_column(column)
+    t0 = base.ticks[0].at_seconds if base.ticks else (alt.ticks[0].at_seconds if alt.ticks else 0.0)
+    for tick, d in zip(alt.ticks, alt.decisions, strict=True):
+        table.add_row(f"{tick.at_seconds - t0:.0f}", f"{d.prefill}P{d.decode}D", d.explanation)
+    Console().print(table)
+    base_h = instance_hours([t.at_seconds for t in base.ticks],
+                            [(d.prefill, d.decode) for d in base.decisions], base_interval, end)
+    alt_h = instance_hours([t.at_seconds for t in alt.ticks],
+                           [(d.prefill, d.decode) for d in alt.decisions],
+                           whatif.config.interval_seconds, end)
+    Console(stderr=True).print(f"instance-hours decided: what-if {alt_h:.3f} ({alt_h - base_h:+.3f} "
+                               "against the replayed spec)")

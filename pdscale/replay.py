@@ -255,11 +255,6 @@ def configuration_from(args: argparse.Namespace) -> Configured:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from pdscale.planner.replay.run import ReplaySetup, run_policy
-    from pdscale.planner.replay.traces import TraceError, load_trace
 
     console = Console(stderr=True)
     if args.prometheus:
@@ -267,6 +262,18 @@ def run(args: argparse.Namespace) -> int:
     if not args.trace or not args.policy:
         console.print("[red]error:[/red] --trace and --policy are needed (or --prometheus)")
         return 2
+    return run_trace(args)
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from pdscale.planner.replay.run import ReplaySetup, run_policy
+    from pdscale.planner.replay.traces import TraceError, load_trace
+
+    console = Console(stderr=True)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         console.print("[red]error:[/red] --plot needs matplotlib: pip install 'pdscale[plot]'")
         return 2

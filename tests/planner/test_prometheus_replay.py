@@ -217,3 +217,23 @@ def test_the_first_scrape_showing_a_plan_time_dates_its_role_states():
     assert first == RecordedTick(10.0, RoleState(ready=1, warming=(Warming(25.0),)),
                                  RoleState(ready=2), (2, 2))
     assert second == RecordedTick(20.0, RoleState(ready=2), RoleState(ready=2, draining=1), (2, 1))
+
+
+def test_readings_are_evaluated_at_the_time_asked_for_and_stamped_with_it():
+    from pdscale.planner.prometheus import read_metrics
+
+    class _Recording:
+        def __init__(self):
+            self.params = []
+
+        def custom_query(self, query, params=None):
+            self.params.append(params)
+            at = float(params["time"]) if params else 999.0
+            return [{"metric": {}, "value": [at, "2"]}]
+
+    client = _Recording()
+    snap = read_metrics(client, {"rate_rps": "sum(x)"}, T0, at_seconds=T0)
+    assert client.params == [{"time": repr(T0)}]
+    assert snap.readings["rate_rps"] == Reading(2.0, T0)
+    read_metrics(client, {"rate_rps": "sum(x)"}, T0)  # no time: Prometheus's own now
+    assert client.params[-1] is None
