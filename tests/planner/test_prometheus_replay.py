@@ -237,3 +237,23 @@ def test_readings_are_evaluated_at_the_time_asked_for_and_stamped_with_it():
     assert snap.readings["rate_rps"] == Reading(2.0, T0)
     read_metrics(client, {"rate_rps": "sum(x)"}, T0)  # no time: Prometheus's own now
     assert client.params[-1] is None
+
+
+def test_without_recorded_decisions_the_ready_gauge_gives_ready_counts_only():
+    ready = [({"role": "prefill"}, [(100.0, 2.0), (120.0, 3.0)]),
+             ({"role": "decode"}, [(100.0, 4.0)])]
+    grid = grid_ticks([95.0, 110.0, 125.0], [], ready)
+    assert [(t.prefill, t.decode) for t in grid] == [
+        (RoleState(), RoleState()), (RoleState(ready=2), RoleState(ready=4)),
+        (RoleState(ready=3), RoleState(ready=4))]
+
+
+def test_times_are_unix_seconds_or_rfc3339_with_a_zone():
+    from pdscale.prometheus_replay import parse_time
+
+    assert parse_time("1764640000.5", "--start") == 1764640000.5
+    assert parse_time("2026-12-02T01:00:00Z", "--start") == 1796173200.0
+    with pytest.raises(ValueError, match=r"--end: .* no time zone"):
+        parse_time("2026-12-02T01:00:00", "--end")
+    with pytest.raises(ValueError, match="--start: 'yesterday'"):
+        parse_time("yesterday", "--start")
