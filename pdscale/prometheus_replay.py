@@ -29,6 +29,7 @@ values; :func:`read_recording` and :func:`read_readings` are the only functions 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -193,6 +194,17 @@ def instance_hours(times: Sequence[float], counts: Sequence[tuple[int, int]],
     return total / 3600.0
 
 
+def missed_decisions(ticks: Sequence[RecordedTick], interval_seconds: float,
+                     tick_seconds: float = 5.0) -> list[tuple[float, float]]:
+    """(time, seconds) of each gap between recorded decisions longer than one planning interval
+    and the operator's fast tick (the latest a due plan can come): decisions there were made
+    but not scraped (the operator scraped less often than it plans), so the replay's memory
+    parts from the live one's after it."""
+    slack = interval_seconds + tick_seconds + 1.0
+    return [(a.at_seconds, b.at_seconds - a.at_seconds)
+            for a, b in itertools.pairwise(ticks) if b.at_seconds - a.at_seconds > slack]
+
+
 def matches(decisions: Sequence[Decision], ticks: Sequence[RecordedTick]) -> tuple[int, int]:
     """(ticks whose replayed counts equal the live ones, ticks with live counts recorded)."""
     known = [(d, t.live) for d, t in zip(decisions, ticks, strict=True) if t.live is not None]
@@ -206,6 +218,11 @@ def _range(client: QueryClient, metric: str, selector: str, start: float, end: f
     window = max(1, math.ceil(end - start))
     answer = client.custom_query(f"{metric}{{{selector}}}[{window}s]",
                                  params={"time": repr(float(end))})
+    if not answer and selector.startswith("namespace="):
+        # scraped through a ServiceMonitor without honorLabels, the operator's own namespace
+        # label becomes exported_namespace (the target's namespace is the operator's)
+        answer = client.custom_query(f"{metric}{{exported_{selector}}}[{window}s]",
+                                     params={"time": repr(float(end))})
     out: list[Series] = []
     for series in answer or []:
         if not isinstance(series, dict):
@@ -295,6 +312,15 @@ def replay_range(client: QueryClient, *, engine: str, namespace: str, name: str,
     caveats = []
     if recorded and config.interval_seconds == live_interval_seconds:
         ticks = list(recorded)
+        gaps = missed_decisions(ticks, live_interval_seconds)
+        if gaps:
+            at, seconds = gaps[0]
+            caveats.append(f"{len(gaps)} gap(s) between recorded decisions longer than the "
+                           f"{live_interval_seconds:g} s interval (the first {seconds:.0f} s "
+                           f"after {at:.0f}): the operator was scraped less often than it "
+                           "plans, the decisions in between are not in Prometheus, and the "
+                           "replay's memory parts from the live one's after each; scrape it "
+                           "at least once per spec.planner.intervalSeconds")
     else:
         ticks = grid_ticks(tick_times(recorded[0].at_seconds if recorded else start, end,
                                       config.interval_seconds), recorded, ready)

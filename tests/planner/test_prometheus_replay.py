@@ -257,3 +257,35 @@ def test_times_are_unix_seconds_or_rfc3339_with_a_zone():
         parse_time("2026-12-02T01:00:00", "--end")
     with pytest.raises(ValueError, match="--start: 'yesterday'"):
         parse_time("yesterday", "--start")
+
+
+def test_decisions_not_scraped_are_named_as_gaps():
+    from pdscale.prometheus_replay import missed_decisions
+
+    ticks = [RecordedTick(t, RoleState(), RoleState()) for t in (0.0, 12.0, 24.5, 54.0, 66.0)]
+    # at 10 s intervals a plan comes at most a fast tick (5 s) late: 29.5 s hides two
+    assert missed_decisions(ticks, 10.0) == [(24.5, 29.5)]
+    assert missed_decisions(ticks, 30.0) == []
+
+
+def test_gauges_scraped_through_a_service_monitor_are_found_under_exported_namespace():
+    from pdscale.prometheus_replay import read_recording
+
+    class _Renamed:
+        """A Prometheus whose target label 'namespace' (the operator's) displaced the gauges'."""
+
+        def __init__(self):
+            self.queries = []
+
+        def custom_query(self, query, params=None):
+            self.queries.append((query, params))
+            if not query.startswith("pdscale_planner_last_plan_timestamp_seconds{exported_"):
+                return []
+            return [{"metric": {"exported_namespace": "ns", "namespace": "pdscale-system",
+                                "pdcluster": "c"}, "values": [[11.0, "10.5"], [21.0, "20.5"]]}]
+
+    client = _Renamed()
+    ticks, ready, before = read_recording(client, "ns", "c", 5.0, 30.0)
+    assert [t.at_seconds for t in ticks] == [10.5, 20.5] and not before and ready == []
+    assert client.queries[0] == ('pdscale_planner_last_plan_timestamp_seconds{namespace="ns",'
+                                 'pdcluster="c"}[25s]', {"time": "30.0"})
