@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,7 +288,8 @@ def spec_from_cluster(namespace: str, name: str) -> Any:
     from pdscale.operator.checklist import parse
     from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
 
-    config.load_kube_config()  # type: ignore[no-untyped-call]
+    # KUBECONFIG as it is now (the client reads its default when first imported)
+    config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
     body = client.CustomObjectsApi().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     return parse(body.get("spec") if isinstance(body, dict) else None)
 

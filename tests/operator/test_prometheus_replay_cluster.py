@@ -14,6 +14,7 @@ from kubernetes import client
 from pdc_cluster_helpers import sample, wait_for
 from prometheus_client import start_http_server
 
+from pdscale.main import main
 from pdscale.operator.builders import PLANNER_MEMORY_KEY
 from pdscale.operator.checklist import parse
 from pdscale.operator.planning import history_from_json, history_to_json, planner_config
@@ -58,7 +59,7 @@ class _Engine(BaseHTTPRequestHandler):
 
 
 def test_replay_reproduces_the_operators_recorded_decisions(cluster, admin_api, namespace,
-                                                           run_operator, prometheus):
+                                                           run_operator, prometheus, capsys):
     _Engine.started = time.monotonic()
     servers = []
     for role in ("prefill", "decode"):
@@ -111,6 +112,15 @@ def test_replay_reproduces_the_operators_recorded_decisions(cluster, admin_api, 
         assert list(remembered.decisions) == live
         assert any(not d.held for d in live) and any(t.prefill.warming or t.decode.warming
                                                      for t in recorded)
+
+        # the command, with the spec read from the cluster (no -f), says the same
+        capsys.readouterr()
+        code = main(["replay", "--prometheus", prometheus.url, "--pdcluster", f"{namespace}/{NAME}",
+                     "--start", f"{start:.3f}", "--end", f"{end:.3f}"])
+        out = " ".join(capsys.readouterr().err.split())
+        assert code == 0, out
+        assert f"replayed = live in {len(live)} of {len(live)} decisions" in out
+        assert "note:" not in out  # nothing stood in the way of an exact replay
     finally:
         operator_metrics.shutdown()
         for server in servers:
