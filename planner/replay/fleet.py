@@ -95,16 +95,6 @@ class Fleet:
             if s != STOPPED and (role is None or self.role[i] == role)
         )
 
-    def last_work_done(self, after: float) -> float:
-        """When the last queued prefill or running decode finishes, not before ``after``."""
-        end = after
-        for i in range(len(self.role)):
-            if self.role[i] == Role.PREFILL:
-                end = max(end, self.busy[i] if self.state[i] != STOPPED else end)
-            for f, _ in self.running[i]:
-                end = max(end, f)
-        return end
-
     # -- state changes ----------------------------------------------------------------------
     def add(self, role: Role, now: float, warm_seconds: float) -> int:
         """Start an instance of ``role`` that is ready after ``warm_seconds``; its id."""

@@ -288,8 +288,15 @@ def run_policy(
 
 
 def _pct(x: np.ndarray, q: float) -> float | None:
-    x = x[~np.isnan(x)]
-    return None if x.size == 0 else round(float(np.percentile(x, q)), 4)
+    """The ``q``-th percentile of a latency over all requests, where nan (rejected, or never
+    served) counts as a miss beyond any latency; None when the percentile falls on such a
+    request (or none was measured at all, as TPOT in a prefill-only run)."""
+    if x.size == 0 or np.isnan(x).all():
+        return None
+    served = np.nanmax(x)
+    # a miss is a finite stand-in above every latency (inf would interpolate to nan)
+    v = float(np.percentile(np.where(np.isnan(x), 2.0 * served + 1e9, x), q))
+    return None if v > served else round(v, 4)
 
 
 def misses(slo: Slo, r: SimResult) -> dict[str, int]:
@@ -336,8 +343,10 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
                 "percentile": setup.slo.percentile},
         "slo_attainment": attainment,
         # the SLO holds when at least its percentile of requests (rejected ones count as
-        # misses) met both targets; the latencies at that percentile are of those served
+        # misses) met both targets; every latency quantile is over all requests too, rejected
+        # ones beyond any latency (null: the quantile falls on a rejected request)
         "slo_met": attainment >= setup.slo.percentile,
+        "quantiles_over": "all requests, rejected = miss",
         "ttft_at_percentile": _pct(r.ttft_seconds, 100.0 * setup.slo.percentile),
         "tpot_at_percentile": _pct(r.tpot_seconds, 100.0 * setup.slo.percentile),
         "ttft_p50": _pct(r.ttft_seconds, 50),

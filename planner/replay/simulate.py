@@ -172,6 +172,10 @@ class _Replay:
         self.rejected = np.zeros(n, dtype=bool)
         self.hit_tokens = 0
         self.prompt_tokens = 0
+        #: when the last request completed (its last token, or its prefill when prefill-only)
+        self.last_done = 0.0
+        #: ADMIT events (a KV transfer under way) not yet run
+        self.pending_admits = 0
         self.ticks: list[tuple[float, int, int, int, int]] = []
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
@@ -200,8 +204,14 @@ class _Replay:
                 progress(r / n_req)
             self._arrive(r, t)
 
-        self._run_events(math.inf)
-        end = fleet.last_work_done(last_arrival)
+        # run what still completes a request (KV arrivals, a decode instance some request waits
+        # for); a node still warming after that serves no one
+        heap = self.events.heap
+        while heap and (self.pending_admits or self.waiting_decode):
+            self._run_events(heap[0][0])
+        # the run ends when the last request completes, for every policy alike: a node still
+        # warming (or a queue of nothing) past that point serves no one and is not charged
+        end = max(self.last_done, last_arrival)
         for i in range(len(fleet.role)):
             fleet.account(i, end)
         if progress is not None:
@@ -249,6 +259,7 @@ class _Replay:
         while heap and heap[0][0] <= until:
             t, kind, _, x = heapq.heappop(heap)
             if kind == Events.ADMIT:
+                self.pending_admits -= 1
                 self._admit_decode(x, t)
             elif kind == Events.READY:
                 if fleet.state[x] == WARMING:  # else its warm-up was cancelled
@@ -288,8 +299,10 @@ class _Replay:
         if cfg.prefill_only:
             self.ttft[r] = done - t
             stats.ttft.append(done - t)
+            self.last_done = max(self.last_done, done)
         else:
             self.events.push(done + self._kv_seconds(n_in), Events.ADMIT, r)
+            self.pending_admits += 1
 
     def _admit_decode(self, r: int, now: float) -> None:
         """Request ``r``'s KV arrived at ``now``: start decoding it, or let it wait for a
@@ -303,6 +316,7 @@ class _Replay:
             self.rejected[r] = True
             return
         start, t_tok = placed
+        self.last_done = max(self.last_done, start + self._output[r] * t_tok)
         self.tpot[r] = t_tok
         first = start - arrival
         self.ttft[r] = first

@@ -205,19 +205,16 @@ def scale_trace(trace: Trace, *, rate_scale: float = 1.0, time_scale: float = 1.
     """Scale load: ``time_scale`` K compresses time by K (arrivals at t/K); ``rate_scale`` K
     replicates arrivals K times (fractional K replicates a random share once more).
 
-    Replicas get their own prefix-block ids except for blocks shared across requests in the
-    original (the system prompts): copying a user's conversation K times must not make its
-    private history a cache hit for K strangers. Replica times are jittered uniformly within
-    +-0.5 s so that copies do not arrive in lockstep."""
+    Every replica is a distinct user: all its prefix-block ids are fresh (``b + c * max_id``
+    for copy ``c``), so a copy hits only its own earlier turns, never the original's or
+    another copy's. A block seen in more than one request is not evidence of a shared system
+    prompt (a conversation's own earlier turns are such blocks too), and the supported traces
+    mark no block as shared, so none is kept shared. Replica times are jittered uniformly
+    within +-0.5 s so that copies do not arrive in lockstep."""
     if rate_scale <= 0 or time_scale <= 0:
         raise ValueError("rate_scale and time_scale must be > 0")
     rng = random.Random(seed)
-    counts: dict[int, int] = {}
-    for h in trace.hash_ids:
-        for b in h:
-            counts[b] = counts.get(b, 0) + 1
-    shared = {b for b, c in counts.items() if c > 1}
-    max_id = max(counts) + 1 if counts else 0
+    max_id = max((b for h in trace.hash_ids for b in h), default=-1) + 1
     whole = int(rate_scale)
     frac = rate_scale - whole
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
@@ -229,8 +226,7 @@ def scale_trace(trace: Trace, *, rate_scale: float = 1.0, time_scale: float = 1.
                 tt = t
             else:
                 tt = max(0.0, t + rng.uniform(-0.5, 0.5))
-                # private blocks of a replica get fresh ids; shared ones (system prompts) stay
-                h = tuple(b if b in shared else b + c * max_id for b in h)
+                h = tuple(b + c * max_id for b in h)
             rows.append((tt / time_scale, trace.input_tokens[i], trace.output_tokens[i], h))
     rows.sort(key=lambda r: r[0])
     name = trace.name

@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from planner_replay_helpers import replay_setup
 
@@ -145,7 +146,10 @@ def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
     # capped, no admitted sequence runs past the target: the excess waits, or is dropped
     for capped in (queue, shed):
         assert capped["misses"]["tpot_only"] + capped["misses"]["both"] == 0
-        assert capped["tpot_p99"] <= 0.05
+    # quantiles are over all requests: the queue rejects no more than the router did (< 1%),
+    # shedding rejects more than 1%, so its p99 falls on a rejected request (null)
+    assert queue["tpot_p99"] <= 0.05
+    assert shed["rejected"] < 0.01 * shed["requests"] or shed["tpot_p99"] is None
     # a queue drops nothing more than the router did, and what waits misses its TTFT
     assert queue["rejected"] == cliff["rejected"]
     assert queue["misses"]["ttft_only"] > 0.5 * queue["requests"]
@@ -279,3 +283,31 @@ def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     assert obs.decode.queue_depth.value == 4
     again = stats.observe(120.0, fleet, waiting_decode=0, queued_prefill=0)
     assert again.rate_rps.value == 0 and again.ttft_p50_seconds is None
+
+
+def test_quantiles_count_rejected_requests_as_misses() -> None:
+    """A latency quantile is over all requests: rejected ones lie beyond any latency."""
+    from pdscale.planner.replay.run import _pct
+
+    x = np.array([1.0, 2.0, np.nan, np.nan])
+    assert _pct(x, 25) == pytest.approx(1.75)  # over four requests, not over the two served
+    assert _pct(x, 90) is None  # falls on a rejected request
+    assert _pct(np.full(3, np.nan), 50) is None
+
+
+def test_the_run_ends_at_the_last_completion_not_at_a_warming_node(
+    model: PerformanceModel, donor: Trace
+) -> None:
+    """A node ordered just before the last arrival is still warming when the last request
+    completes: the run (and what every instance is charged) ends at that completion."""
+    tr = steady(donor, 1.0, 120)
+
+    def late_growth(obs: Observation) -> tuple[int, int]:
+        return (2, 1) if obs.now_seconds < 50 else (3, 1)
+
+    r = simulate(tr, model, SimConfig(initial_prefill=2, initial_decode=1, interval_seconds=60,
+                                      slo=Slo(ttft_seconds=15)), late_growth)
+    done = np.asarray(tr.arrival_seconds) + r.ttft_seconds + r.tpot_seconds * np.asarray(tr.output_tokens)
+    assert r.end_seconds == pytest.approx(float(np.nanmax(done)))
+    assert r.end_seconds < tr.arrival_seconds[0] + 120 + model.profile.warmup.new_node_seconds
+    assert r.instance_seconds["warming"] < model.profile.warmup.new_node_seconds

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from pdscale.planner.replay.traces import (
+    Trace,
     TraceError,
     load_trace,
     read_azure,
@@ -84,14 +85,29 @@ def test_scaling_factors() -> None:
     m = read_mooncake(SHARED / "mooncake/conversation_trace.jsonl")
     x3 = scale_trace(m, rate_scale=3)
     assert len(x3) == 3 * len(m)
-    # replicas keep shared (system-prompt) blocks but not a user's private history
-    assert x3.hash_ids[0] != () and any(h and h[0] == 0 for h in x3.hash_ids[:10])
-    private = {b for h in m.hash_ids for b in h}
-    assert len({b for h in x3.hash_ids for b in h}) > 2 * len(private)
+    # each copy is a distinct user: its blocks are its own, three disjoint sets of the same size
+    original = {b for h in m.hash_ids for b in h}
+    assert len({b for h in x3.hash_ids for b in h}) == 3 * len(original)
     t2 = scale_trace(m, time_scale=2)
     assert t2.duration_seconds == pytest.approx(m.duration_seconds / 2)
     half = scale_trace(m, rate_scale=0.5)
     assert 0.45 * len(m) < len(half) < 0.55 * len(m)
+
+
+def test_rate_scale_copies_share_no_history() -> None:
+    """A conversation copied K times is K users: no copy's prompt hits another's blocks, even
+    blocks the original reuses across its own turns (which look shared but are private)."""
+    turns = [(1, 2), (1, 2, 3), (1, 2, 3, 4)]  # one conversation: each turn extends the last
+    tr = Trace("conv", [0.0, 10.0, 20.0], [2, 3, 4], [1, 1, 1], turns, 1)
+    x2 = scale_trace(tr, rate_scale=2, seed=5)
+    by_copy: dict[tuple[int, ...], set[int]] = {}
+    for h in x2.hash_ids:
+        by_copy.setdefault(h[:1], set()).update(h)
+    assert len(by_copy) == 2
+    a, b = by_copy.values()
+    assert not a & b
+    # within a copy the conversation still reuses its own earlier turns
+    assert all(len(s) == 4 for s in (a, b))
 
 
 def test_rate_series_synthesis_follows_rates() -> None:
