@@ -28,7 +28,8 @@ class Events:
 
     ``seq`` orders events of the same time and kind first-in first-out."""
 
-    READY, ADMIT, RELEASE = 0, 1, 2
+    #: PASS: a prefill instance's batched pass ends (:mod:`.prefill_batches`)
+    READY, ADMIT, RELEASE, PASS = 0, 1, 2, 3
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, int, int]] = []

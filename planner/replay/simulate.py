@@ -53,11 +53,12 @@ from ..observe import Observation, Role
 from .decode_admission import DECODE_ADMISSIONS, DecodeAdmission
 from .fleet import READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
+from .prefill_batches import ENGINES, PrefillBatches
 from .prefix_index import PrefixIndex
 from .routers import ROUTERS, make_router
 from .traces import Trace
 
-__all__ = ["DECODE_ADMISSIONS", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
+__all__ = ["DECODE_ADMISSIONS", "ENGINES", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
 
 #: controller(observation) -> (prefill target, decode target), counts of ready + warming;
 #: a controller may add (switch_to_prefill, switch_to_decode): how many of the changes must be
@@ -70,7 +71,18 @@ class SimConfig:
     """Knobs of one simulation run (times in seconds)."""
 
     router: str = "predicted-ttft"
+    #: what the router sheds: False is what sglang-router, smg and vllm-router do by default
+    #: (nothing); True drops a request whose predicted TTFT breaks the target (the article's
+    #: ideal admission router, a what-if)
     early_rejection: bool = False
+    #: how prefill instances batch (:data:`.prefill_batches.ENGINES`): "sglang" and "vllm"
+    #: run passes up to ``prefill_chunk_tokens``, every request of a pass finishing when it
+    #: ends, the prefix cache matched at scheduling and filled after compute; "article" is the
+    #: global-scheduling article's model (one request at a time, cache filled at routing)
+    engine: str = "sglang"
+    #: tokens per prefill pass (SGLang --chunked-prefill-size, vLLM --max-num-batched-tokens);
+    #: None = the engine's default on H100/H200
+    prefill_chunk_tokens: int | None = None
     slo: Slo = field(default_factory=Slo)
     interval_seconds: float = 60.0
     initial_prefill: int = 1
@@ -160,6 +172,15 @@ class _Replay:
         self.router = make_router(config.router, self.fleet, model, block, random.Random(config.seed))
         self.admission = DecodeAdmission(self.fleet, model, config.decode_admission, config.slo)
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
+        if config.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {config.engine!r}")
+        chunk = config.prefill_chunk_tokens or ENGINES[config.engine]
+        #: batched prefill passes, or None for the article's one request at a time
+        self.batches = None if config.engine == "article" else PrefillBatches(
+            self.fleet, self.prefix, self.events, model, chunk_tokens=chunk or 1,
+            input_tokens=trace.input_tokens, blocks=trace.hash_ids, block_tokens=block,
+            on_done=self._prefilled,
+        )
         #: requests whose KV is ready while no decode instance is
         self.waiting_decode: list[int] = []
         #: prefill instance -> start times of the prefills queued on it, oldest first (each
@@ -174,8 +195,9 @@ class _Replay:
         self.prompt_tokens = 0
         #: when the last request completed (its last token, or its prefill when prefill-only)
         self.last_done = 0.0
-        #: ADMIT events (a KV transfer under way) not yet run
-        self.pending_admits = 0
+        #: requests admitted by the router that have not started decoding (or, prefill-only,
+        #: finished prefill) yet
+        self.unfinished = 0
         self.ticks: list[tuple[float, int, int, int, int]] = []
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
@@ -207,7 +229,7 @@ class _Replay:
         # run what still completes a request (KV arrivals, a decode instance some request waits
         # for); a node still warming after that serves no one
         heap = self.events.heap
-        while heap and (self.pending_admits or self.waiting_decode):
+        while heap and self.unfinished:
             self._run_events(heap[0][0])
         # the run ends when the last request completes, for every policy alike: a node still
         # warming (or a queue of nothing) past that point serves no one and is not charged
@@ -246,6 +268,8 @@ class _Replay:
     def _queued_prefill(self, now: float) -> int:
         """Requests whose prefill has not started by ``now`` on a ready prefill instance."""
         fleet, queued = self.fleet, 0
+        if self.batches is not None:
+            return sum(self.batches.queued(i) for i in fleet.ready_prefill)
         for i, starts in self.prefill_starts.items():
             while starts and starts[0] <= now:
                 starts.popleft()
@@ -259,8 +283,10 @@ class _Replay:
         while heap and heap[0][0] <= until:
             t, kind, _, x = heapq.heappop(heap)
             if kind == Events.ADMIT:
-                self.pending_admits -= 1
                 self._admit_decode(x, t)
+            elif kind == Events.PASS:
+                assert self.batches is not None
+                self.batches.pass_done(x, t)
             elif kind == Events.READY:
                 if fleet.state[x] == WARMING:  # else its warm-up was cancelled
                     fleet.make_ready(x, t)
@@ -287,22 +313,33 @@ class _Replay:
             if predicted > cfg.slo.ttft_seconds:
                 self.rejected[r] = True
                 return
+        # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done
+        self.unfinished += 1
+        if self.batches is not None:
+            self.batches.submit(i, r, t)
+            return
+        # the article's model: one request at a time, FIFO, done exactly when predicted, and
+        # the cache filled at routing (by the time a later request runs, this one is computed)
         if start > t:
             self.prefill_starts.setdefault(i, deque()).append(start)
+        self.prefix.insert(i, blocks)
+        self._prefilled(r, done, hit_tok)
+
+    def _prefilled(self, r: int, done: float, hit_tok: int) -> None:
+        """Request ``r``'s prefill completed at ``done``, ``hit_tok`` of its prompt cached."""
+        n_in, stats = self._input[r], self.stats
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok
         stats.hit_tokens += hit_tok
-        # the cache is filled at admission: the queue is FIFO, so the prompt is computed before
-        # any later request on this instance runs
-        self.prefix.insert(i, blocks)
-        if cfg.prefill_only:
+        if self.config.prefill_only:
+            t = self._arrival[r]
             self.ttft[r] = done - t
             stats.ttft.append(done - t)
             self.last_done = max(self.last_done, done)
+            self.unfinished -= 1
         else:
             self.events.push(done + self._kv_seconds(n_in), Events.ADMIT, r)
-            self.pending_admits += 1
 
     def _admit_decode(self, r: int, now: float) -> None:
         """Request ``r``'s KV arrived at ``now``: start decoding it, or let it wait for a
@@ -310,6 +347,7 @@ class _Replay:
         if not self.fleet.ready_decode:
             self.waiting_decode.append(r)
             return
+        self.unfinished -= 1
         arrival = self._arrival[r]
         placed = self.admission.place(now, arrival, self._input[r], self._output[r])
         if placed is None:

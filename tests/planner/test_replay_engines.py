@@ -1,0 +1,89 @@
+"""The replay's prefill instances batch as SGLang and vLLM do (planner/replay/prefill_batches.py):
+one rule per test, each against the article's one-request-at-a-time model where they differ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdscale.planner.model import PerformanceModel, Slo
+from pdscale.planner.replay.prefill_batches import ENGINES
+from pdscale.planner.replay.simulate import SimConfig, SimResult, simulate
+from pdscale.planner.replay.traces import Trace
+
+BLOCK = 512
+
+
+def one_instance(model: PerformanceModel, trace: Trace, engine: str, **kw: object) -> SimResult:
+    cfg = SimConfig(router="least-queue", initial_prefill=1, prefill_only=True, engine=engine,
+                    slo=Slo(ttft_seconds=60.0), **kw)  # type: ignore[arg-type]
+    return simulate(trace, model, cfg)
+
+
+def trace_of(arrivals: list[float], inputs: list[int], blocks: list[tuple[int, ...]]) -> Trace:
+    return Trace("t", arrivals, inputs, [1] * len(inputs), blocks, BLOCK)
+
+
+def test_engine_defaults_are_the_engines_own() -> None:
+    # SGLang server_args: 8,192 below 160 GB of GPU memory (H100, H200); vLLM arg_utils: 8,192
+    # for the API server on >= 70 GB GPUs
+    assert ENGINES["sglang"] == 8192 and ENGINES["vllm"] == 8192 and ENGINES["article"] is None
+
+
+def test_requests_of_one_pass_finish_together(model: PerformanceModel) -> None:
+    # the first request starts a pass on the idle instance; the next three arrive during it
+    # and are taken together by the next pass
+    tr = trace_of([0.0, 0.001, 0.001, 0.001], [500, 1000, 2000, 3000], [(), (), (), ()])
+    batched = one_instance(model, tr, "sglang")
+    assert np.ptp(batched.ttft_seconds[1:]) == 0.0
+    whole = sum(model.prefill_seconds(n) for n in (500, 1000, 2000, 3000))
+    assert batched.ttft_seconds[1] == pytest.approx(whole - 0.001)
+    # the article's model: each finishes right after its own compute
+    article = one_instance(model, tr, "article")
+    assert article.ttft_seconds[1] == pytest.approx(
+        model.prefill_seconds(500) + model.prefill_seconds(1000) - 0.001)
+    assert np.all(np.diff(article.ttft_seconds[1:]) > 0)
+
+
+def test_a_pass_stops_at_the_chunk_and_a_long_prompt_spans_passes(model: PerformanceModel) -> None:
+    # 20,000 tokens in 8,192-token passes: 8,192 + 8,192 + 3,616, the short request filling
+    # the third pass beside the long one's last chunk: both finish when it ends
+    tr = trace_of([0.0, 0.001], [20000, 100], [(), ()])
+    r = one_instance(model, tr, "sglang")
+    assert r.ttft_seconds[0] == pytest.approx(r.ttft_seconds[1] + 0.001)
+    # with a budget the size of the long prompt, the short one waits only one pass
+    big = one_instance(model, tr, "sglang", prefill_chunk_tokens=20000)
+    assert big.ttft_seconds[1] > big.ttft_seconds[0] - 0.001
+    assert big.ttft_seconds[1] == pytest.approx(
+        model.prefill_seconds(20000) + model.prefill_seconds(100) - 0.001)
+    # three passes of one prompt cost what one pass of it costs, plus the per-pass overhead
+    extra = 2 * model.profile.prefill.overhead_seconds * model.calibration.prefill_factor
+    assert r.ttft_seconds[0] == pytest.approx(model.prefill_seconds(20000) + model.prefill_seconds(100) + extra)
+
+
+def test_no_prefix_hit_within_one_pass(model: PerformanceModel) -> None:
+    shared = tuple(range(4))  # 2,048 tokens of one prefix
+    # a first, unrelated request runs a pass; two sharing a prefix arrive during it
+    tr = trace_of([0.0, 0.001, 0.001, 30.0], [500, 2100, 2100, 2100], [(99,), shared, shared, shared])
+    batched = one_instance(model, tr, "sglang")
+    # those two are scheduled in one pass before either is computed: neither hits; the last,
+    # scheduled after they were inserted, hits the four blocks
+    assert batched.hit_tokens == 4 * BLOCK
+    # the article credits the hit at routing, behind a prompt not yet computed
+    article = one_instance(model, tr, "article")
+    assert article.hit_tokens == 8 * BLOCK
+
+
+def test_a_hit_needs_the_prefix_computed_not_only_routed(model: PerformanceModel) -> None:
+    # a tiny budget: the second request is scheduled in a later pass, after the first is in
+    # the cache, so it hits even though both arrived together
+    shared = tuple(range(4))
+    tr = trace_of([0.0, 0.001, 0.001], [500, 2100, 2100], [(99,), shared, shared])
+    r = one_instance(model, tr, "sglang", prefill_chunk_tokens=2100)
+    assert r.hit_tokens == 4 * BLOCK
+
+
+def test_unknown_engine_is_refused(model: PerformanceModel) -> None:
+    tr = trace_of([0.0], [10], [()])
+    with pytest.raises(ValueError, match="engine must be one of"):
+        one_instance(model, tr, "trt")
