@@ -33,14 +33,18 @@ met) under the table, and stored under ``targets`` in the JSON.
 The planner runs the operator's configuration for one PDCluster,
 ``bench/policy_bench_pdcluster.yaml`` (through ``pdscale.replay.configure``, as ``pdscale
 replay -f`` does): TPOT SLO 50 ms, percentile 99, node budget 200, interval 60 s, warm-up
-600 s, decode drain 60 s; each trace sets only its TTFT target. Router predicted-TTFT with
-early rejection (the article's overload control; a rejected request counts as a miss) for
-every policy. Dynamic policies start with the fleet sized for the first warm-up window (as if the
+600 s, decode drain 60 s; each trace sets only its TTFT target. Every policy runs on one
+fleet, ``--stack`` (planner/replay/run.py ``STACKS``): by default the stack users deploy,
+SGLang's batched prefill behind the router's cache-aware policy with no admission control;
+``ideal-router`` adds predicted-TTFT routing with early rejection (the article's overload
+control, which no router performs: a what-if); ``article`` is the earlier figures' model. A
+rejected request counts as a miss, and latency quantiles are over all requests. Dynamic policies start with the fleet sized for the first warm-up window (as if the
 planner had been running before the trace); static:best is searched in hindsight.
-Writes out/policy_bench.json (``out/policy_bench_admission_MODE.json`` with ``--decode-admission``)
+Writes out/policy_bench.json (``policy_bench_STACK.json`` for another stack,
+``..._admission_MODE.json`` with ``--decode-admission``)
 and prints the table with ratios against oracle and static:best.
 
-    .venv/bin/python bench/policy_bench.py [--only mooncake,azure,servegen,steady]
+    .venv/bin/python bench/policy_bench.py [--only mooncake,azure,servegen,steady] [--stack ideal-router]
     .venv/bin/python bench/policy_bench.py --only heldout-mid-d1,heldout-small-d11
 """
 
@@ -55,7 +59,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import ReplaySetup, run_policy
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
     Trace,
@@ -207,6 +211,12 @@ def main() -> None:
                     help="every policy's decode caps its batch at the TPOT target (queue) and "
                          "drops what would wait past the TTFT target (shed): a what-if, see the "
                          "README")
+    ap.add_argument("--stack", choices=list(STACKS), default="deployed",
+                    help="the fleet every policy runs on (planner/replay/run.py STACKS): "
+                         "deployed (SGLang batched prefill, cache-aware routing, no admission: "
+                         "what users run), ideal-router (the same engines behind predicted-TTFT "
+                         "routing with early rejection, a what-if) or article (the earlier "
+                         "figures' model: one prefill at a time)")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -225,7 +235,7 @@ def main() -> None:
                                lengths_from=c.get("lengths"))
         configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
-        setup = ReplaySetup(trace=trace, planner=configured.config, early_rejection=True,
+        setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack],
                             decode_admission=args.decode_admission)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
                       f"{trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
@@ -252,8 +262,10 @@ def main() -> None:
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "configuration": configured.as_json(),
                          "policies": reps}
-    table = Table(title=f"policies side by side (node budget {setup.nodes}, TPOT SLO 50 ms, "
-                        "predicted-TTFT routing with early rejection"
+    stack = STACKS[args.stack]
+    table = Table(title=f"policies side by side, stack {args.stack} (node budget {setup.nodes}, "
+                        f"TPOT SLO 50 ms, {stack['engine']} prefill, {stack['router']} routing, "
+                        + ("early rejection" if stack["early_rejection"] else "no admission")
                         + ("" if args.decode_admission == "off"
                            else f", decode admission: {args.decode_admission}") + ")")
     pct = f"p{100 * setup.slo.percentile:g}"
@@ -282,8 +294,9 @@ def main() -> None:
         mark = "[green]met[/green]" if c["met"] else "[red]NOT met[/red]"
         console.print(f"  {c['trace']:>9} {c['target']:<58} {c['value']:<40} {mark}")
     OUT.mkdir(exist_ok=True)
-    path = OUT / ("policy_bench.json" if args.decode_admission == "off"
-                  else f"policy_bench_admission_{args.decode_admission}.json")
+    stem = "policy_bench" + ("" if args.stack == "deployed" else f"_{args.stack}")
+    path = OUT / (f"{stem}.json" if args.decode_admission == "off"
+                  else f"{stem}_admission_{args.decode_admission}.json")
     old = json.loads(path.read_text()) if path.exists() else {}
     old.update(results)
     old["targets"] = [c for c in old.get("targets", []) if c["trace"] not in results] + checks

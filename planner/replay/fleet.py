@@ -57,6 +57,8 @@ class Fleet:
         self.role_changes = 0
         # prefill work: when each instance's FIFO queue runs empty
         self.busy: list[float] = []
+        # requests routed to each instance whose prefill has not completed (a router's load)
+        self.outstanding: list[int] = []
         # decode work: heap of (finish, context tokens) per instance, and its context sum
         self.running: list[list[tuple[float, float]]] = []
         self.ctx_sum: list[float] = []
@@ -106,6 +108,7 @@ class Fleet:
         self.since.append(now)
         self.switch_to.append(None)
         self.busy.append(now + warm_seconds)
+        self.outstanding.append(0)
         self.prefix.add_instance()
         self.running.append([])
         self.ctx_sum.append(0.0)

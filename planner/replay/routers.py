@@ -48,17 +48,50 @@ class LeastQueueRouter:
 
 
 class CacheAwareRouter:
-    """The longest prefix hit, the shorter queue among equal hits; least queue without hits."""
+    """sglang-router's (and smg's) ``cache_aware`` policy with its default thresholds.
 
-    def __init__(self, fleet: Fleet) -> None:
+    From sgl-router ``src/policies/cache_aware.rs`` (defaults in ``router_args.py``:
+    ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5):
+    when the loads are imbalanced (the most loaded instance has more than 64 requests beyond
+    the least loaded, and more than 1.5 times its load) the least loaded instance takes the
+    request; otherwise the instance with the longest prefix match takes it if the match
+    covers more than 30% of the prompt, else the instance whose prefix tree is smallest.
+
+    Two approximations: the router's load is the requests it sent to an instance whose
+    prefill has not completed (it counts in-flight requests), and its approximate radix tree
+    is read as the instances' own caches (a conversation's next turn arrives after the last
+    reply, by when both agree). Ties go to the shorter queue."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        block_tokens: int = 512,
+        *,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+    ) -> None:
         self.ready = fleet.ready_prefill
         self.busy = fleet.busy
+        self.load = fleet.outstanding
+        self.caches = fleet.prefix.caches
+        self.block_tokens = block_tokens
+        self.cache_threshold = cache_threshold
+        self.balance_abs = balance_abs_threshold
+        self.balance_rel = balance_rel_threshold
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
-        busy = self.busy
+        busy, load, ready = self.busy, self.load, self.ready
+        lo = min(ready, key=lambda j: (load[j], busy[j]))
+        hi = max(load[j] for j in ready)
+        if hi - load[lo] > self.balance_abs and hi > load[lo] * self.balance_rel:
+            return lo
         if hits:
-            return max(self.ready, key=lambda j: (hits.get(j, 0), -busy[j]))
-        return min(self.ready, key=busy.__getitem__)
+            best = max(ready, key=lambda j: (hits.get(j, 0), -busy[j]))
+            if hits.get(best, 0) * self.block_tokens > self.cache_threshold * input_tokens:
+                return best
+        caches = self.caches
+        return min(ready, key=lambda j: (len(caches[j]), busy[j]))
 
 
 class PredictedTtftRouter:
@@ -103,7 +136,7 @@ def make_router(
     if name == "least-queue":
         return LeastQueueRouter(fleet)
     if name == "cache-aware":
-        return CacheAwareRouter(fleet)
+        return CacheAwareRouter(fleet, block_tokens)
     if name == "predicted-ttft":
         return PredictedTtftRouter(fleet, model.prefill_seconds, block_tokens)
     raise ValueError(f"router must be one of {ROUTERS}, got {name!r}")

@@ -38,8 +38,15 @@ class ReplaySetup:
 
     trace: Trace
     planner: PlannerConfig
-    router: str = "predicted-ttft"
+    #: the prefill routing a PDCluster renders by default (router.prefillPolicy CacheAware)
+    router: str = "cache-aware"
+    #: False: what sglang-router, smg and vllm-router do by default (shed nothing); True: the
+    #: ideal admission router's early rejection at the predicted TTFT (a what-if)
     early_rejection: bool = False
+    #: how prefill batches (simulate.SimConfig.engine): the engines' passes, or "article"
+    engine: str = "sglang"
+    #: tokens per prefill pass; None = the engine's default
+    prefill_chunk_tokens: int | None = None
     #: "off", "queue" (decode caps its batch at the TPOT target) or "shed" (and drops what
     #: would wait past the TTFT target): simulate.SimConfig.decode_admission; a property of the
     #: fleet, the same for every policy
@@ -68,6 +75,18 @@ class ReplaySetup:
     def attainment_target(self) -> float:
         """What static:best must reach (``target_attainment``, or the SLO's percentile)."""
         return self.slo.percentile if self.target_attainment is None else self.target_attainment
+
+
+#: the fleets a replay can stand for, by name: the stack users deploy (SGLang's batched
+#: prefill behind the router's default cache-aware policy, which sheds nothing), the same
+#: engines behind an ideal admission router (predicted-TTFT routing, early rejection at the
+#: TTFT target: a what-if, no router does it), and the global-scheduling article's model
+#: (one prefill at a time, exact predictions, early rejection: the seed reproduction's)
+STACKS: dict[str, dict[str, Any]] = {
+    "deployed": {"engine": "sglang", "router": "cache-aware", "early_rejection": False},
+    "ideal-router": {"engine": "sglang", "router": "predicted-ttft", "early_rejection": True},
+    "article": {"engine": "article", "router": "predicted-ttft", "early_rejection": True},
+}
 
 
 def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0) -> list[Load]:
@@ -148,7 +167,8 @@ def simulate_fleet(
     the fleet fixed, ``prefill_only`` skips decode (a prefill-side probe)."""
     cfg = SimConfig(
         router=setup.router, early_rejection=setup.early_rejection, slo=setup.slo,
-        decode_admission=setup.decode_admission,
+        decode_admission=setup.decode_admission, engine=setup.engine,
+        prefill_chunk_tokens=setup.prefill_chunk_tokens,
         interval_seconds=setup.interval_seconds, initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
     )

@@ -198,6 +198,8 @@ class _Replay:
         #: requests admitted by the router that have not started decoding (or, prefill-only,
         #: finished prefill) yet
         self.unfinished = 0
+        #: request -> the prefill instance it was routed to, until its prefill completes
+        self._routed_to: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
@@ -315,6 +317,8 @@ class _Replay:
                 return
         # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done
+        fleet.outstanding[i] += 1
+        self._routed_to[r] = i
         self.unfinished += 1
         if self.batches is not None:
             self.batches.submit(i, r, t)
@@ -329,6 +333,7 @@ class _Replay:
     def _prefilled(self, r: int, done: float, hit_tok: int) -> None:
         """Request ``r``'s prefill completed at ``done``, ``hit_tok`` of its prompt cached."""
         n_in, stats = self._input[r], self.stats
+        self.fleet.outstanding[self._routed_to.pop(r)] -= 1
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok
         stats.hit_tokens += hit_tok

@@ -87,3 +87,53 @@ def test_unknown_engine_is_refused(model: PerformanceModel) -> None:
     tr = trace_of([0.0], [10], [()])
     with pytest.raises(ValueError, match="engine must be one of"):
         one_instance(model, tr, "trt")
+
+
+def test_the_deployed_stack_sheds_nothing_and_the_ideal_router_is_a_what_if(
+    model: PerformanceModel,
+) -> None:
+    """The default replay is the router users run: cache-aware, no admission (sglang-router
+    0.3.2 has none), so an overloaded fleet serves everything late; early rejection at the
+    predicted TTFT is the named what-if ``ideal-router``."""
+    from pdscale.planner.replay.run import STACKS, ReplaySetup
+
+    assert ReplaySetup.__dataclass_fields__["early_rejection"].default is False
+    assert ReplaySetup.__dataclass_fields__["router"].default == "cache-aware"
+    assert STACKS["deployed"] == {"engine": "sglang", "router": "cache-aware", "early_rejection": False}
+    # 40 prompts of 8,000 tokens a second on one instance: far past what it computes
+    n = 400
+    tr = Trace("over", [i / 40 for i in range(n)], [8000] * n, [1] * n, [()] * n, BLOCK)
+    runs = {}
+    for name in ("deployed", "ideal-router"):
+        s = STACKS[name]
+        runs[name] = simulate(tr, model, SimConfig(
+            router=s["router"], early_rejection=s["early_rejection"], engine=s["engine"],
+            initial_prefill=1, prefill_only=True, slo=Slo(ttft_seconds=2.0)))
+    assert not runs["deployed"].rejected.any()
+    assert runs["ideal-router"].rejected.mean() > 0.5
+
+
+def test_cache_aware_routing_follows_sglang_routers_thresholds() -> None:
+    """sgl-router cache_aware: balance first (abs 64 and rel 1.5), then a prefix match above
+    30% of the prompt, else the smallest tree."""
+    from pdscale.planner.observe import Role
+    from pdscale.planner.replay.fleet import Events, Fleet
+    from pdscale.planner.replay.prefix_index import PrefixIndex
+    from pdscale.planner.replay.routers import CacheAwareRouter
+
+    fleet = Fleet(PrefixIndex(100), Events(), switch_seconds=30.0)
+    for _ in range(3):
+        fleet.add(Role.PREFILL, 0.0, 0.0)
+    fleet.prefix.insert(0, (1, 2, 3))
+    fleet.prefix.insert(1, (7, 8))
+    router = CacheAwareRouter(fleet, BLOCK)
+    # instance 1 matches 2 blocks of a 3-block prompt (67% > 30%): it takes the request
+    assert router.choose(0.0, 3 * BLOCK, {1: 2}) == 1
+    # 2 blocks of a 10-block prompt (20%): the smallest tree (instance 2, empty) takes it
+    assert router.choose(0.0, 10 * BLOCK, {1: 2}) == 2
+    # loads 100/40/90: 60 apart is within the absolute threshold, the match still wins
+    fleet.outstanding[:] = [100, 90, 40]
+    assert router.choose(0.0, 3 * BLOCK, {1: 2}) == 1
+    # 65 apart and 100 > 1.5 x 35: imbalanced, the least loaded takes it despite the match
+    fleet.outstanding[:] = [100, 90, 35]
+    assert router.choose(0.0, 3 * BLOCK, {1: 2}) == 2

@@ -114,8 +114,9 @@ def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> N
 
 def conversation_at_6rps(donor: Trace, model: PerformanceModel, admission: str = "off") -> ReplaySetup:
     """Five minutes of conversation at 6 req/s: one decode (or one prefill) instance is short."""
+    # the ideal admission router (run.STACKS["ideal-router"]): misses by cause, not routing
     return replay_setup(steady(donor, 6.0, 300), ttft_seconds=15, tpot_seconds=0.05, nodes=20,
-                        early_rejection=True, decode_admission=admission)
+                        router="predicted-ttft", early_rejection=True, decode_admission=admission)
 
 
 def test_misses_are_counted_by_cause(model: PerformanceModel, donor: Trace) -> None:
@@ -170,8 +171,9 @@ def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
 
 @pytest.mark.slow
 def test_steady_hour_has_no_role_changes_and_meets_slo(model: PerformanceModel, donor: Trace) -> None:
-    # the router runs predicted-TTFT with early rejection, as in the benchmark
-    setup = replay_setup(steady(donor, 12.0, 3600), ttft_seconds=15, nodes=64, early_rejection=True)
+    # behind the ideal admission router (the benchmark's --stack ideal-router)
+    setup = replay_setup(steady(donor, 12.0, 3600), ttft_seconds=15, nodes=64,
+                         router="predicted-ttft", early_rejection=True)
     rep = run_policy(setup, "pdscale")
     assert rep["role_changes"] == 0
     counts = {(d["prefill"], d["decode"]) for d in rep["decisions"]}
