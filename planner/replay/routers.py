@@ -15,7 +15,7 @@ from typing import Protocol
 from ..model import PerformanceModel
 from .fleet import Fleet
 
-ROUTERS = ("random", "least-queue", "cache-aware", "predicted-ttft")
+ROUTERS = ("random", "least-queue", "cache-aware", "article-cache-aware", "predicted-ttft")
 
 
 class Router(Protocol):
@@ -45,6 +45,21 @@ class LeastQueueRouter:
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
         return min(self.ready, key=self.busy.__getitem__)
+
+
+class ArticleCacheAwareRouter:
+    """The global-scheduling article's cache-aware router: the longest prefix hit, the shorter
+    queue among equal hits; least queue without hits (no thresholds)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.ready = fleet.ready_prefill
+        self.busy = fleet.busy
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+        busy = self.busy
+        if hits:
+            return max(self.ready, key=lambda j: (hits.get(j, 0), -busy[j]))
+        return min(self.ready, key=busy.__getitem__)
 
 
 class CacheAwareRouter:
@@ -137,6 +152,8 @@ def make_router(
         return LeastQueueRouter(fleet)
     if name == "cache-aware":
         return CacheAwareRouter(fleet, block_tokens)
+    if name == "article-cache-aware":
+        return ArticleCacheAwareRouter(fleet)
     if name == "predicted-ttft":
         return PredictedTtftRouter(fleet, model.prefill_seconds, block_tokens)
     raise ValueError(f"router must be one of {ROUTERS}, got {name!r}")
