@@ -199,6 +199,11 @@ def configure(
     return Configured(spec, config, tuple(rows))
 
 
+#: planner.replay.run.STACKS' names, spelled out so that building the command line imports no
+#: numerical library (tests/planner/test_replay_cli.py keeps them equal)
+STACK_NAMES = ("deployed", "ideal-router", "article")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("-f", "--filename", dest="spec_file", metavar="PDCLUSTER.yaml",
@@ -221,10 +226,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="profile YAML or shipped name (default: spec.planner.profile)")
     for f in SPEC_FLAGS:
         parser.add_argument(f.flag, type=f.type, default=None, help=f"{f.help}; overrides the spec")
-    parser.add_argument("--router", default="predicted-ttft",
-                        choices=["random", "least-queue", "cache-aware", "predicted-ttft"])
-    parser.add_argument("--early-rejection", action="store_true",
-                        help="the router rejects a request whose predicted TTFT breaks the target")
+    parser.add_argument("--stack", choices=STACK_NAMES, default="deployed",
+                        help="what the replay stands for (docs/replay.md): deployed = batching "
+                             "engines behind sglang-router's cache-aware policy, no admission; "
+                             "ideal-router = predicted-TTFT routing with early rejection (a "
+                             "what-if); article = the article's model (default: deployed)")
+    parser.add_argument("--router", default=None,
+                        choices=["random", "least-queue", "cache-aware", "predicted-ttft"],
+                        help="overrides the stack's router")
+    parser.add_argument("--early-rejection", action="store_true", default=None,
+                        help="the router rejects a request whose predicted TTFT breaks the "
+                             "target (overrides the stack's admission)")
     parser.add_argument("--decode-admission", choices=["off", "queue", "shed"], default="off",
                         help="off: decode takes every request; queue: decode caps its batch at the "
                              "TPOT target (--max-running-requests sized to the SLO) and the rest "
@@ -270,7 +282,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.planner.replay.run import ReplaySetup, run_policy
+    from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
     from pdscale.planner.replay.traces import TraceError, load_trace
 
     console = Console(stderr=True)
@@ -287,9 +299,12 @@ def run_trace(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     config = configured.config
+    stack = STACKS[args.stack]
     setup = ReplaySetup(
-        trace=trace, planner=config, router=args.router,
-        early_rejection=args.early_rejection, decode_admission=args.decode_admission,
+        trace=trace, planner=config, engine=stack["engine"],
+        router=args.router or stack["router"],
+        early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
+        decode_admission=args.decode_admission,
     )
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
@@ -320,6 +335,23 @@ def run_trace(args: argparse.Namespace) -> int:
     report["rate_scale"] = args.rate_scale
     report["time_scale"] = args.time_scale
     report["configuration"] = configured.as_json()
+    report["stack"] = {"name": args.stack, "engine": setup.engine, "router": setup.router,
+                       "early_rejection": setup.early_rejection}
+    Console().print(_report_table(report, config))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        console.print(f"wrote {args.json_out}")
+    if args.plot:
+        plot_report(report, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
+def _report_table(report: dict[str, Any], config: Any) -> Any:
+    """The report's headline measures as a table, the latencies at the SLO percentile first."""
+    from rich.table import Table
+
     pct = f"p{100 * config.slo.percentile:g}"
     table = Table(title=f"replay {report['policy']} on {report['trace']}")
     table.add_column("measure")
@@ -336,15 +368,7 @@ def run_trace(args: argparse.Namespace) -> int:
     m = report["misses"]
     table.add_row("missed: late first token / slow decode / both",
                   f"{m['ttft_only']} / {m['tpot_only']} / {m['both']}")
-    Console().print(table)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=1))
-        console.print(f"wrote {args.json_out}")
-    if args.plot:
-        plot_report(report, args.plot)
-        console.print(f"wrote {args.plot}")
-    return 0
+    return table
 
 
 def _run_prometheus(args: argparse.Namespace, console: Any) -> int:

@@ -40,3 +40,23 @@ def test_replay_refuses_a_bad_trace_naming_the_line(tmp_path: Path, capsys: pyte
 def test_replay_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--trace", AZURE, "--policy", "magic"]) == 2
     assert "policy must be one of" in capsys.readouterr().err
+
+
+def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> None:
+    """The default is what users run (batching engines, cache-aware routing, no admission); the
+    ideal router is a labelled what-if; the flag's names are the replay's stacks."""
+    from pdscale.planner.replay.run import STACKS
+    from pdscale.replay import STACK_NAMES
+
+    assert set(STACK_NAMES) == set(STACKS)
+    stacks = {}
+    for extra in ([], ["--stack", "ideal-router"], ["--router", "random"]):
+        out = tmp_path / f"r{len(stacks)}.json"
+        assert main(["replay", "--trace", AZURE, "--policy", "static:10P2D", "--slo-ttft", "2",
+                     "--json", str(out), *extra]) == 0
+        stacks[" ".join(extra)] = json.loads(out.read_text())["stack"]
+    assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "cache-aware",
+                          "early_rejection": False}
+    assert stacks["--stack ideal-router"]["router"] == "predicted-ttft"
+    assert stacks["--stack ideal-router"]["early_rejection"] is True
+    assert stacks["--router random"]["router"] == "random"
