@@ -32,7 +32,8 @@ OPERATOR_USER = f"system:serviceaccount:{rbac.NAMESPACE}:{rbac.NAME}"
 
 
 def audited(audit_log: Path, offset: int, user: str = OPERATOR_USER) -> list[tuple[Need, int, str]]:
-    """(need, HTTP code, namespace or "") of every request ``user`` made after ``offset``."""
+    """(need, HTTP code, namespace or "") of every request ``user`` made after ``offset``; a 403
+    counts only where the authorizer refused (code 0 where admission did)."""
     out = []
     with audit_log.open("rb") as f:
         f.seek(offset)
@@ -43,6 +44,11 @@ def audited(audit_log: Path, offset: int, user: str = OPERATOR_USER) -> list[tup
                 continue  # non-resource requests (discovery) need no grant of ours
             resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
             code = (event.get("responseStatus") or {}).get("code", 0)
+            # a 403 from admission (an admission policy, a namespace being deleted: "unable to
+            # create new content") is no RBAC refusal; the authorizer's own verdict says which
+            if code == 403 and (event.get("annotations") or {}).get(
+                    "authorization.k8s.io/decision") != "forbid":
+                code = 0
             out.append((Need(ref.get("apiGroup", ""), resource, event["verb"]), code,
                         ref.get("namespace", "")))
     return out
