@@ -5,9 +5,7 @@ ConfigMap recorded, field for field."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
@@ -21,6 +19,7 @@ from pdscale.operator.planning import history_from_json, history_to_json, planne
 from pdscale.planner.prometheus import prometheus_client
 from pdscale.planner.solve import History
 from pdscale.prometheus_replay import matches, read_recording, replay_range
+from pdscale.testbed.shape_change_engines import start_engines
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -28,45 +27,11 @@ NAME = "rpl"
 SWITCH_SECONDS = 50.0
 
 
-class _Engine(BaseHTTPRequestHandler):
-    """0.4 req/s of 600 prompt tokens, then (after SWITCH_SECONDS) 0.25 req/s of 1,000; 30% of
-    prompt tokens cached, 300 output tokens."""
-
-    started = time.monotonic()
-
-    def do_GET(self):
-        t = time.monotonic() - self.started
-        first, second = min(t, SWITCH_SECONDS), max(0.0, t - SWITCH_SECONDS)
-        requests = 0.4 * first + 0.25 * second
-        prompt = 0.4 * 600 * first + 0.25 * 1000 * second
-        if self.server.role == "prefill":  # type: ignore[attr-defined]
-            lines = [f"sglang:num_requests_total {requests:.4f}",
-                     f"sglang:prompt_tokens_total {prompt:.4f}",
-                     f"sglang:cached_tokens_total {0.3 * prompt:.4f}",
-                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 0"]
-        else:
-            lines = [f"sglang:num_requests_total {requests:.4f}",
-                     f"sglang:generation_tokens_total {300 * requests:.4f}",
-                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 2"]
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_replay_reproduces_the_operators_recorded_decisions(cluster, admin_api, namespace,
                                                            run_operator, prometheus, capsys):
-    _Engine.started = time.monotonic()
-    servers = []
-    for role in ("prefill", "decode"):
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-        server.role = role  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
+    engines = start_engines(SWITCH_SECONDS)
+    servers = list(engines.values())
+    for role, server in engines.items():
         prometheus.set_targets(f"rpl-{role}", [f"127.0.0.1:{server.server_address[1]}"],
                                {"namespace": namespace, "pdcluster": NAME, "role": role})
     # the operator runs in this process (KopfRunner): its registry is this one

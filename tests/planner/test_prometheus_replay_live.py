@@ -10,9 +10,7 @@ are what the operator would have counted from pods)."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from prometheus_client import start_http_server
@@ -29,6 +27,7 @@ from pdscale.planner.prometheus import (
 from pdscale.planner.solve import History, step
 from pdscale.prometheus_replay import instance_hours, matches, read_recording, replay_range
 from pdscale.replay import configure
+from pdscale.testbed.shape_change_engines import start_engines
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -37,45 +36,10 @@ EXAMPLE = ROOT / "examples" / "demo-sim.yaml"
 SWITCH_SECONDS = 60.0  # the load's shape changes this long after the engines start
 
 
-class _Engine(BaseHTTPRequestHandler):
-    """Counters of a load that changes shape at SWITCH_SECONDS: 0.4 req/s of 600 prompt tokens,
-    then 0.25 req/s of 1,000; 30% of prompt tokens cached, 300 output tokens."""
-
-    started = time.monotonic()
-
-    def do_GET(self):
-        t = time.monotonic() - self.started
-        first, second = min(t, SWITCH_SECONDS), max(0.0, t - SWITCH_SECONDS)
-        requests = 0.4 * first + 0.25 * second
-        prompt = 0.4 * 600 * first + 0.25 * 1000 * second
-        role = self.server.role  # type: ignore[attr-defined]
-        if role == "prefill":
-            lines = [f"sglang:num_requests_total {requests:.4f}",
-                     f"sglang:prompt_tokens_total {prompt:.4f}",
-                     f"sglang:cached_tokens_total {0.3 * prompt:.4f}",
-                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 0"]
-        else:
-            lines = [f"sglang:num_requests_total {requests:.4f}",
-                     f"sglang:generation_tokens_total {300 * requests:.4f}",
-                     "sglang:num_queue_reqs 0", "sglang:num_running_reqs 2"]
-        body = ("\n".join(lines) + "\n").encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys):
-    _Engine.started = time.monotonic()
-    servers = []
-    for role in ("prefill", "decode"):
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-        server.role = role  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
+    engines = start_engines(SWITCH_SECONDS)
+    servers = list(engines.values())
+    for role, server in engines.items():
         prometheus.set_targets(f"replay-{role}", [f"127.0.0.1:{server.server_address[1]}"],
                                {"namespace": "ns", "pdcluster": NAME, "role": role})
     operator_metrics, _ = start_http_server(0, addr="127.0.0.1")
