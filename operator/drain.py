@@ -31,6 +31,7 @@ from .engine_probe import EngineLoad, LoadSource, engine_in_flight, engine_load,
 from .fleet import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
+    DRAINED_DELETION_COST,
     DRAINING_DELETION_COST,
     PodView,
     plan_role_actions,
@@ -274,6 +275,9 @@ class Drains:
             for pod in actions.start_drain:
                 self.kube.patch_pod(ns, pod, drain_marks(now))
                 self.report.drain_started(body, role, pod)
+            for pod in actions.mark_drained:
+                self.kube.patch_pod(ns, pod, {"metadata": {"annotations": {
+                    DELETION_COST_ANNOTATION: str(DRAINED_DELETION_COST)}}})
             for pod in actions.finish_drain:
                 self.report.drain_finished(body, role, pod)
             replicas[role] = current if actions.replicas is None else actions.replicas

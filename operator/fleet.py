@@ -17,7 +17,10 @@ The release order (control-plane article, rule 6) made concrete, for one instanc
 4. lower the Deployment's replicas by one: the ReplicaSet removes the pod with the lowest
    deletion cost, which is exactly this one, because every other pod of the role is Ready
    (the ReplicaSet removes not-ready pods before looking at deletion costs, so a drain is not
-   finished while another pod of the role is still warming up).
+   finished while another pod of the role is still warming up). With another drain of the
+   role still going, the drained pod first gets a lower cost still (``mark_drained``) and the
+   replicas drop on a later tick, once that cost is seen: between equal costs the ReplicaSet
+   removes the newest pod, which may be the one still draining.
 
 Warming pods are removed before any Ready pod is drained: they hold no request.
 """
@@ -38,6 +41,9 @@ DRAINING_ANNOTATION = "pdscale.io/draining-since"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 #: deletion cost of a pod being drained: lower than any default (0) so the ReplicaSet picks it
 DRAINING_DELETION_COST = -1000
+#: deletion cost of a drained pod while another pod of its role still drains: lower still, so
+#: the ReplicaSet removes the drained one and not the other
+DRAINED_DELETION_COST = -2000
 #: the start of a drain whose annotation cannot be read: long ago, so the drain has timed out
 #: (see ``drain_started_at``)
 DRAIN_START_UNREADABLE = -math.inf
@@ -67,6 +73,8 @@ class PodView:
     #: why KV this idle prefill computed may still be on its way to a decode (None: nothing
     #: known to be); see drain.HandoffWaits
     handoff_wait: str | None = None
+    #: its deletion cost is ``DRAINED_DELETION_COST``: the drain is over, the pod is next to go
+    drained: bool = False
 
     @property
     def draining(self) -> bool:
@@ -114,7 +122,8 @@ def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     ready = ready_cond is not None and ready_cond.get("status") == "True"
-    draining = (meta.get("annotations") or {}).get(DRAINING_ANNOTATION)
+    annotations = meta.get("annotations") or {}
+    draining = annotations.get(DRAINING_ANNOTATION)
     return PodView(
         name=str(meta.get("name", "")),
         role=role,
@@ -125,6 +134,8 @@ def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
                              if ready and ready_cond is not None else None),
         deleting=meta.get("deletionTimestamp") is not None,
         draining_since_seconds=drain_started_at(draining),
+        drained=draining is not None
+        and annotations.get(DELETION_COST_ANNOTATION) == str(DRAINED_DELETION_COST),
     )
 
 
@@ -156,6 +167,9 @@ class RoleActions:
     undrain: tuple[str, ...] = ()
     #: pods to mark draining (annotation + deletion cost), then drop from the router
     start_drain: tuple[str, ...] = ()
+    #: drained pods to give the lowest deletion cost (``DRAINED_DELETION_COST``) before the
+    #: replicas drop, because another pod of the role still drains
+    mark_drained: tuple[str, ...] = ()
     #: drained pods the replicas change below removes (their deletion cost is already lowest)
     finish_drain: tuple[str, ...] = ()
     #: the Deployment's replicas after this tick (None = leave as is)
@@ -165,7 +179,8 @@ class RoleActions:
 
     @property
     def changes(self) -> bool:
-        return bool(self.undrain or self.start_drain or self.finish_drain or self.replicas is not None)
+        return bool(self.undrain or self.start_drain or self.mark_drained or self.finish_drain
+                    or self.replicas is not None)
 
 
 def drain_hold(p: PodView, now_seconds: float, drain_timeout_seconds: float) -> str | None:
@@ -226,8 +241,13 @@ def plan_role_actions(
         excess = committed - target
         # Pods not yet created, then warming pods, go first: they hold no request.
         cut = min(excess, not_yet_created + len(warming))
-        new_replicas -= cut
         excess -= cut
+        if cut > not_yet_created and any(not p.ready for p in draining):
+            # The ReplicaSet would remove that pod (lower cost) instead of a warming one: the
+            # warming ones go once it is gone.
+            cut = not_yet_created
+            waiting.append("warming pods wait until the draining pods that are not Ready go")
+        new_replicas -= cut
         # Then drain the least loaded Ready pods (unknown load counts as busy).
         ready = sorted((p for p in active if p.ready),
                        key=lambda p: (p.in_flight is None, p.in_flight or 0, p.name))
@@ -247,12 +267,29 @@ def plan_role_actions(
             waiting.append(hold)
             continue
         finish.append(p.name)
+    mark: list[str] = []
+    going = set(finish)
+    # (a drain cancelled this tick keeps its cost until the ReplicaSet sees the patch)
+    still_draining = [p for p in draining if p.name not in going]
+    if finish and still_draining:
+        # The ReplicaSet removes not-ready pods first, then the lowest deletion cost, then
+        # the newest: the pods to remove must rank strictly below every pod still draining.
+        unmarked = [p.name for p in draining if p.name in going and not p.drained]
+        ahead = [p.name for p in still_draining if p.drained or not p.ready]
+        if unmarked or ahead:
+            mark = unmarked
+            waiting += [f"{n} drained; waits until the ReplicaSet sees it is next to go"
+                        for n in unmarked]
+            waiting += [f"{', '.join(finish)} drained; the ReplicaSet would remove {n} first"
+                        for n in ahead]
+            finish = []
     if finish:
         new_replicas -= len(finish)
     return RoleActions(
         role=role,
         undrain=tuple(undrain),
         start_drain=tuple(start),
+        mark_drained=tuple(mark),
         finish_drain=tuple(finish),
         replicas=new_replicas if new_replicas != replicas else None,
         waiting=tuple(waiting),

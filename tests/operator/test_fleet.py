@@ -7,16 +7,24 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdscale.operator.fleet import PodView, plan_role_actions, role_state, router_workers
+from pdscale.operator.fleet import (
+    DELETION_COST_ANNOTATION,
+    DRAINING_ANNOTATION,
+    PodView,
+    plan_role_actions,
+    pod_view,
+    role_state,
+    router_workers,
+)
 from pdscale.operator.routersync import WorkerSpec
 
 
 def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None,
-        in_router=False):
+        in_router=False, drained=False):
     return PodView(name=name, role="decode", ip=ip or f"127.1.0.{len(name)}", ready=ready,
                    created_at_seconds=created, ready_since_seconds=0.0 if ready else None,
                    deleting=deleting, draining_since_seconds=draining_since, in_flight=in_flight,
-                   in_router=in_router)
+                   in_router=in_router, drained=drained and draining_since is not None)
 
 
 def step(target, pods, replicas=None, now=100.0, timeout=60.0):
@@ -83,6 +91,43 @@ def test_a_drained_pod_waits_while_another_pod_warms():
     assert any("waits for warming" in w for w in a.waiting)
 
 
+def test_a_drain_that_ends_while_another_goes_on_first_lowers_its_deletion_cost():
+    # Both drains carry the same deletion cost; the ReplicaSet breaks the tie by removing the
+    # newest pod, which here is the one still busy (seen in CI: a vLLM decode cut mid-drain).
+    old_idle = pod("old", draining_since=80.0, in_flight=0, created=0.0)
+    new_busy = pod("new", draining_since=90.0, in_flight=2, created=50.0)
+    a = step(1, [pod("a"), old_idle, new_busy])
+    assert a.mark_drained == ("old",) and a.finish_drain == () and a.replicas is None
+    assert any("old drained; waits until the ReplicaSet sees it" in w for w in a.waiting)
+    # once its lower cost is seen, it goes
+    b = step(1, [pod("a"), replace(old_idle, drained=True), new_busy])
+    assert b.finish_drain == ("old",) and b.replicas == 2 and b.mark_drained == ()
+
+
+def test_a_drain_ends_at_once_when_no_other_drain_goes_on():
+    a = step(1, [pod("a"), pod("b", draining_since=90.0, in_flight=0)])
+    assert a.mark_drained == () and a.finish_drain == ("b",)
+
+
+def test_a_drained_pod_waits_while_a_pod_still_draining_would_be_removed_before_it():
+    # a pod still draining that is not Ready, or that kept a drained mark from before (its
+    # drain held again after an operator restart), ranks as low as the finished one
+    idle = pod("old", draining_since=80.0, in_flight=0, drained=True)
+    for other in (pod("x", ready=False, draining_since=85.0, in_flight=1),
+                  pod("x", draining_since=85.0, in_flight=0, in_router=True, drained=True)):
+        a = step(1, [pod("a"), idle, other])
+        assert a.finish_drain == () and a.replicas is None
+        assert any("would remove x first" in w for w in a.waiting)
+
+
+def test_pod_view_reads_the_drained_cost_only_on_a_draining_pod():
+    def listed(annotations):
+        return pod_view({"metadata": {"name": "d", "annotations": annotations}}, "decode")
+    assert listed({DRAINING_ANNOTATION: "5", DELETION_COST_ANNOTATION: "-2000"}).drained
+    assert not listed({DRAINING_ANNOTATION: "5", DELETION_COST_ANNOTATION: "-1000"}).drained
+    assert not listed({DELETION_COST_ANNOTATION: "-2000"}).drained
+
+
 def test_target_rising_during_a_drain_undrains_instead_of_adding():
     a = step(2, [pod("a"), pod("b", draining_since=90.0, in_flight=2)])
     assert a.undrain == ("b",) and a.replicas is None and a.finish_drain == ()
@@ -105,12 +150,30 @@ def test_router_workers_are_exactly_the_serving_pods():
 
 pods_strategy = st.lists(
     st.builds(
-        lambda i, ready, drain, flight, deleting, listed: pod(
+        lambda i, ready, drain, flight, deleting, listed, drained, created: pod(
             f"p{i}", ready=ready, draining_since=drain, in_flight=flight, deleting=deleting,
-            in_router=listed),
+            in_router=listed, drained=drained, created=created),
         st.integers(0, 10**6), st.booleans(), st.one_of(st.none(), st.floats(0, 100)),
-        st.one_of(st.none(), st.integers(0, 5)), st.booleans(), st.booleans()),
+        st.one_of(st.none(), st.integers(0, 5)), st.booleans(), st.booleans(), st.booleans(),
+        st.floats(0, 100)),
     max_size=8, unique_by=lambda p: p.name)
+
+
+def replicaset_may_remove(live, count):
+    """Every pod the ReplicaSet controller may remove when it removes ``count`` of ``live``:
+    it ranks not-ready before Ready, then the lower pod-deletion-cost, then (among others)
+    the newer pod; pods tied with the last one removed on readiness and cost may be picked
+    (the later criteria are not modelled here, so any of them may)."""
+    if count <= 0:
+        return set()
+
+    def rank(p):
+        cost = (-2000 if p.drained else -1000) if p.draining else 0
+        return (p.ready, cost)
+
+    ranked = sorted(live, key=rank)
+    boundary = rank(ranked[min(count, len(ranked)) - 1])
+    return {p.name for p in live if rank(p) <= boundary}
 
 
 @settings(max_examples=300, deadline=None)
@@ -129,6 +192,9 @@ def test_no_serving_pod_is_ever_removed_without_a_drain(pods, target, extra):
         assert removed <= extra + warming + len(a.finish_drain)
         if a.finish_drain:
             assert all(p.ready for p in live if not p.draining)
+    # ... and the ReplicaSet, removing the pods it ranks lowest, can only pick those.
+    acceptable = set(a.finish_drain) | {p.name for p in live if not p.ready and not p.draining}
+    assert replicaset_may_remove(live, len(live) - new) <= acceptable
     for name in a.finish_drain:
         p = next(p for p in pods if p.name == name)
         assert not p.in_router
