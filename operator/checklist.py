@@ -18,6 +18,7 @@ import pydantic
 
 from pdscale.planner.profile import shipped_profiles
 
+from . import router
 from .fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from .pdcluster import (
     GPU_PRODUCT_LABEL,
@@ -336,6 +337,10 @@ def _check_router(spec: PDClusterSpec) -> list[Problem]:
             and (spec.router.kind or spec.engine.kind).value != RouterKind.SGLANG.value):
         out.append(Problem("spec.router.gateway", "SMG is an SGLang router here; vLLM workers "
                            "are fronted by vllm-router (leave gateway unset)"))
+    if spec.router.admission is not None and not router.smg(spec):
+        out.append(Problem("spec.router.admission", "only smg has prefill admission (set "
+                           "router.gateway: SMG); sglang-router 0.3.2 and vllm-router 0.1.17 "
+                           "admit everything"))
     return out
 
 

@@ -442,6 +442,33 @@ class RoleSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment, this role.")
 
 
+class RouterAdmission(_Model):
+    """smg's prefill admission (PD mode): each prefill worker takes at most
+    ``prefillInflightPerWorker`` requests until its prefill answers; the rest wait at the router,
+    oldest first, and one that waited ``queueTimeoutSeconds`` (or finds the queue full) is
+    refused with 429. With the timeout at the TTFT target, a request that could no longer
+    meet it is shed before it takes prefill time from those that still can: the nearest a
+    deployed router comes to early rejection at the TTFT deadline. The cap is per worker, so
+    the admitted load follows the planner's prefill count."""
+
+    prefill_inflight_per_worker: int = Field(
+        ge=1, le=4096,
+        description="Requests a prefill worker holds at once (smg "
+        "--prefill-max-inflight-requests-per-worker). About what one prefill pass carries.",
+    )
+    queue_size: int = Field(
+        default=256, ge=0, le=100_000,
+        description="Requests that may wait at the router for a prefill slot; 0 refuses at once "
+        "(smg --prefill-queue-size).",
+    )
+    queue_timeout_seconds: int | None = Field(
+        default=None, ge=1, le=3600,
+        description="Longest wait at the router for a prefill slot before a 429 (smg "
+        "--prefill-queue-timeout-secs, whole seconds). Unset: the TTFT target, rounded down to "
+        "whole seconds, at least 1.",
+    )
+
+
 class RouterSpec(_Model):
     """The P/D router in front of both roles. It starts with no workers; the operator keeps its
     worker list equal to the Ready, non-draining pods (SGLang: its /workers API; vLLM: its
@@ -472,6 +499,11 @@ class RouterSpec(_Model):
         default=RoutingPolicy.ROUND_ROBIN,
         description="How a decode worker is chosen. PowerOfTwo is refused: the router starts "
         "with no workers and rejects it below two.",
+    )
+    admission: RouterAdmission | None = Field(
+        default=None,
+        description="SMG only: shed at the router what waits too long for a prefill slot. "
+        "Unset: the router admits everything (sglang-router, smg and vllm-router's default).",
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra router arguments.")
 

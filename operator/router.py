@@ -49,7 +49,7 @@ def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
         # waits for the engine itself, so smg's 5 s drain settle time only delays the entry's
         # removal from its list (docs/routers.md)
         command = ["python3", "-m", "smg", "launch"]
-        mode = ["--pd-disaggregation"]
+        mode = ["--pd-disaggregation", *admission_args(spec)]
     elif kind(spec) is RouterKind.SGLANG:
         command = ["python3", "-m", "sglang_router.launch_router"]
         mode = ["--pd-disaggregation"]
@@ -61,6 +61,28 @@ def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
                 "--vllm-discovery-address", f"0.0.0.0:{r.discovery_port}",
                 "--kv-connector", "nixl"]
     return command, [*mode, *common, *r.extra_args]
+
+
+def queue_timeout_seconds(spec: PDClusterSpec) -> int | None:
+    """How long smg lets a request wait for a prefill slot (None: no admission): the spec's,
+    or the TTFT target in whole seconds (smg takes whole seconds; rounded down, since a
+    request that waited the whole target has missed it whatever its prefill)."""
+    a = spec.router.admission
+    if a is None:
+        return None
+    if a.queue_timeout_seconds is not None:
+        return a.queue_timeout_seconds
+    return max(1, int(spec.slo.ttft_seconds))
+
+
+def admission_args(spec: PDClusterSpec) -> list[str]:
+    """smg's prefill admission flags for ``spec.router.admission`` (none when unset)."""
+    a = spec.router.admission
+    if a is None:
+        return []
+    return ["--prefill-max-inflight-requests-per-worker", str(a.prefill_inflight_per_worker),
+            "--prefill-queue-size", str(a.queue_size),
+            "--prefill-queue-timeout-secs", str(queue_timeout_seconds(spec))]
 
 
 def rbac(owner: Owner, spec: PDClusterSpec) -> list[dict[str, Any]]:
