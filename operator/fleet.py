@@ -202,6 +202,26 @@ def drain_hold(p: PodView, now_seconds: float, drain_timeout_seconds: float) -> 
     return None
 
 
+def removable_first(draining: Sequence[PodView], finish: list[str]
+                    ) -> tuple[list[str], list[str], list[str]]:
+    """(pods to remove now, pods to mark drained first, why waiting) for the drained pods
+    ``finish`` among the ``draining`` ones. The ReplicaSet removes not-ready pods first, then
+    the lowest deletion cost, then the newest: the pods removed must rank strictly below every
+    pod still draining, or it may remove one of those instead. (A drain cancelled this tick
+    keeps its cost until the ReplicaSet sees the patch, so it counts as still draining.)"""
+    going = set(finish)
+    still_draining = [p for p in draining if p.name not in going]
+    if not finish or not still_draining:
+        return finish, [], []
+    unmarked = [p.name for p in draining if p.name in going and not p.drained]
+    ahead = [p.name for p in still_draining if p.drained or not p.ready]
+    if not unmarked and not ahead:
+        return finish, [], []
+    waiting = [f"{n} drained; waits until the ReplicaSet sees it is next to go" for n in unmarked]
+    waiting += [f"{', '.join(finish)} drained; the ReplicaSet would remove {n} first" for n in ahead]
+    return [], unmarked, waiting
+
+
 def plan_role_actions(
     role: str,
     target: int,
@@ -267,22 +287,8 @@ def plan_role_actions(
             waiting.append(hold)
             continue
         finish.append(p.name)
-    mark: list[str] = []
-    going = set(finish)
-    # (a drain cancelled this tick keeps its cost until the ReplicaSet sees the patch)
-    still_draining = [p for p in draining if p.name not in going]
-    if finish and still_draining:
-        # The ReplicaSet removes not-ready pods first, then the lowest deletion cost, then
-        # the newest: the pods to remove must rank strictly below every pod still draining.
-        unmarked = [p.name for p in draining if p.name in going and not p.drained]
-        ahead = [p.name for p in still_draining if p.drained or not p.ready]
-        if unmarked or ahead:
-            mark = unmarked
-            waiting += [f"{n} drained; waits until the ReplicaSet sees it is next to go"
-                        for n in unmarked]
-            waiting += [f"{', '.join(finish)} drained; the ReplicaSet would remove {n} first"
-                        for n in ahead]
-            finish = []
+    finish, mark, held = removable_first(draining, finish)
+    waiting += held
     if finish:
         new_replicas -= len(finish)
     return RoleActions(
