@@ -19,6 +19,7 @@ prefill and decode counts and SLO attainment per interval. Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from pdscale.operator.pdcluster import PDClusterSpec
     from pdscale.planner.config import PlannerConfig
     from pdscale.planner.profile import Profile
+    from pdscale.planner.replay.router_admission import PrefillAdmission
 
 
 def _milliseconds(seconds: float) -> int:
@@ -246,6 +248,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
 
 
+def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
+    """The prefill admission the spec's router applies (smg's ``router.admission``), as the
+    replay models it; None when the router admits everything."""
+    from pdscale.operator import router
+    from pdscale.planner.replay.router_admission import PrefillAdmission
+
+    a, timeout = spec.router.admission, router.queue_timeout_seconds(spec)
+    if a is None or timeout is None or not router.smg(spec):
+        return None
+    return PrefillAdmission(a.prefill_inflight_per_worker, a.queue_size, float(timeout))
+
+
 def configuration_from(args: argparse.Namespace) -> Configured:
     """The command line's spec, flags and profile, through :func:`configure`."""
     from pdscale.planner.profile import ProfileError, load_profile
@@ -305,6 +319,9 @@ def run_trace(args: argparse.Namespace) -> int:
         router=args.router or stack["router"],
         early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
         decode_admission=args.decode_admission,
+        # the router the spec renders sheds what it renders (smg's admission), on the
+        # deployed stack; the what-if stacks keep their own admission
+        prefill_admission=router_admission(configured.spec) if args.stack == "deployed" else None,
     )
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
@@ -336,7 +353,9 @@ def run_trace(args: argparse.Namespace) -> int:
     report["time_scale"] = args.time_scale
     report["configuration"] = configured.as_json()
     report["stack"] = {"name": args.stack, "engine": setup.engine, "router": setup.router,
-                       "early_rejection": setup.early_rejection}
+                       "early_rejection": setup.early_rejection,
+                       "prefill_admission": (None if setup.prefill_admission is None
+                                             else dataclasses.asdict(setup.prefill_admission))}
     Console().print(_report_table(report, config))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

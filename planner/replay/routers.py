@@ -19,9 +19,11 @@ ROUTERS = ("random", "least-queue", "cache-aware", "article-cache-aware", "predi
 
 
 class Router(Protocol):
-    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
         """The ready prefill instance for a request of ``input_tokens`` arriving at ``now``
-        whose leading blocks cached per instance are ``hits``."""
+        whose leading blocks cached per instance are ``hits``; among ``ready`` when given (the
+        instances a router's admission lets take one more), else among all ready ones."""
         ...
 
 
@@ -32,8 +34,10 @@ class RandomRouter:
         self.ready = fleet.ready_prefill
         self.rng = rng
 
-    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
-        return self.ready[self.rng.randrange(len(self.ready))]
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
+        ready = ready or self.ready
+        return ready[self.rng.randrange(len(ready))]
 
 
 class LeastQueueRouter:
@@ -43,8 +47,9 @@ class LeastQueueRouter:
         self.ready = fleet.ready_prefill
         self.busy = fleet.busy
 
-    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
-        return min(self.ready, key=self.busy.__getitem__)
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
+        return min(ready or self.ready, key=self.busy.__getitem__)
 
 
 class ArticleCacheAwareRouter:
@@ -55,11 +60,12 @@ class ArticleCacheAwareRouter:
         self.ready = fleet.ready_prefill
         self.busy = fleet.busy
 
-    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
-        busy = self.busy
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
+        busy, ready = self.busy, ready or self.ready
         if hits:
-            return max(self.ready, key=lambda j: (hits.get(j, 0), -busy[j]))
-        return min(self.ready, key=busy.__getitem__)
+            return max(ready, key=lambda j: (hits.get(j, 0), -busy[j]))
+        return min(ready, key=busy.__getitem__)
 
 
 class CacheAwareRouter:
@@ -95,8 +101,9 @@ class CacheAwareRouter:
         self.balance_abs = balance_abs_threshold
         self.balance_rel = balance_rel_threshold
 
-    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
-        busy, load, ready = self.busy, self.load, self.ready
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
+        busy, load, ready = self.busy, self.load, ready or self.ready
         lo = min(ready, key=lambda j: (load[j], busy[j]))
         hi = max(load[j] for j in ready)
         if hi - load[lo] > self.balance_abs and hi > load[lo] * self.balance_rel:
@@ -120,10 +127,11 @@ class PredictedTtftRouter:
         self.prefill_seconds = prefill_seconds
         self.block_tokens = block_tokens
 
-    def choose(self, now: float, input_tokens: int, hits: dict[int, int]) -> int:
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
         busy, block, prefill_seconds = self.busy, self.block_tokens, self.prefill_seconds
         # among instances without a hit the least busy is the only candidate worth pricing
-        ready = self.ready
+        ready = ready or self.ready
         i = ready[0]
         wait_i = max(busy[i] - now, 0.0)
         for j in ready:

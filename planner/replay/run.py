@@ -22,6 +22,7 @@ from .policies import (
     parse_static,
     static_controller,
 )
+from .router_admission import PrefillAdmission
 from .simulate import Controller, SimConfig, SimResult, simulate
 from .traces import Trace
 
@@ -51,6 +52,9 @@ class ReplaySetup:
     #: would wait past the TTFT target): simulate.SimConfig.decode_admission; a property of the
     #: fleet, the same for every policy
     decode_admission: str = "off"
+    #: the router's prefill admission (smg's, from a PDCluster's ``router.admission``), the
+    #: same for every policy; None: the router admits everything
+    prefill_admission: PrefillAdmission | None = None
     #: static:best is the smallest fixed fleet reaching this attainment; None: the SLO's
     #: percentile (a fleet meeting both targets for that share of requests)
     target_attainment: float | None = None
@@ -168,7 +172,7 @@ def simulate_fleet(
     cfg = SimConfig(
         router=setup.router, early_rejection=setup.early_rejection, slo=setup.slo,
         decode_admission=setup.decode_admission, engine=setup.engine,
-        prefill_chunk_tokens=setup.prefill_chunk_tokens,
+        prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
         interval_seconds=setup.interval_seconds, initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
     )

@@ -28,6 +28,10 @@ Modelling choices (and why):
   sequences to finish. ``"shed"`` also drops it, like an early rejection, when that wait would
   already break the TTFT target; a short decode fleet then loses only its excess, as a short
   prefill fleet does under early rejection. No engine or router sheds so today.
+- With ``prefill_admission`` (smg's, :mod:`.router_admission`) the router holds what finds
+  every ready prefill instance at its cap, oldest first, and refuses it when its queue is full
+  or it waited past the timeout; a slot opens when a prefill completes (the engine answers the
+  router then) or an instance becomes ready.
 
 The parts, each testable alone: :mod:`.prefix_index` (the prefix caches and which instance
 holds which block), :mod:`.routers` (the choice of a prefill instance), :mod:`.fleet`
@@ -55,6 +59,7 @@ from .fleet import READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
 from .prefill_batches import ENGINES, PrefillBatches
 from .prefix_index import PrefixIndex
+from .router_admission import AdmissionQueue, PrefillAdmission
 from .routers import ROUTERS, make_router
 from .traces import Trace
 
@@ -92,6 +97,10 @@ class SimConfig:
     #: "off": every request joins the decode batch; "queue": decode caps its batch at the TPOT
     #: target and the rest wait; "shed": and drops what would wait past the TTFT target
     decode_admission: str = "off"
+    #: the router's prefill admission (smg's, rendered from ``router.admission``): a cap per
+    #: prefill instance, the rest waiting at the router and refused past a timeout; None = the
+    #: router admits everything (every router's default)
+    prefill_admission: PrefillAdmission | None = None
     #: skip decode and KV transfer: TTFT = prefill queue + compute (the article's routing sim)
     prefill_only: bool = False
     #: initial instances start ready (True) or cold (False)
@@ -181,6 +190,16 @@ class _Replay:
             input_tokens=trace.input_tokens, blocks=trace.hash_ids, block_tokens=block,
             on_done=self._prefilled,
         )
+        #: requests waiting at the router for a prefill slot (``prefill_admission``)
+        self.admission_queue = None
+        if config.prefill_admission is not None:
+            if self.batches is None:
+                # the article's model completes a prefill when it is routed: no slot is held
+                raise ValueError("prefill_admission needs a batching engine, not 'article'")
+            self.admission_queue = AdmissionQueue(config.prefill_admission)
+        #: a prefill slot opened (a prefill answered, an instance became ready) since the
+        #: queue at the router was last served
+        self._slot_opened = False
         #: requests whose KV is ready while no decode instance is
         self.waiting_decode: list[int] = []
         #: prefill instance -> start times of the prefills queued on it, oldest first (each
@@ -230,9 +249,13 @@ class _Replay:
 
         # run what still completes a request (KV arrivals, a decode instance some request waits
         # for); a node still warming after that serves no one
-        heap = self.events.heap
-        while heap and self.unfinished:
+        heap, q = self.events.heap, self.admission_queue
+        while heap and (self.unfinished or (q is not None and q.waiting)):
             self._run_events(heap[0][0])
+        if q is not None:
+            for r, _ in q.waiting:  # no prefill instance left to take them
+                self.rejected[r] = True
+            q.waiting.clear()
         # the run ends when the last request completes, for every policy alike: a node still
         # warming (or a queue of nothing) past that point serves no one and is not charged
         end = max(self.last_done, last_arrival)
@@ -292,26 +315,70 @@ class _Replay:
             elif kind == Events.READY:
                 if fleet.state[x] == WARMING:  # else its warm-up was cancelled
                     fleet.make_ready(x, t)
+                    self._slot_opened = True
             else:
                 fleet.release(x, t)
+            if self._slot_opened and self.admission_queue is not None:
+                # served after the event, not inside it: a pass ending must not start another
+                # pass on its own instance while it is still being closed
+                self._slot_opened = False
+                self._serve_admission_queue(t)
 
     def _arrive(self, r: int, t: float) -> None:
         """Request ``r`` arrives at ``t``: route it to a prefill instance (or reject it) and
         queue its prefill there; its KV reaches decode after the transfer."""
-        n_in = self._input[r]
-        blocks = self._blocks[r]
-        stats, fleet, cfg = self.stats, self.fleet, self.config
-        stats.arrival(t, n_in, self._output[r])
+        fleet = self.fleet
+        self.stats.arrival(t, self._input[r], self._output[r])
         if not fleet.ready_prefill:
             self.rejected[r] = True  # no prefill instance at all: nothing can serve it
             return
+        q = self.admission_queue
+        if q is not None:
+            self._expire_admission_queue(t)
+            open_ = q.open_instances(fleet.ready_prefill, fleet.outstanding)
+            if not open_ or q.waiting:  # first come, first served at the router
+                if not q.offer(r, t):
+                    self.rejected[r] = True  # the queue is full: 429 at once
+                return
+            self._route(r, t, open_)
+            return
+        self._route(r, t, None)
+
+    def _expire_admission_queue(self, now: float) -> None:
+        assert self.admission_queue is not None
+        for r in self.admission_queue.expire(now):
+            self.rejected[r] = True  # waited past the queue timeout: 429
+
+    def _serve_admission_queue(self, now: float) -> None:
+        """Route the requests waiting at the router, oldest first, while a slot is open."""
+        q, fleet = self.admission_queue, self.fleet
+        assert q is not None
+        self._expire_admission_queue(now)
+        while q.waiting:
+            open_ = q.open_instances(fleet.ready_prefill, fleet.outstanding)
+            if not open_:
+                return
+            r, _ = q.waiting.popleft()
+            self._route(r, now, open_)
+
+    def _route(self, r: int, t: float, among: list[int] | None) -> None:
+        """Route request ``r`` at ``t`` to a ready prefill instance (one of ``among`` when
+        given), or reject it early; queue its prefill there."""
+        n_in = self._input[r]
+        blocks = self._blocks[r]
+        fleet, cfg = self.fleet, self.config
         hits = self.prefix.hits(blocks, fleet.prefill_mask)
-        i = self.router.choose(t, n_in, hits)
+        if among is not None and len(among) < len(fleet.ready_prefill):
+            allowed = set(among)
+            hits = {j: h for j, h in hits.items() if j in allowed}
+        i = self.router.choose(t, n_in, hits, among)
         hit_tok = min(hits.get(i, 0) * self._block_tokens, n_in)
         start = max(fleet.busy[i], t)
         done = start + self._prefill_seconds(n_in, hit_tok)
         if cfg.early_rejection:
-            predicted = done - t if cfg.prefill_only else done - t + self._kv_seconds(n_in)
+            # from the request's arrival: it may have waited at the router for a slot
+            waited = t - self._arrival[r]
+            predicted = waited + done - t if cfg.prefill_only else waited + done - t + self._kv_seconds(n_in)
             if predicted > cfg.slo.ttft_seconds:
                 self.rejected[r] = True
                 return
@@ -334,6 +401,7 @@ class _Replay:
         """Request ``r``'s prefill completed at ``done``, ``hit_tok`` of its prompt cached."""
         n_in, stats = self._input[r], self.stats
         self.fleet.outstanding[self._routed_to.pop(r)] -= 1
+        self._slot_opened = True
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok
         stats.hit_tokens += hit_tok
