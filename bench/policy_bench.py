@@ -68,7 +68,8 @@ from pdscale.planner.replay.traces import (
     read_rate_series,
     synthesize_from_rates,
 )
-from pdscale.replay import configure, read_spec
+from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
+from pdscale.replay import configure, read_spec, router_admission
 
 SHARED = Path("/work/shared/traces")
 #: the PDCluster whose planner configuration every case runs
@@ -217,11 +218,21 @@ def main() -> None:
                          "what users run), ideal-router (the same engines behind predicted-TTFT "
                          "routing with early rejection, a what-if) or article (the earlier "
                          "figures' model: one prefill at a time)")
+    ap.add_argument("--smg-admission", type=int, default=None, metavar="PER_INSTANCE",
+                    help="the PDCluster's router is smg with prefill admission "
+                         "(router.admission.prefillInflightPerWorker = PER_INSTANCE, the queue "
+                         "timeout at the TTFT target), replayed as smg applies it")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
+    if args.smg_admission is not None and args.stack != "deployed":
+        ap.error("--smg-admission is the deployed stack's router; the what-if stacks have their own")
     console = Console(width=170)
     spec = read_spec(str(PDCLUSTER))
+    if args.smg_admission is not None:
+        spec = spec.model_copy(update={"router": spec.router.model_copy(update={
+            "gateway": SGLangGateway.SMG,
+            "admission": RouterAdmission(prefill_inflight_per_worker=args.smg_admission)})})
     results: dict[str, Any] = {}
     for name in args.only.split(","):
         c = cases()[name]
@@ -236,7 +247,8 @@ def main() -> None:
         configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack],
-                            decode_admission=args.decode_admission)
+                            decode_admission=args.decode_admission,
+                            prefill_admission=router_admission(configured.spec))
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
                       f"{trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
                       f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s")
@@ -265,7 +277,10 @@ def main() -> None:
     stack = STACKS[args.stack]
     table = Table(title=f"policies side by side, stack {args.stack} (node budget {setup.nodes}, "
                         f"TPOT SLO 50 ms, {stack['engine']} prefill, {stack['router']} routing, "
-                        + ("early rejection" if stack["early_rejection"] else "no admission")
+                        + ("early rejection" if stack["early_rejection"]
+                           else f"smg admission {args.smg_admission} per prefill, queue timeout "
+                                "at the TTFT target" if args.smg_admission is not None
+                           else "no admission")
                         + ("" if args.decode_admission == "off"
                            else f", decode admission: {args.decode_admission}") + ")")
     pct = f"p{100 * setup.slo.percentile:g}"
@@ -294,7 +309,8 @@ def main() -> None:
         mark = "[green]met[/green]" if c["met"] else "[red]NOT met[/red]"
         console.print(f"  {c['trace']:>9} {c['target']:<58} {c['value']:<40} {mark}")
     OUT.mkdir(exist_ok=True)
-    stem = "policy_bench" + ("" if args.stack == "deployed" else f"_{args.stack}")
+    stem = "policy_bench" + ("" if args.stack == "deployed" else f"_{args.stack}") + (
+        "" if args.smg_admission is None else "_smg_admission")
     path = OUT / (f"{stem}.json" if args.decode_admission == "off"
                   else f"{stem}_admission_{args.decode_admission}.json")
     old = json.loads(path.read_text()) if path.exists() else {}
