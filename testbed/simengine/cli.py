@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-cache-tokens", type=int, default=1_000_000)
     p.add_argument("--block-tokens", type=int, default=64)
     p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--chunked-prefill-size", type=int, default=8192, dest="prefill_chunk_tokens",
+                   help="prefill pass budget in tokens (vLLM: --max-num-batched-tokens)")
     p.add_argument("--waiting-timeout-seconds", type=float, default=300.0)
     p.add_argument("--bootstrap-timeout-seconds", type=float, default=300.0)
     p.add_argument("--startup-seconds", type=float, default=0.0)
@@ -127,6 +129,8 @@ _ENGINE_FLAGS: dict[str, tuple[str, int | None]] = {
     "--max-running-requests": ("--max-running-requests", 1),
     "--max-total-tokens": ("--max-total-tokens", 1),
     "--max-num-seqs": ("--max-running-requests", 1),  # vLLM's name for the batch cap
+    "--chunked-prefill-size": ("--chunked-prefill-size", 1),
+    "--max-num-batched-tokens": ("--chunked-prefill-size", 1),  # vLLM's name for the budget
 }
 
 
@@ -162,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         model_name=args.model_name, time_compression=args.time_compression,
         prefix_cache_tokens=args.prefix_cache_tokens, block_tokens=args.block_tokens,
         max_running_requests=args.max_running_requests,
+        prefill_chunk_tokens=args.prefill_chunk_tokens,
         waiting_timeout_seconds=args.waiting_timeout_seconds,
         bootstrap_timeout_seconds=args.bootstrap_timeout_seconds,
         startup_seconds=args.startup_seconds, ready_at_unix_seconds=args.ready_at_unix_seconds,

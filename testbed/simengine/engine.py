@@ -4,7 +4,8 @@ A request's path follows the engines' own queues (docs/conformance.md names each
 upstream file it copies):
 
 - **SGLang prefill**: bootstrap queue (waits until its decode has room and has asked for the
-  room's KV), waiting queue (FIFO, one prompt at a time), running, then the inflight queue
+  room's KV), waiting queue (FIFO, taken by passes of up to ``--chunked-prefill-size``
+  tokens), running, then the inflight queue
   while the KV is transferred to the decode; the request finishes, and is counted, only then.
 - **vLLM prefill (NIXL)**: waiting, running; the request finishes with its one token and its KV
   stays *pinned* until the decode pulls it or ``kv_lease_seconds`` pass (then it is freed and
@@ -61,6 +62,10 @@ class EngineConfig:
     time_compression: float = 1.0
     prefix_cache_tokens: int = 1_000_000
     block_tokens: int = 64
+    #: prefill pass budget in tokens (SGLang --chunked-prefill-size, vLLM
+    #: --max-num-batched-tokens; both 8,192 on H200-class GPUs): a pass takes waiting prompts
+    #: until it is spent, and a prompt that does not fit whole goes on in the next pass
+    prefill_chunk_tokens: int = 8192
     #: decode batch cap (SGLang --max-running-requests); more requests wait in the queue
     max_running_requests: int = 256
     #: decode waits this long for its room's prefill (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)
@@ -96,6 +101,17 @@ class EngineConfig:
     #: vLLM prefill (NIXL): a finished request's KV stays pinned this long for its decode to
     #: pull (wall seconds), then is freed and a later pull fails
     kv_lease_seconds: float = 30.0
+
+
+@dataclass
+class _Prefill:
+    """A prompt in the prefill passes: how much of it is computed (its cached prefix first)."""
+
+    tokens: list[str]
+    room: Room
+    finished: asyncio.Future[None]
+    cached: int
+    computed: int
 
 
 #: the dialects by ``--dialect`` name
@@ -351,25 +367,63 @@ class SimEngine:
         return room
 
     async def _prefill_loop(self) -> None:
-        # one prompt at a time, first come first served: queueing delay is part of TTFT
+        # One forward pass at a time, as SGLang's and vLLM's schedulers run: a pass takes
+        # waiting prompts first come first served until its token budget is spent; the prompt
+        # that does not fit whole is chunked and goes on first in the next pass. Every prompt
+        # of a pass is done when the pass ends. The prefix cache is matched when a pass takes
+        # a prompt and filled after compute, so prompts of one pass never share. The replay
+        # models the same (planner/replay/prefill_batches.py).
+        chunked: _Prefill | None = None
         while True:
-            tokens, room, finished = await self._prefill_queue.get()
-            if finished.cancelled():
-                continue
-            self._prefill_running, self._prefill_running_tokens = 1, len(tokens)
+            if chunked is None:
+                first = await self._prefill_queue.get()  # idle until a prompt comes
+                chunked = None if first[2].cancelled() else self._scheduled(*first)
+                if chunked is None:
+                    continue
+            members: list[_Prefill] = []
+            budget, seconds, pass_tokens = self.config.prefill_chunk_tokens, 0.0, 0
+            job: _Prefill | None = chunked
+            chunked = None
+            while budget > 0:
+                if job is None:
+                    if self._prefill_queue.empty():
+                        break
+                    item = self._prefill_queue.get_nowait()
+                    if item[2].cancelled():
+                        continue
+                    job = self._scheduled(*item)
+                take = min(len(job.tokens) - job.computed, budget)
+                seconds += self.timing.prefill_seconds(job.computed + take, job.computed)
+                job.computed += take
+                budget -= take
+                pass_tokens += take
+                members.append(job)
+                if job.computed < len(job.tokens):
+                    chunked = job
+                    break
+                job = None
+            self._prefill_running, self._prefill_running_tokens = len(members), pass_tokens
             self.log_stats()  # SGLang logs each prefill batch as it is formed
             try:
-                cached = self.cache.match(tokens)
-                await asyncio.sleep(self.wall(self.timing.prefill_seconds(len(tokens), cached)))
-                self.cache.insert(tokens)
-                room.input_tokens, room.cached_tokens = len(tokens), cached
-                room.computed_at = time.monotonic()
-                self.metrics.recent.append((len(tokens), cached))
-                room.done.set()
-                if not finished.done():
-                    finished.set_result(None)
+                await asyncio.sleep(self.wall(seconds))
+                for job in members:
+                    if job.computed < len(job.tokens):
+                        continue  # chunked: done in a later pass
+                    self.cache.insert(job.tokens)
+                    job.room.input_tokens, job.room.cached_tokens = len(job.tokens), job.cached
+                    job.room.computed_at = time.monotonic()
+                    self.metrics.recent.append((len(job.tokens), job.cached))
+                    job.room.done.set()
+                    if not job.finished.done():
+                        job.finished.set_result(None)
             finally:
                 self._prefill_running, self._prefill_running_tokens = 0, 0
+
+    def _scheduled(self, tokens: list[str], room: Room, finished: asyncio.Future[None]) -> _Prefill:
+        """A prompt taken by a pass: its cached prefix is matched now (a whole-prompt hit
+        still computes the last token, whose logits the first token needs)."""
+        cached = min(self.cache.match(tokens), max(len(tokens) - 1, 0))
+        return _Prefill(tokens, room, finished, cached=cached, computed=cached)
 
     async def _expire_rooms(self) -> None:
         # KV nobody collected (decode gone, or a poll for a room whose prefill never came),

@@ -239,3 +239,47 @@ def test_engine_flags_of_a_pod_become_the_sims_flags():
     config = config_from_args(args)
     assert config.bucket_time_to_first_token == (0.05, 0.1, 0.2)
     assert (config.decode_log_interval, config.max_running_requests) == (10, 64)
+
+
+# -- prefill passes, as SGLang and vLLM batch (and the replay models: prefill_batches.py) ------
+
+def _prefill_finish_times(chunk_tokens: int, prompts: list[list[str]]) -> list[float]:
+    """When each prompt's prefill completes (seconds after they were queued together)."""
+    import asyncio
+
+    from pdscale.testbed.simengine import EngineConfig, SimEngine
+    from pdscale.testbed.simengine.engine import Room
+
+    timing = LinearTiming(prefill_tokens_per_second=10_000, prefill_overhead_seconds=0.0)
+
+    async def scenario() -> list[float]:
+        engine = SimEngine(EngineConfig(role="prefill", host="127.0.0.1", port=1,
+                                        prefill_chunk_tokens=chunk_tokens), timing)
+        await engine.start()
+        try:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+
+            async def one(tokens: list[str]) -> float:
+                await engine.prefill(tokens, Room())
+                return loop.time() - t0
+
+            return list(await asyncio.gather(*(one(p) for p in prompts)))
+        finally:
+            await engine.close()
+
+    return asyncio.run(scenario())
+
+
+def test_prompts_queued_together_finish_together_in_one_pass():
+    # 2 x 1,000 tokens at 10,000 tokens/s: one pass of 0.2 s; one at a time, the first would
+    # finish at 0.1 s
+    first, second = _prefill_finish_times(8192, [words("a", 1000), words("b", 1000)])
+    assert abs(first - second) < 0.02 and 0.19 <= first < 0.3
+
+
+def test_a_prompt_over_the_budget_spans_passes_and_the_next_fills_the_last():
+    # budget 1,500: the long prompt takes passes of 1,500 and 500, the short one fills the
+    # second pass beside its last chunk, so both finish with it, at 0.3 s
+    long, short = _prefill_finish_times(1500, [words("a", 2000), words("b", 1000)])
+    assert abs(long - short) < 0.02 and 0.29 <= long < 0.4

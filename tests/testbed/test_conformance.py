@@ -265,7 +265,10 @@ def test_sglang_gauges_refresh_every_decode_log_interval_and_when_idle():
 
 def test_sglang_prefill_gauges_are_logged_per_prefill_batch():
     async def scenario() -> tuple[float, float]:
-        prefill = config("prefill", idle_log_interval_seconds=3600)
+        # a pass budget of one prompt: the two prompts are two batches, the second formed
+        # when the first is computed
+        prefill = config("prefill", idle_log_interval_seconds=3600,
+                         prefill_chunk_tokens=PROMPT_TOKENS)
         async with served(prefill) as p, served(config("decode")) as d:
             before = (await p.metrics())["sglang:num_prefill_inflight_queue_reqs"]
             bodies = [sglang_pd_request(p, r, 2) for r in (21, 22)]
