@@ -26,6 +26,7 @@ same warm-up, drain and node budget as every other policy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -111,7 +112,7 @@ def capabilities(model: PerformanceModel, prefill_chunk_tokens: int) -> dict[str
 
 def dynamo_config(config: PlannerConfig) -> dict[str, Any]:
     """The PlannerConfig fields we set; everything else keeps Dynamo's default."""
-    interval = int(round(config.interval_seconds))
+    interval = round(config.interval_seconds)
     if interval <= 0 or abs(interval - config.interval_seconds) > 1e-9:
         raise ValueError(f"Dynamo takes whole-second intervals, got {config.interval_seconds}")
     gpus = config.model.profile.gpus_per_instance
@@ -227,9 +228,13 @@ class DriverClient:
     """A running driver: one JSON line out, one JSON line back."""
 
     def __init__(self, command: Sequence[str], env: dict[str, str] | None = None) -> None:
-        self.stderr = tempfile.TemporaryFile(mode="w+")
+        # read back only to explain a failure; closed in close()
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True, env=env, cwd="/")
+                                     stderr=self.stderr, text=True, env=env,
+                                     # a neutral folder: nothing of a checkout importable, and
+                                     # any report Dynamo writes lands in the temp dir
+                                     cwd=tempfile.gettempdir())
 
     @classmethod
     def start(cls, venv: Path | None = None) -> DriverClient:
@@ -266,10 +271,8 @@ class DriverClient:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(DynamoDriverError):  # it may have died already: we stop it below
                 self.request({"type": "finalize"}, "bye")
-            except DynamoDriverError:
-                pass
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -75,7 +75,7 @@ class RegressionConfig:
 
     @classmethod
     def from_legacy_engine_config(cls, legacy: dict[str, Any], worker_type: str,
-                                  options: dict[str, int]) -> "RegressionConfig":
+                                  options: dict[str, int]) -> RegressionConfig:
         # Dynamo passes its sampling options here (max/min observations, bucket count); the
         # regression below is built from them.
         return cls(model=legacy["model_name"], system=legacy["system_name"],
@@ -103,7 +103,7 @@ class RegressionForwardPass:
         )
 
     @classmethod
-    def best_available(cls, ais_config: dict[str, Any]) -> "RegressionForwardPass":
+    def best_available(cls, ais_config: dict[str, Any]) -> RegressionForwardPass:
         controls = ais_config.get("estimator_config", {}).get("fpm_regression", {})
         return cls(ais_config["worker_type"], controls.get("sampling", {}))
 

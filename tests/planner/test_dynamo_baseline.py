@@ -207,7 +207,7 @@ def test_a_driver_that_dies_is_reported_with_its_stderr(tmp_path: Path):
 
 
 def test_a_missing_venv_names_the_setup_script(tmp_path: Path):
-    with pytest.raises(FileNotFoundError, match="setup_venv.sh"):
+    with pytest.raises(FileNotFoundError, match=r"setup_venv\.sh"):
         dp.venv_python(tmp_path / "nowhere")
 
 
