@@ -89,6 +89,23 @@ def table(results: dict[str, Any], stack: str) -> Table:
     return t
 
 
+def combine(paths: list[Path], out: Path, console: Console) -> None:
+    merged: dict[str, Any] = {"stack": None, "commands": [], "cases": {}}
+    for path in paths:
+        part = json.loads(path.read_text())
+        if merged["stack"] not in (None, part["stack"]):
+            raise ValueError(f"{path} was run on stack {part['stack']}, the others on {merged['stack']}")
+        merged["stack"] = part["stack"]
+        # files written before runs were combinable carry one "command"
+        merged["commands"] += part.get("commands") or [part["command"]]
+        for name, case in part["cases"].items():
+            into = merged["cases"].setdefault(name, {**case, "policies": {}})
+            into["policies"].update(case["policies"])
+    out.write_text(json.dumps(merged, indent=1))
+    console.print(table(merged["cases"], merged["stack"]))
+    console.print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="mooncake,azure,servegen",
@@ -96,10 +113,17 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--stack", choices=list(STACKS), default="deployed")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--combine", type=Path, nargs="+", default=None,
+                    help="run nothing: merge the cases of these JSON files (runs split across "
+                         "processes, same setup) into --out and print the one table")
     args = ap.parse_args()
     console = Console(width=160)
+    if args.combine:
+        combine(args.combine, args.out, console)
+        return
     spec = read_spec(str(policy_bench.PDCLUSTER))
     results: dict[str, Any] = {}
+    commands = [sys.argv]
     for name in args.only.split(","):
         c = policy_bench.cases()[name]
         trace = load_case(c)
@@ -122,7 +146,7 @@ def main() -> None:
                          "configuration": configured.as_json(), "policies": reps}
         # written after every case: a long run that dies keeps what it measured
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"stack": args.stack, "command": sys.argv, "cases": results},
+        args.out.write_text(json.dumps({"stack": args.stack, "commands": commands, "cases": results},
                                        indent=1))
     console.print(table(results, args.stack))
     console.print(f"wrote {args.out}")
