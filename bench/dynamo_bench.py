@@ -66,8 +66,13 @@ def load_case(c: dict[str, Any]) -> Any:
 
 
 def run_one(setup: ReplaySetup, policy: str) -> dict[str, Any]:
+    """``dynamo`` re-sizes every interval, as ours; ``dynamo@180s`` (any whole seconds) at its
+    own default cadence, a what-if."""
     if policy == "dynamo":
         return policy_bench.trimmed(dynamo_policy.run_dynamo(setup))
+    if policy.startswith("dynamo@"):
+        seconds = int(policy.removeprefix("dynamo@").removesuffix("s"))
+        return policy_bench.trimmed(dynamo_policy.run_dynamo(setup, throughput_interval_seconds=seconds))
     return policy_bench.trimmed(run_policy(setup, policy))
 
 

@@ -110,11 +110,19 @@ def capabilities(model: PerformanceModel, prefill_chunk_tokens: int) -> dict[str
             "decode": {**common, "max_kv_tokens": p.decode.kv_capacity_tokens}}
 
 
-def dynamo_config(config: PlannerConfig) -> dict[str, Any]:
-    """The PlannerConfig fields we set; everything else keeps Dynamo's default."""
+def dynamo_config(config: PlannerConfig, throughput_interval_seconds: int | None = None) -> dict[str, Any]:
+    """The PlannerConfig fields we set; everything else keeps Dynamo's default.
+
+    ``throughput_interval_seconds``: how often Dynamo re-sizes from traffic; None = our
+    interval (the same knowledge and cadence as our planner). Dynamo's own default is 180 s,
+    which smooths a bursty per-minute rate before its predictor sees it: a what-if row."""
     interval = round(config.interval_seconds)
     if interval <= 0 or abs(interval - config.interval_seconds) > 1e-9:
         raise ValueError(f"Dynamo takes whole-second intervals, got {config.interval_seconds}")
+    throughput = interval if throughput_interval_seconds is None else throughput_interval_seconds
+    if throughput % interval:
+        raise ValueError(f"Dynamo's throughput interval ({throughput} s) must be a multiple of "
+                         f"its tick cadence, our interval ({interval} s)")
     gpus = config.model.profile.gpus_per_instance
     return {
         "environment": "virtual",  # no cluster: decisions come back to us
@@ -124,7 +132,7 @@ def dynamo_config(config: PlannerConfig) -> dict[str, Any]:
         "ttft_ms": 1000.0 * config.slo.ttft_seconds,
         "itl_ms": 1000.0 * config.slo.tpot_seconds,
         # the same interval as ours: its pipeline cadence, throughput scaling and FPM tuning
-        "throughput_adjustment_interval_seconds": interval,
+        "throughput_adjustment_interval_seconds": throughput,
         "load_adjustment_interval_seconds": interval,
         "scheduling": {"scale_interval_seconds": float(interval)},
         "max_gpu_budget": config.nodes * gpus,
@@ -321,31 +329,33 @@ class DynamoController:
         return self.targets
 
 
-def start_session(setup: ReplaySetup, client: DriverClient) -> tuple[dict[str, Any], dict[str, Any]]:
+def start_session(setup: ReplaySetup, client: DriverClient, throughput_interval_seconds: int | None = None
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Send the init message for ``setup``; returns (what was sent, the driver's ready reply)."""
     chunk = setup.prefill_chunk_tokens or ENGINES[setup.engine]
     if chunk is None:
         raise ValueError(f"the {setup.engine!r} engine has no prefill chunk; Dynamo needs max_num_batched_tokens")
-    init = {"type": "init", "planner_config": dynamo_config(setup.planner),
+    init = {"type": "init", "planner_config": dynamo_config(setup.planner, throughput_interval_seconds),
             "capabilities": capabilities(setup.model, chunk),
             "benchmark_fpms": benchmark_fpms(setup.model, chunk)}
     return init, client.request(init, "ready")
 
 
-def run_dynamo(setup: ReplaySetup, *, venv: Path | None = None,
-               client: DriverClient | None = None) -> dict[str, Any]:
+def run_dynamo(setup: ReplaySetup, *, venv: Path | None = None, client: DriverClient | None = None,
+               throughput_interval_seconds: int | None = None) -> dict[str, Any]:
     """Replay ``setup.trace`` under Dynamo's planner: the report ``run_policy`` gives, plus the
     inputs Dynamo got and its decisions with their reasons."""
     started = time.perf_counter()
     client = client or DriverClient.start(venv)
     try:
-        init, ready = start_session(setup, client)
+        init, ready = start_session(setup, client, throughput_interval_seconds)
         ctl = DynamoController(client, setup.interval_seconds, ready["first_tick_seconds"])
         start = initial_fleet(setup)
         result = simulate_fleet(setup, start, ctl, None)
     finally:
         client.close()
-    report = summarize(setup, "dynamo", result)
+    name = "dynamo" if throughput_interval_seconds is None else f"dynamo@{throughput_interval_seconds}s"
+    report = summarize(setup, name, result)
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
     report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}
     report["dynamo"] = {

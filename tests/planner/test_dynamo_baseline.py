@@ -97,6 +97,14 @@ def test_config_carries_our_slo_interval_budget_and_floors(model: PerformanceMod
     assert c["optimization_target"] == "sla" and c["mode"] == "disagg"
 
 
+def test_dynamos_own_cadence_is_a_multiple_of_ours(model: PerformanceModel):
+    cfg = PlannerConfig(model=model, interval_seconds=60.0)
+    assert dp.dynamo_config(cfg, 180)["throughput_adjustment_interval_seconds"] == 180
+    assert dp.dynamo_config(cfg, 180)["scheduling"] == {"scale_interval_seconds": 60.0}
+    with pytest.raises(ValueError, match="multiple"):
+        dp.dynamo_config(cfg, 90)
+
+
 def test_a_fractional_interval_is_refused(model: PerformanceModel):
     with pytest.raises(ValueError, match="whole-second"):
         dp.dynamo_config(PlannerConfig(model=model, interval_seconds=30.5))
