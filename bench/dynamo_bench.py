@@ -138,6 +138,9 @@ def main() -> None:
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
                       f"{trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s")
         reps: dict[str, Any] = {}
+        results[name] = {"trace": trace.name, "requests": len(trace), "ttft_slo_seconds": c["ttft"],
+                         "scale": {k: c.get(k) for k in ("rate_scale", "time_scale")},
+                         "configuration": configured.as_json(), "policies": reps}
         for pol in args.policies.split(","):
             t = time.perf_counter()
             rep = run_one(setup, pol)
@@ -146,13 +149,10 @@ def main() -> None:
             console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "
                           f"{rep['gpu_hours']:.1f} GPU-h, peak {rep['peak_instances']}, "
                           f"role changes {rep['role_changes']} ({rep['wall_seconds']:.0f} s)")
-        results[name] = {"trace": trace.name, "requests": len(trace), "ttft_slo_seconds": c["ttft"],
-                         "scale": {k: c.get(k) for k in ("rate_scale", "time_scale")},
-                         "configuration": configured.as_json(), "policies": reps}
-        # written after every case: a long run that dies keeps what it measured
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"stack": args.stack, "commands": commands, "cases": results},
-                                       indent=1))
+            # written after every policy: a long run that dies keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"stack": args.stack, "commands": commands,
+                                            "cases": results}, indent=1))
     console.print(table(results, args.stack))
     console.print(f"wrote {args.out}")
 
