@@ -31,9 +31,11 @@ pip=("$venv_dir/bin/python" -m pip install --quiet)
     prometheus-client prometheus-api-client aiohttp pyzmq redis tqdm zstandard uvloop \
     plotly pandas pmdarima filterpy prophet
 # The placeholder goes in as an ordinary (non-editable) package so the venv does not
-# depend on where this worktree lives.
-"${pip[@]}" --no-deps --no-build-isolation "$here/aisimulate_core" 2>/dev/null \
-    || "${pip[@]}" --no-deps "$here/aisimulate_core"
+# depend on where this checkout lives; built from a copy so no build files land in it.
+build_dir="$(mktemp -d)"
+trap 'rm -rf "$build_dir"' EXIT
+cp -r "$here/aisimulate_core" "$build_dir/"
+"${pip[@]}" --no-deps --force-reinstall "$build_dir/aisimulate_core"
 
 "$venv_dir/bin/python" -c "import dynamo.planner.offline.replay_adapter as m; print('ok', m.__file__)"
 echo "dynamo venv ready: $venv_dir"
