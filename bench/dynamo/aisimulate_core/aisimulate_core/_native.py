@@ -1,0 +1,3 @@
+from aisimulate_core import _unavailable
+
+RustForwardPassPerfModel = _unavailable("_native.RustForwardPassPerfModel")

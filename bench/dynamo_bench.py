@@ -1,0 +1,163 @@
+"""pdscale, the oracle, static:best, sla-interp and the real Dynamo planner, side by side.
+
+The same cases, PDCluster, stack and report trimming as bench/policy_bench.py (its
+``cases()``, ``trimmed()`` and trace loading are reused, not copied), plus the policy
+``dynamo``: NVIDIA Dynamo 1.6.1's SLA planner driven through its offline replay adapter in a
+virtual environment of its own (bench/dynamo_policy.py; create the environment once with
+bench/dynamo/setup_venv.sh). What Dynamo is given and which defaults it keeps:
+docs/dynamo-baseline.md.
+
+Every policy runs in one process on one stack (``--stack``, default the deployed one); the
+table shows attainment, GPU-hours and the ratios to the oracle and to static:best; the JSON
+(out/dynamo_bench.json, or ``--out``) holds every report with Dynamo's inputs and per-tick
+reasons.
+
+    PYTHONSAFEPATH=1 PYTHONPATH=... .venv/bin/python bench/dynamo_bench.py \
+        [--only mooncake,azure,servegen] [--policies pdscale,oracle,static:best,sla-interp,dynamo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+from pdscale.planner.replay.traces import load_trace, read_mooncake, synthesize_from_rates
+from pdscale.replay import configure, read_spec
+
+HERE = Path(__file__).parent
+OUT = HERE.parent / "out" / "dynamo_bench.json"
+POLICIES = ["pdscale", "oracle", "static:best", "sla-interp", "dynamo"]
+
+
+def sibling(name: str) -> ModuleType:
+    """A module next to this script (bench/ is not a package, and PYTHONSAFEPATH keeps the
+    script's folder off sys.path)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+policy_bench = sibling("policy_bench")
+dynamo_policy = sibling("dynamo_policy")
+
+
+def load_case(c: dict[str, Any]) -> Any:
+    """The trace of one policy_bench case, built as policy_bench builds it."""
+    if "steady_rps" in c:
+        return synthesize_from_rates([(0.0, c["steady_rps"]), (c["seconds"], 0.0)],
+                                     read_mooncake(policy_bench.MOONCAKE), name="steady-12rps", seed=3)
+    if "day" in c:
+        return policy_bench.one_day(c)
+    return load_trace(c["path"], rate_scale=c["rate_scale"], time_scale=c["time_scale"],
+                      lengths_from=c.get("lengths"))
+
+
+def run_one(setup: ReplaySetup, policy: str) -> dict[str, Any]:
+    """``dynamo`` re-sizes every interval, as ours; ``dynamo@180s`` (any whole seconds) at its
+    own default cadence, a what-if."""
+    if policy == "dynamo":
+        return policy_bench.trimmed(dynamo_policy.run_dynamo(setup))
+    if policy.startswith("dynamo@"):
+        seconds = int(policy.removeprefix("dynamo@").removesuffix("s"))
+        return policy_bench.trimmed(dynamo_policy.run_dynamo(setup, throughput_interval_seconds=seconds))
+    return policy_bench.trimmed(run_policy(setup, policy))
+
+
+def table(results: dict[str, Any], stack: str) -> Table:
+    t = Table(title=f"pdscale vs the real Dynamo 1.6.1 planner, stack {stack}")
+    for col in ("trace", "policy", "attain.", "missed rej/TTFT/TPOT/both", "GPU-h", "vs oracle",
+                "vs static:best", "peak", "role chg", "wall s"):
+        t.add_column(col, justify="right")
+    for name, r in results.items():
+        reps = r["policies"]
+        oracle = reps.get("oracle", {}).get("gpu_hours")
+        # static:best, or the fixed fleet given in its place (a long trace's searched one)
+        best = next((v["gpu_hours"] for k, v in sorted(reps.items(), key=lambda kv: "best" not in kv[0])
+                     if k.startswith("static:")), None)
+        for rep in reps.values():
+            g = rep["gpu_hours"]
+            t.add_row(name, rep["policy"], f"{rep['slo_attainment']:.4f}",
+                      "/".join(str(v) for v in rep["misses"].values()), f"{g:.1f}",
+                      f"{g / oracle:.2f}x" if oracle else "-", f"{g / best:.2f}x" if best else "-",
+                      str(rep["peak_instances"]), str(rep["role_changes"]), f"{rep['wall_seconds']:.0f}")
+    return t
+
+
+def combine(paths: list[Path], out: Path, console: Console) -> None:
+    merged: dict[str, Any] = {"stack": None, "commands": [], "cases": {}}
+    for path in paths:
+        part = json.loads(path.read_text())
+        if merged["stack"] not in (None, part["stack"]):
+            raise ValueError(f"{path} was run on stack {part['stack']}, the others on {merged['stack']}")
+        merged["stack"] = part["stack"]
+        # files written before runs were combinable carry one "command"
+        merged["commands"] += part.get("commands") or [part["command"]]
+        for name, case in part["cases"].items():
+            into = merged["cases"].setdefault(name, {**case, "policies": {}})
+            into["policies"].update(case["policies"])
+    out.write_text(json.dumps(merged, indent=1))
+    console.print(table(merged["cases"], merged["stack"]))
+    console.print(f"wrote {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="mooncake,azure,servegen",
+                    help="policy_bench cases, comma-separated")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--stack", choices=list(STACKS), default="deployed")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--combine", type=Path, nargs="+", default=None,
+                    help="run nothing: merge the cases of these JSON files (runs split across "
+                         "processes, same setup) into --out and print the one table")
+    args = ap.parse_args()
+    console = Console(width=160)
+    if args.combine:
+        combine(args.combine, args.out, console)
+        return
+    spec = read_spec(str(policy_bench.PDCLUSTER))
+    results: dict[str, Any] = {}
+    commands = [sys.argv]
+    for name in args.only.split(","):
+        c = policy_bench.cases()[name]
+        trace = load_case(c)
+        configured = configure(spec, spec_source=f"file {policy_bench.PDCLUSTER.name}",
+                               overrides={"--slo-ttft": c["ttft"], "--nodes": None})
+        setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack])
+        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
+                      f"{trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s")
+        reps: dict[str, Any] = {}
+        results[name] = {"trace": trace.name, "requests": len(trace), "ttft_slo_seconds": c["ttft"],
+                         "scale": {k: c.get(k) for k in ("rate_scale", "time_scale")},
+                         "configuration": configured.as_json(), "policies": reps}
+        for pol in args.policies.split(","):
+            t = time.perf_counter()
+            rep = run_one(setup, pol)
+            rep["wall_seconds"] = round(time.perf_counter() - t, 1)
+            reps[rep["policy"]] = rep
+            console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "
+                          f"{rep['gpu_hours']:.1f} GPU-h, peak {rep['peak_instances']}, "
+                          f"role changes {rep['role_changes']} ({rep['wall_seconds']:.0f} s)")
+            # written after every policy: a long run that dies keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"stack": args.stack, "commands": commands,
+                                            "cases": results}, indent=1))
+    console.print(table(results, args.stack))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""The real Dynamo planner as a baseline (bench/dynamo_policy.py): what it is given.
+
+Pure and fast: the profile as Dynamo's benchmark FPMs, the configuration, an Observation as the
+snapshot its offline replay passes its adapter, and the JSON-lines protocol against a fake
+driver. One opt-in test runs the real driver when Dynamo's virtual environment exists
+(bench/dynamo/setup_venv.sh); it is skipped, saying so, otherwise."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdscale.planner.config import PlannerConfig
+from pdscale.planner.model import PerformanceModel, Slo
+from pdscale.planner.observe import Observation, Reading, RoleState, Warming
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("dynamo_policy", ROOT / "bench" / "dynamo_policy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("dynamo_policy", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+dp = _bench_module()
+
+
+# -- the profile --------------------------------------------------------------------------------
+
+
+def test_prefill_fpms_are_the_profile_on_dynamos_grid(model: PerformanceModel):
+    fpms = dp.benchmark_fpms(model, 8192)["prefill"]
+    tokens = [f["scheduled_requests"]["sum_prefill_tokens"] for f in fpms]
+    assert tokens[0] == 100 and tokens[-1] <= 8192 and len(tokens) == 9  # granularity 8
+    for f, n in zip(fpms, tokens, strict=True):
+        assert f["scheduled_requests"]["num_prefill_requests"] == 1
+        assert f["wall_time"] == pytest.approx(model.prefill_seconds(n))
+
+
+def test_decode_fpms_recover_the_profile_by_dynamos_regression_features(model: PerformanceModel):
+    """Dynamo regresses decode wall time on (requests, KV tokens) with an intercept; our TPOT is
+    linear in exactly those, so a least-squares fit on the FPMs gives back the profile."""
+    fpms = dp.benchmark_fpms(model, 8192)["decode"]
+    b = np.array([f["scheduled_requests"]["num_decode_requests"] for f in fpms], float)
+    kv = np.array([f["scheduled_requests"]["sum_decode_kv_tokens"] for f in fpms], float)
+    y = np.array([f["wall_time"] for f in fpms])
+    coef, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(b), b, kv]), y, rcond=None)
+    d = model.profile.decode
+    assert coef == pytest.approx([d.step_seconds, d.per_sequence_seconds, d.per_context_token_seconds],
+                                 rel=1e-6)
+    assert {int(k / n) for k, n in zip(kv, b, strict=True)} == set(dp.DECODE_CONTEXTS_TOKENS)
+
+
+def test_decode_fpms_stop_at_the_kv_capacity(model: PerformanceModel):
+    small = model.profile.model_copy(
+        update={"decode": model.profile.decode.model_copy(update={"kv_capacity_tokens": 100_000})})
+    fpms = dp.benchmark_fpms(PerformanceModel(small), 8192)["decode"]
+    assert fpms and all(f["scheduled_requests"]["sum_decode_kv_tokens"] <= 100_000 for f in fpms)
+
+
+def test_a_chunk_below_the_sweeps_first_length_is_refused(model: PerformanceModel):
+    with pytest.raises(ValueError, match="prefill_chunk_tokens"):
+        dp.benchmark_fpms(model, 50)
+
+
+def test_capabilities_carry_the_profiles_limits(model: PerformanceModel):
+    caps = dp.capabilities(model, 8192)
+    p = model.profile
+    assert caps["decode"] == {"num_gpu": 8, "max_num_batched_tokens": 8192,
+                              "max_num_seqs": p.decode.max_batch, "max_kv_tokens": p.decode.kv_capacity_tokens}
+    assert caps["prefill"]["max_num_batched_tokens"] == 8192
+
+
+# -- the configuration --------------------------------------------------------------------------
+
+
+def test_config_carries_our_slo_interval_budget_and_floors(model: PerformanceModel):
+    cfg = PlannerConfig(model=model, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05), nodes=30,
+                        interval_seconds=60.0, min_prefill=2, min_decode=3)
+    c = dp.dynamo_config(cfg)
+    assert (c["ttft_ms"], c["itl_ms"]) == (2000.0, 50.0)
+    assert c["throughput_adjustment_interval_seconds"] == 60
+    assert c["scheduling"] == {"scale_interval_seconds": 60.0}
+    assert c["max_gpu_budget"] == 30 * 8 and c["prefill_engine_num_gpu"] == 8
+    assert (c["prefill_min_endpoint"], c["decode_min_endpoint"]) == (2, 3)
+    assert c["optimization_target"] == "sla" and c["mode"] == "disagg"
+
+
+def test_dynamos_own_cadence_is_a_multiple_of_ours(model: PerformanceModel):
+    cfg = PlannerConfig(model=model, interval_seconds=60.0)
+    assert dp.dynamo_config(cfg, 180)["throughput_adjustment_interval_seconds"] == 180
+    assert dp.dynamo_config(cfg, 180)["scheduling"] == {"scale_interval_seconds": 60.0}
+    with pytest.raises(ValueError, match="multiple"):
+        dp.dynamo_config(cfg, 90)
+
+
+def test_a_fractional_interval_is_refused(model: PerformanceModel):
+    with pytest.raises(ValueError, match="whole-second"):
+        dp.dynamo_config(PlannerConfig(model=model, interval_seconds=30.5))
+
+
+# -- observations -------------------------------------------------------------------------------
+
+
+def obs(now: float, rate: float | None = 10.0, isl: float = 1000.0, osl: float = 100.0,
+        hit: float = 0.5, ready=(4, 6), warming=(0, 0), draining=(0, 0)) -> Observation:
+    def r(v):
+        return None if v is None else Reading(v, now)
+
+    def role(k):
+        return RoleState(ready=ready[k], warming=tuple(Warming(now + 300) for _ in range(warming[k])),
+                         draining=draining[k])
+
+    return Observation(now_seconds=now, rate_rps=r(rate), mean_input_tokens=r(isl),
+                       mean_output_tokens=r(osl), prefix_hit_rate=r(hit),
+                       prefill=role(0), decode=role(1))
+
+
+def test_traffic_window_merges_intervals_as_dynamos_replay_does():
+    w = dp.TrafficWindow()
+    w.add(obs(60, rate=10, isl=1000, osl=100, hit=0.2), 60)
+    w.add(obs(120, rate=30, isl=2000, osl=300, hit=0.6), 60)
+    t = w.as_traffic()
+    assert t["duration_s"] == 120 and t["num_req"] == pytest.approx(2400)
+    assert t["avg_isl"] == pytest.approx((600 * 1000 + 1800 * 2000) / 2400)
+    assert t["avg_osl"] == pytest.approx((600 * 100 + 1800 * 300) / 2400)
+    assert t["avg_kv_hit_rate"] == pytest.approx((600 * 0.2 + 1800 * 0.6) / 2400)
+
+
+def test_an_interval_of_unknown_load_adds_nothing():
+    w = dp.TrafficWindow()
+    w.add(obs(0, rate=None), 60)
+    assert w.as_traffic() is None
+    w.add(obs(60, rate=0.0), 60)  # measured idle is a measurement
+    assert w.as_traffic()["duration_s"] == 60 and w.as_traffic()["num_req"] == 0
+
+
+def test_snapshot_counts_ready_as_active_and_names_starting_and_draining():
+    s = dp.snapshot(obs(90, ready=(3, 5), warming=(2, 0), draining=(0, 1)), 90.0, None, 4)
+    assert (s["active_prefill_count"], s["active_decode_count"]) == (3, 5)
+    assert (s["non_draining_prefill_count"], s["non_draining_decode_count"]) == (3, 5)
+    assert len(s["starting_prefill_ids"]) == 2 and len(s["draining_decode_ids"]) == 1
+    ids = [i for k, v in s.items() if k.endswith("_ids") for i in v]
+    assert len(ids) == len(set(ids)) == 11
+    assert s["tick_ordinal"] == 4 and s["now_ms"] == 90_000 and "traffic" not in s
+
+
+# -- the protocol, against a fake driver ------------------------------------------------------------
+
+FAKE_DRIVER = textwrap.dedent("""
+    import json, sys
+    log = open(sys.argv[1], "w")
+    for line in sys.stdin:
+        msg = json.loads(line)
+        log.write(line); log.flush()
+        if msg["type"] == "init":
+            print(json.dumps({"type": "ready", "first_tick_seconds": 60.0}), flush=True)
+        elif msg["type"] == "tick":
+            snap = msg["snapshot"]
+            if snap["tick_ordinal"] == 0:   # scale prefill up, decode unset; next tick in 120 s
+                print(json.dumps({"type": "decision", "target_prefill": snap["active_prefill_count"] + 2,
+                                  "target_decode": None, "next_tick_seconds": 180.0}), flush=True)
+            elif snap["tick_ordinal"] == 1:
+                print(json.dumps({"type": "error", "message": "planner exploded"}), flush=True)
+        elif msg["type"] == "finalize":
+            print(json.dumps({"type": "bye"}), flush=True)
+            break
+""")
+
+
+@pytest.fixture
+def fake(tmp_path: Path):
+    script = tmp_path / "fake_driver.py"
+    script.write_text(FAKE_DRIVER)
+    log = tmp_path / "received.jsonl"
+    client = dp.DriverClient([sys.executable, str(script), str(log)])
+    yield client, log
+    client.close()
+
+
+def test_controller_ticks_on_dynamos_schedule_with_the_traffic_since_its_last_tick(fake):
+    client, log = fake
+    ready = client.request({"type": "init"}, "ready")
+    ctl = dp.DynamoController(client, 60.0, ready["first_tick_seconds"])
+    assert ctl(obs(1000.0, rate=None)) == (4, 6)          # t = 0: before its first tick
+    assert ctl(obs(1060.0, rate=10)) == (6, 6)            # t = 60: first tick, prefill +2
+    assert ctl(obs(1120.0, rate=20)) == (6, 6)            # t = 120: not due (next at 180)
+    with pytest.raises(dp.DynamoDriverError, match="planner exploded"):
+        ctl(obs(1180.0, rate=40))                         # t = 180: due, window of 2 intervals
+    ticks = [json.loads(x) for x in log.read_text().splitlines() if '"tick"' in x]
+    assert [t["snapshot"]["now_ms"] for t in ticks] == [60_000, 180_000]
+    assert ticks[0]["snapshot"]["traffic"]["num_req"] == pytest.approx(600)
+    second = ticks[1]["snapshot"]["traffic"]
+    assert second["duration_s"] == 120 and second["num_req"] == pytest.approx(1200 + 2400)
+
+
+def test_a_driver_that_dies_is_reported_with_its_stderr(tmp_path: Path):
+    script = tmp_path / "dies.py"
+    script.write_text("import sys; sys.stderr.write('no module named dynamo'); sys.exit(3)\n")
+    client = dp.DriverClient([sys.executable, str(script)])
+    with pytest.raises(dp.DynamoDriverError, match="no module named dynamo"):
+        client.request({"type": "init"}, "ready")
+    client.close()
+
+
+def test_a_missing_venv_names_the_setup_script(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match=r"setup_venv\.sh"):
+        dp.venv_python(tmp_path / "nowhere")
+
+
+# -- the real driver (opt-in) ----------------------------------------------------------------------
+
+
+def _venv_or_skip() -> Path:
+    try:
+        return dp.venv_python()
+    except FileNotFoundError as e:
+        pytest.skip(f"Dynamo's venv is not set up ({e})")
+
+
+@pytest.mark.slow
+def test_the_real_dynamo_planner_sizes_from_our_profile(model: PerformanceModel):
+    """Dynamo 1.6.1 in its venv, bootstrapped with our profile, one tick of known traffic: its
+    per-engine capacities are our model's (decode exact: its regression is our TPOT's form;
+    prefill within 15%: it prices a long prompt as chunks, without attention growth), and its
+    targets are the load over those capacities."""
+    _venv_or_skip()
+    cfg = PlannerConfig(model=model, slo=Slo(ttft_seconds=15.0, tpot_seconds=0.05), nodes=200,
+                        interval_seconds=60.0)
+    from pdscale.planner.replay.run import ReplaySetup
+    from pdscale.planner.replay.traces import Trace
+
+    setup = ReplaySetup(trace=Trace.__new__(Trace), planner=cfg)
+    client = dp.DriverClient.start()
+    try:
+        _, ready = dp.start_session(setup, client)
+        assert ready["perf_model"]["decode"]["readiness"] == "ready"
+        assert ready["planner_config"]["ttft_ms"] == 15000.0
+        ctl = dp.DynamoController(client, 60.0, ready["first_tick_seconds"])
+        ctl(obs(0.0, rate=None, ready=(10, 10)))
+        p, d = ctl(obs(60.0, rate=20.0, isl=4000.0, osl=500.0, hit=0.0, ready=(10, 10)))
+    finally:
+        client.close()
+    tick = ctl.log[-1]
+    assert tick["engine_rps_prefill"] == pytest.approx(1.0 / model.prefill_seconds(4000), rel=0.15)
+    ctx = 4000 + 500 // 2
+    b = model.decode_batch_at_slo(0.05, ctx)
+    assert tick["engine_rps_decode"] == pytest.approx(b / (500 * model.tpot_seconds(b, ctx)), rel=0.02)
+    # targets: the predicted load over those capacities, at most 8 replicas from the current
+    # 10 per step (max_throughput_scaling_replicas, a Dynamo default)
+    demand_rps = tick["predicted_num_req"] / 60.0
+    assert p == min(18, max(2, math.ceil(demand_rps / tick["engine_rps_prefill"])))
+    assert d == min(18, max(2, math.ceil(demand_rps / tick["engine_rps_decode"])))
