@@ -420,9 +420,8 @@ class SimEngine:
                 self._prefill_running, self._prefill_running_tokens = 0, 0
 
     def _scheduled(self, tokens: list[str], room: Room, finished: asyncio.Future[None]) -> _Prefill:
-        """A prompt taken by a pass: its cached prefix is matched now (a whole-prompt hit
-        still computes the last token, whose logits the first token needs)."""
-        cached = min(self.cache.match(tokens), max(len(tokens) - 1, 0))
+        """A prompt taken by a pass: its cached prefix is matched now."""
+        cached = self.cache.match(tokens)
         return _Prefill(tokens, room, finished, cached=cached, computed=cached)
 
     async def _expire_rooms(self) -> None:
