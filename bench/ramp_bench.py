@@ -18,6 +18,7 @@ changes (target 0 on the steady hour). Writes out/ramp_bench.json and prints the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -64,10 +65,20 @@ def main() -> None:
     ap.add_argument("--base-rps", type=float, default=12.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--out", default=str(OUT / "ramp_bench.json"))
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a PlannerConfig field (an A/B of one knob), e.g. "
+                         "forecast_method=recent-max; repeatable")
     args = ap.parse_args()
     console = Console(width=170)
     spec = read_spec(str(PDCLUSTER))
     configured = configure(spec, spec_source=f"file {PDCLUSTER.name}", overrides={"--slo-ttft": 15.0})
+    for kv in args.set:
+        field, value = kv.split("=", 1)
+        old = getattr(configured.config, field)
+        parsed: object = (value.lower() in ("1", "true", "yes") if isinstance(old, bool)
+                          else type(old)(value) if old is not None else float(value))
+        configured = dataclasses.replace(
+            configured, config=dataclasses.replace(configured.config, **{field: parsed}))
     donor = read_mooncake(MOONCAKE)
     warmup = configured.config.model.profile.warmup.new_node_seconds
     results: dict[str, Any] = {}
@@ -129,7 +140,7 @@ def main() -> None:
         console.print(f"  {shape:>7} {what:<32} {value!s:<8} {'met' if met else 'NOT met'}")
     out = Path(args.out)
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"results": results, "targets": [
+    out.write_text(json.dumps({"settings": args.set, "results": results, "targets": [
         {"shape": s, "target": w, "value": v, "met": m} for s, w, v, m in checks]}, indent=1))
     console.print(f"wrote {out}")
 
