@@ -279,6 +279,22 @@ def scale_trace(trace: Trace, *, rate_scale: float = 1.0, time_scale: float = 1.
     )
 
 
+def split_at(trace: Trace, seconds: float) -> tuple[Trace, Trace]:
+    """(the requests of the first ``seconds``, the rest), the rest's clock restarted at the
+    split (its arrivals minus first arrival + ``seconds``): a history before a scored window,
+    and the scored window as a trace of its own."""
+    t_split = (trace.arrival_seconds[0] if len(trace) else 0.0) + seconds
+    k = next((i for i, a in enumerate(trace.arrival_seconds) if a >= t_split), len(trace))
+
+    def part(lo: int, hi: int, shift: float, name: str) -> Trace:
+        return Trace(name, [a - shift for a in trace.arrival_seconds[lo:hi]],
+                     trace.input_tokens[lo:hi], trace.output_tokens[lo:hi],
+                     trace.hash_ids[lo:hi], trace.block_tokens)
+
+    return (part(0, k, 0.0, f"{trace.name}[:{seconds:g}s]"),
+            part(k, len(trace), t_split, f"{trace.name}[{seconds:g}s:]"))
+
+
 def _sorted(trace: Trace) -> Trace:
     a = trace.arrival_seconds
     if all(a[i] <= a[i + 1] for i in range(len(a) - 1)):

@@ -146,3 +146,12 @@ def test_rate_series_remaps_prefix_blocks_to_the_donors_hit_rate() -> None:
     lengths_to_blocks = {(i, len(h)) for i, h in zip(m.input_tokens, m.hash_ids, strict=True)}
     assert all((i, len(h)) in lengths_to_blocks for i, h in zip(t.input_tokens[:2000], t.hash_ids[:2000],
                                                                 strict=True))
+
+
+def test_split_at_restarts_the_clock_of_the_rest() -> None:
+    from pdscale.planner.replay.traces import split_at
+
+    t = Trace("t", [10.0, 11.0, 20.0, 25.0], [1, 2, 3, 4], [1, 1, 1, 1], [(), (), (), ()], 512)
+    head, tail = split_at(t, 10.0)
+    assert head.arrival_seconds == [10.0, 11.0] and head.input_tokens == [1, 2]
+    assert tail.arrival_seconds == [0.0, 5.0] and tail.input_tokens == [3, 4]
