@@ -5,7 +5,10 @@ Each shape opens with 30 minutes at the base rate (steady: an hour at it), then 
 10 minutes (ramp), 2x at once (step) or 2.5x decaying back (spike); Poisson arrivals, lengths
 and prefix blocks drawn from the Mooncake conversation trace (as the rate series are). The
 planner runs the policy benchmark's PDCluster (bench/policy_bench_pdcluster.yaml: warm-up 600 s,
-interval 60 s, TPOT 50 ms, p99), TTFT target 15 s.
+interval 60 s, TPOT 50 ms, p99), TTFT target 15 s. By default the shape's first warm-up is
+history, not scored: every dynamic policy starts from the fleet it sizes, and the planner
+remembers it (``run.with_history``); ``--start-from hindsight`` sizes the start from the
+scored trace's first warm-up instead, as the replay did before.
 
 Per policy: attainment, GPU-hours and their ratio to the oracle's, peak provisioned instances
 and their ratio to the oracle's peak (target <= 1.15x), re-adds (an instance of a role removed
@@ -13,6 +16,7 @@ and the role raised again within one warm-up: target 0 on steady and monotone lo
 changes (target 0 on the steady hour). Writes out/ramp_bench.json and prints the table.
 
     .venv/bin/python bench/ramp_bench.py [--shapes steady,ramp,step,spike] [--base-rps 12]
+        [--start-from history|hindsight] [--set FIELD=VALUE ...]
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
 from pdscale.planner.replay.traces import read_mooncake
 from pdscale.planner.replay.workloads import SHAPES, synthetic_trace
 from pdscale.replay import configure, read_spec
@@ -65,6 +69,10 @@ def main() -> None:
     ap.add_argument("--base-rps", type=float, default=12.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--out", default=str(OUT / "ramp_bench.json"))
+    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+                    help="history (default): the shape's first warm-up is history, not scored, "
+                         "and sizes every dynamic policy's start; hindsight: the start is sized "
+                         "from the scored trace's first warm-up (the earlier replay's rule)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a PlannerConfig field (an A/B of one knob), e.g. "
                          "forecast_method=recent-max; repeatable")
@@ -77,22 +85,26 @@ def main() -> None:
         old = getattr(configured.config, field)
         parsed: object = (value.lower() in ("1", "true", "yes") if isinstance(old, bool)
                           else type(old)(value) if old is not None else float(value))
+        changes: dict[str, Any] = {field: parsed}
         configured = dataclasses.replace(
-            configured, config=dataclasses.replace(configured.config, **{field: parsed}))
+            configured, config=dataclasses.replace(configured.config, **changes))
     donor = read_mooncake(MOONCAKE)
     warmup = configured.config.model.profile.warmup.new_node_seconds
     results: dict[str, Any] = {}
     for shape in args.shapes.split(","):
         trace = synthetic_trace(shape, args.base_rps, donor, seed=3)
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS["deployed"])
-        console.print(f"[bold]{shape}[/bold]: {trace.name}, {len(trace):,} requests over "
-                      f"{trace.duration_seconds / 3600:.2f} h")
+        history = None
+        if args.start_from == "history":
+            setup, history = with_history(setup)
+        console.print(f"[bold]{shape}[/bold]: {trace.name}, {len(setup.trace):,} requests scored "
+                      f"over {setup.trace.duration_seconds / 3600:.2f} h (start: {args.start_from})")
         reps: dict[str, Any] = {}
         for pol in args.policies.split(","):
             t = time.perf_counter()
-            rep = run_policy(setup, pol)
+            rep = run_policy(setup, pol, history=history)
             decisions = rep["decisions"]
-            row = {k: rep[k] for k in ("policy", "slo_attainment", "gpu_hours", "role_changes",
+            row: dict[str, Any] = {k: rep[k] for k in ("policy", "slo_attainment", "gpu_hours", "role_changes",
                                        "misses", "ttft_at_percentile", "initial_fleet")
                    if k in rep}
             row["peak_instances"] = max(
@@ -109,7 +121,8 @@ def main() -> None:
             if oracle:
                 row["gpu_hours_vs_oracle"] = round(row["gpu_hours"] / oracle["gpu_hours"], 3)
                 row["peak_vs_oracle"] = round(row["peak_instances"] / oracle["peak_instances"], 3)
-        results[shape] = {"trace": trace.name, "requests": len(trace), "base_rps": args.base_rps,
+        results[shape] = {"trace": trace.name, "requests_scored": len(setup.trace),
+                          "start_from": args.start_from, "base_rps": args.base_rps,
                           "policies": reps}
     table = Table(title="ramps and spikes, deployed stack (TTFT 15 s, TPOT 50 ms, p99, warm-up "
                         f"{warmup:.0f} s)")

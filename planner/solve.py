@@ -903,9 +903,15 @@ def _decision(
         plan=tuple((int(a), int(b)) for a, b in zip(serve[0], serve[1], strict=True)),
         desired=needs.desired,
         # the horizon's need up to the first interval a node ordered now serves
-        lead_need=tuple(int(x) for x in needs.need[:, : timing.new_node + 1].max(axis=1)),
+        lead_need=_lead_need(needs, timing),
         solver=how,
     )
+
+
+def _lead_need(needs: _Needs, timing: _Timing) -> tuple[int, int]:
+    """The most each role needs up to the first interval a node ordered now serves."""
+    peak = needs.need[:, : timing.new_node + 1].max(axis=1)
+    return int(peak[0]), int(peak[1])
 
 
 def _solve(
