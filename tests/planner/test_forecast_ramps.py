@@ -89,3 +89,21 @@ def replace_cfg(c: object) -> object:
     from dataclasses import replace
 
     return replace(c, scale_down_hysteresis=False)  # type: ignore[type-var]
+
+
+def test_lead_need_survives_the_operators_memory() -> None:
+    """The operator keeps the planner's history as JSON: lead_need comes back a tuple the
+    planner accepts, and a memory written before it existed reads as (0, 0)."""
+    import json
+
+    from pdscale.operator.planning import history_from_json, history_to_json
+    from pdscale.planner.decision import Decision
+    from pdscale.planner.solve import History, _decision_ok
+
+    d = Decision(0.0, 3, 2, 1.0, 0.03, 1.0, "", desired=(3, 2), lead_need=(5, 4))
+    back, _ = history_from_json(history_to_json(History(decisions=(d,)), 0.0))
+    assert back.decisions[0].lead_need == (5, 4) and _decision_ok(back.decisions[0])
+    doc = json.loads(history_to_json(History(decisions=(d,)), 0.0))
+    del doc["decisions"][0]["lead_need"]
+    old, _ = history_from_json(json.dumps(doc))
+    assert old.decisions[0].lead_need == (0, 0) and _decision_ok(old.decisions[0])
