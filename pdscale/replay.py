@@ -287,14 +287,42 @@ def run(args: argparse.Namespace) -> int:
     return run_trace(args)
 
 
+def _trace_from(args: argparse.Namespace) -> Any:
+    """The trace the command line names: ``--synthetic`` SHAPE or ``--trace`` FILE."""
+    from pdscale.planner.replay.traces import TraceError, load_trace
+    from pdscale.planner.replay.workloads import synthetic_trace
+
+    if args.synthetic:
+        if not args.lengths:
+            raise TraceError("--synthetic draws lengths from a trace: give --lengths")
+        return synthetic_trace(args.synthetic, args.base_rps, load_trace(args.lengths))
+    return load_trace(args.trace, rate_scale=args.rate_scale, time_scale=args.time_scale,
+                      lengths_from=args.lengths)
+
+
+def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any]:
+    """(the setup to score, the history before it or None) for ``--start-from``."""
+    from pdscale.planner.replay.run import with_history
+
+    warm = setup.model.profile.warmup.new_node_seconds
+    if args.start_from == "history" and setup.trace.duration_seconds >= 2 * warm:
+        setup, history = with_history(setup)
+        console.print(f"start: the first {len(history)} interval(s) are history (not scored) and "
+                      "size every dynamic policy's start fleet")
+        return setup, history
+    if args.start_from == "history":
+        console.print(f"start: the trace is shorter than two warm-ups ({2 * warm:g} s): no history "
+                      "split off, the start fleet is sized from its first warm-up (hindsight)")
+    return setup, None
+
+
 def run_trace(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
-    from pdscale.planner.replay.traces import TraceError, load_trace
-    from pdscale.planner.replay.workloads import synthetic_trace
+    from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+    from pdscale.planner.replay.traces import TraceError
 
     console = Console(stderr=True)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -302,15 +330,7 @@ def run_trace(args: argparse.Namespace) -> int:
         return 2
     try:
         configured = configuration_from(args)
-        if args.synthetic:
-            if not args.lengths:
-                raise TraceError("--synthetic draws lengths from a trace: give --lengths")
-            trace = synthetic_trace(args.synthetic, args.base_rps, load_trace(args.lengths))
-        else:
-            trace = load_trace(
-                args.trace, rate_scale=args.rate_scale, time_scale=args.time_scale,
-                lengths_from=args.lengths,
-            )
+        trace = _trace_from(args)
     except (ConfigurationError, TraceError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -322,15 +342,7 @@ def run_trace(args: argparse.Namespace) -> int:
         early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
         decode_admission=args.decode_admission,
     )
-    history = None
-    warm = config.model.profile.warmup.new_node_seconds
-    if args.start_from == "history" and trace.duration_seconds >= 2 * warm:
-        setup, history = with_history(setup)
-        console.print(f"start: the first {len(history)} interval(s) are history (not scored) and "
-                      "size every dynamic policy's start fleet")
-    elif args.start_from == "history":
-        console.print(f"start: the trace is shorter than two warm-ups ({2 * warm:g} s): no history "
-                      "split off, the start fleet is sized from its first warm-up (hindsight)")
+    setup, history = _start(args, setup, console)
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
         f"(rate x{args.rate_scale:g}, time /{args.time_scale:g}), profile {config.model.profile.name}"
