@@ -216,6 +216,8 @@ def _decision_from(d: dict[str, Any]) -> Decision:
             d[key] = math.inf
     d["plan"] = tuple(tuple(p) for p in d.get("plan", ()))
     d["desired"] = tuple(d.get("desired", (0, 0)))
+    # JSON keeps tuples as lists; memories written before lead_need existed have none
+    d["lead_need"] = tuple(d.get("lead_need", (0, 0)))
     known = set(Decision.__dataclass_fields__)
     return Decision(**{k: v for k, v in d.items() if k in known})
 

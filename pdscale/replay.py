@@ -218,6 +218,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pdcluster", metavar="NS/NAME", help="the PDCluster replayed (--prometheus)")
     parser.add_argument("--start", help="--prometheus: range start, Unix seconds or RFC 3339")
     parser.add_argument("--end", help="--prometheus: range end, Unix seconds or RFC 3339")
+    parser.add_argument("--synthetic", metavar="SHAPE", choices=["steady", "ramp", "step", "spike"],
+                        help="instead of --trace, a load shape (planner/replay/workloads.py): "
+                             "steady hour, +50%% ramp over 10 min, 2x step, 2.5x spike decaying; "
+                             "30 min at --base-rps first; lengths drawn from --lengths")
+    parser.add_argument("--base-rps", type=float, default=12.0,
+                        help="--synthetic: the base request rate (default 12)")
+    parser.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+                        help="history: the trace's first warm-up is history, unscored, and sizes "
+                             "the start fleet (no hindsight); hindsight: start sized from the "
+                             "scored trace's first warm-up (default: history)")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time K times")
@@ -285,10 +295,39 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if args.prometheus:
         return _run_prometheus(args, console)
-    if not args.trace or not args.policy:
-        console.print("[red]error:[/red] --trace and --policy are needed (or --prometheus)")
+    if not (args.trace or args.synthetic) or not args.policy:
+        console.print("[red]error:[/red] --trace (or --synthetic) and --policy are needed (or --prometheus)")
         return 2
     return run_trace(args)
+
+
+def _trace_from(args: argparse.Namespace) -> Any:
+    """The trace the command line names: ``--synthetic`` SHAPE or ``--trace`` FILE."""
+    from pdscale.planner.replay.traces import TraceError, load_trace
+    from pdscale.planner.replay.workloads import synthetic_trace
+
+    if args.synthetic:
+        if not args.lengths:
+            raise TraceError("--synthetic draws lengths from a trace: give --lengths")
+        return synthetic_trace(args.synthetic, args.base_rps, load_trace(args.lengths))
+    return load_trace(args.trace, rate_scale=args.rate_scale, time_scale=args.time_scale,
+                      lengths_from=args.lengths)
+
+
+def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any]:
+    """(the setup to score, the history before it or None) for ``--start-from``."""
+    from pdscale.planner.replay.run import with_history
+
+    warm = setup.model.profile.warmup.new_node_seconds
+    if args.start_from == "history" and setup.trace.duration_seconds >= 2 * warm:
+        setup, history = with_history(setup)
+        console.print(f"start: the first {len(history)} interval(s) are history (not scored) and "
+                      "size every dynamic policy's start fleet")
+        return setup, history
+    if args.start_from == "history":
+        console.print(f"start: the trace is shorter than two warm-ups ({2 * warm:g} s): no history "
+                      "split off, the start fleet is sized from its first warm-up (hindsight)")
+    return setup, None
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -297,7 +336,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
-    from pdscale.planner.replay.traces import TraceError, load_trace
+    from pdscale.planner.replay.traces import TraceError
 
     console = Console(stderr=True)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -305,10 +344,7 @@ def run_trace(args: argparse.Namespace) -> int:
         return 2
     try:
         configured = configuration_from(args)
-        trace = load_trace(
-            args.trace, rate_scale=args.rate_scale, time_scale=args.time_scale,
-            lengths_from=args.lengths,
-        )
+        trace = _trace_from(args)
     except (ConfigurationError, TraceError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -323,6 +359,7 @@ def run_trace(args: argparse.Namespace) -> int:
         # deployed stack; the what-if stacks keep their own admission
         prefill_admission=router_admission(configured.spec) if args.stack == "deployed" else None,
     )
+    setup, history = _start(args, setup, console)
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
         f"(rate x{args.rate_scale:g}, time /{args.time_scale:g}), profile {config.model.profile.name}"
@@ -345,6 +382,7 @@ def run_trace(args: argparse.Namespace) -> int:
                 setup, args.policy,
                 progress=lambda share: bar.update(task, completed=share),
                 log=lambda msg: bar.console.print(msg),
+                history=history,
             )
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
@@ -384,6 +422,9 @@ def _report_table(report: dict[str, Any], config: Any) -> Any:
     for key in ("requests", "ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50",
                 "tpot_p90", "tpot_p99", "rejected", "gpu_hours", "role_changes"):
         table.add_row(key, _fmt(report[key]))
+    served = report["served_only"]
+    table.add_row(f"served only ({served['requests']}): ttft_{pct} / ttft_p99",
+                  f"{_fmt(served['ttft_at_percentile'])} / {_fmt(served['ttft_p99'])}")
     m = report["misses"]
     table.add_row("missed: late first token / slow decode / both",
                   f"{m['ttft_only']} / {m['tpot_only']} / {m['both']}")

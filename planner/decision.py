@@ -33,5 +33,8 @@ class Decision:
     plan: tuple[tuple[int, int], ...] = field(default=())
     #: the need of the first interval after the budget split (kept for the down-window)
     desired: tuple[int, int] = (0, 0)
+    #: the most each role was forecast to need within one warm-up (kept for the down-window:
+    #: what the planner itself expected to need again before a new node could be ready)
+    lead_need: tuple[int, int] = (0, 0)
     #: how the programme was solved: "lp" (relaxation was integral), "milp", "lp-rounded"
     solver: str = ""

@@ -11,7 +11,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-METHODS = ("last", "moving-average", "ewma", "holt", "seasonal-naive", "recent-max")
+METHODS = ("last", "moving-average", "ewma", "holt", "seasonal-naive", "recent-max", "trend")
+
+#: ``trend``: the slope counts only when it is this many standard errors above zero (a
+#: steady rate's Poisson noise makes slopes too; planning for them adds nodes to remove later)
+TREND_MIN_T = 2.0
+#: ``trend``: the extrapolation's damping per interval; the whole extrapolation is at most
+#: damping / (1 - damping) = 4 intervals of the slope, however long the horizon
+TREND_DAMPING = 0.8
+#: ``trend``: a rise whose largest single-interval jump is more than this share of the rise
+#: over the window is a step, not a ramp: it is over once seen, and extrapolating it would
+#: order a second step that never comes (2x step: 74 instances at peak against the oracle's 45)
+TREND_MAX_JUMP_SHARE = 0.7
 
 
 def _known(history: Sequence[float | None]) -> list[float]:
@@ -38,7 +49,8 @@ def forecast(
     method : ``last``; ``moving-average`` over ``window``; ``ewma`` with weight ``alpha``;
         ``holt`` (level + damped trend, ``alpha``/``beta``/``damping``);
         ``seasonal-naive`` (value one ``period`` ago, falls back to ``holt`` when the history
-        is shorter); ``recent-max`` (max of the last ``window``: conservative).
+        is shorter); ``recent-max`` (max of the last ``window``: conservative); ``trend``
+        (``recent-max`` plus a bounded, damped trend: :func:`bounded_trend`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -52,6 +64,8 @@ def forecast(
         return [sum(tail) / len(tail)] * horizon
     if method == "recent-max":
         return [max(xs[-window:])] * horizon
+    if method == "trend":
+        return bounded_trend(xs, horizon, window=window)
     if method == "ewma":
         level = xs[0]
         for x in xs[1:]:
@@ -65,6 +79,62 @@ def forecast(
     return _holt(xs, horizon, alpha, beta, damping)
 
 
+def significant_slope(xs: Sequence[float], *, min_t: float = TREND_MIN_T) -> float:
+    """The least-squares slope of ``xs`` (per step) when it is rising by at least ``min_t``
+    standard errors and no single jump makes most of the rise (a step), else 0. A falling slope is 0 too: scale-down waits for the load itself
+    (the stabilisation window), it is never planned ahead on a trend."""
+    n = len(xs)
+    if n < 3:
+        return 0.0
+    t = np.arange(n, dtype=float) - (n - 1) / 2.0
+    y = np.asarray(xs, dtype=float)
+    sxx = float(t @ t)
+    slope = float(t @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * t
+    se = math.sqrt(float(resid @ resid) / (n - 2) / sxx)
+    jump = float(np.diff(y).max())
+    ramp = slope > 0 and slope >= min_t * se and jump <= TREND_MAX_JUMP_SHARE * slope * (n - 1)
+    return slope if ramp else 0.0
+
+
+def _significant_slopes(windows: np.ndarray, min_t: float = TREND_MIN_T) -> np.ndarray:
+    """:func:`significant_slope` of each row of ``windows`` (nan rows: 0), vectorised."""
+    n = windows.shape[1]
+    t = np.arange(n, dtype=float) - (n - 1) / 2.0
+    sxx = float(t @ t)
+    y = windows - windows.mean(axis=1, keepdims=True)
+    slope = (y @ t) / sxx
+    resid = y - slope[:, None] * t
+    se = np.sqrt((resid * resid).sum(axis=1) / (n - 2) / sxx)
+    jump = np.diff(windows, axis=1).max(axis=1)
+    ok = (np.isfinite(slope) & (slope > 0) & (slope >= min_t * se)
+          & (jump <= TREND_MAX_JUMP_SHARE * slope * (n - 1)))
+    return np.where(ok, slope, 0.0)
+
+
+def bounded_trend(
+    xs: Sequence[float], horizon: int, *, window: int = 5, damping: float = TREND_DAMPING,
+    min_t: float = TREND_MIN_T,
+) -> list[float]:
+    """``recent-max`` over ``window`` plus the window's significant rising slope, damped.
+
+    Value at lead h: max(last window) + slope * (damping + damping^2 + ... + damping^h).
+    - It leads a ramp instead of lagging it by a warm-up: two or three intervals into a ramp
+      the slope is significant, and capacity is ordered for where the ramp is going.
+    - It does not extrapolate a ramp past its end: the extrapolation is bounded by
+      damping / (1 - damping) intervals of the slope whatever the lead, and the slope is the
+      last ``window`` intervals' only, so it is gone ``window`` intervals after the ramp ends
+      (sooner, when the flat points make it insignificant)."""
+    tail = list(xs[-window:])
+    base = max(tail)
+    slope = significant_slope(tail, min_t=min_t)
+    out, acc = [], 0.0
+    for h in range(1, horizon + 1):
+        acc += damping**h
+        out.append(base + slope * acc)
+    return out
+
+
 def rise_margin(
     history: Sequence[float | None],
     *,
@@ -74,13 +144,22 @@ def rise_margin(
     max_margin: float = 3.0,
     min_samples: int = 20,
     prior: float = 1.0,
+    method: str = "recent-max",
+    stride: int = 1,
 ) -> float:
-    """How much the rate has risen above a ``recent-max`` forecast ``lead`` intervals later.
+    """How much the rate has risen above a ``recent-max`` (or ``trend``: ``method``) forecast
+    ``lead`` intervals later.
 
     The ``quantile`` of actual(t + lead) / max(history[t - window + 1 .. t]) over the past:
     multiplying the forecast by it covers that share of the ramps seen so far (an empirical,
     self-calibrating prediction interval). ``prior`` until ``min_samples`` origins exist; never above
-    ``max_margin`` (an idle-to-busy jump after an empty minute is not a ramp to plan for)."""
+    ``max_margin`` (an idle-to-busy jump after an empty minute is not a ramp to plan for).
+
+    ``stride`` > 1 takes every ``stride``-th origin only (the latest included): origins less
+    than ``lead`` apart see the same rise, so one step seen from ``lead`` consecutive origins
+    would count as ``lead`` samples, and an hour holding a single step would plan for a second
+    one of the same size at every forecast after it. With ``stride = lead`` the samples are
+    independent warm-ups, and ``min_samples`` counts warm-ups."""
     xs = np.asarray([np.nan if x is None else x for x in history], dtype=float)
     n = len(xs) - lead - window + 1
     if lead <= 0:
@@ -89,8 +168,16 @@ def rise_margin(
         return prior
     windows = np.lib.stride_tricks.sliding_window_view(xs[: len(xs) - lead], window)
     base = np.nanmax(np.where(np.isnan(windows), -np.inf, windows), axis=1)
+    if method == "trend" and window >= 3:
+        # the margin covers what the forecast in use misses: with a trend, a ramp already
+        # extrapolated is no reason to raise every later forecast for it again
+        base = base + _significant_slopes(windows) * sum(TREND_DAMPING**h for h in range(1, lead + 1))
     actual = xs[window - 1 + lead :]
     ok = np.isfinite(base) & np.isfinite(actual) & (base > 0)
+    if stride > 1:
+        keep = np.zeros(ok.shape, dtype=bool)
+        keep[len(ok) - 1 :: -stride] = True
+        ok &= keep
     if ok.sum() < min_samples:
         return prior
     q = float(np.quantile(actual[ok] / base[ok], quantile))

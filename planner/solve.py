@@ -210,10 +210,10 @@ def _load_ok(ld: object) -> bool:
 def _decision_ok(d: object) -> bool:
     if not isinstance(d, Decision) or not isinstance(d.desired, tuple) or len(d.desired) != 2:
         return False
-    p, q, (dp, dq) = d.prefill, d.decode, d.desired
-    return (type(p) is int and type(q) is int and type(dp) is int and type(dq) is int
-            and 0 <= p <= MAX_INSTANCES and 0 <= q <= MAX_INSTANCES
-            and 0 <= dp <= MAX_INSTANCES and 0 <= dq <= MAX_INSTANCES)
+    if not isinstance(d.lead_need, tuple) or len(d.lead_need) != 2:
+        return False
+    p, q, (dp, dq), (lp, lq) = d.prefill, d.decode, d.desired, d.lead_need
+    return all(type(x) is int and 0 <= x <= MAX_INSTANCES for x in (p, q, dp, dq, lp, lq))
 
 
 def _calibration_ok(cal: object) -> bool:
@@ -389,6 +389,8 @@ def _with_rise_margin(
     margin = rise_margin(
         rate_history, lead=w_lead, window=cfg.forecast_window, quantile=quantile,
         max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
+        method="trend" if cfg.forecast_method == "trend" else "recent-max",
+        stride=w_lead if cfg.rise_independent_samples else 1,
     ) if quantile > 0 else 1.0
     return [r * (1.0 + (margin - 1.0) * min(k, w_lead) / w_lead) for k, r in enumerate(rates)]
 
@@ -629,6 +631,14 @@ def _scale_down_floor(
     if window_n > 0:
         for dec in history.decisions[-window_n:]:
             floor = np.maximum(floor, np.array(dec.desired, dtype=float))
+    # Hysteresis tied to the warm-up: keep what any decision of the last warm-up forecast it
+    # would need within a warm-up. A node removed below that is one the forecast's own noise
+    # (a recent-max moving by one interval) re-adds minutes later, paying a warm-up for a
+    # node the fleet had; the new need must stay below it for a whole warm-up first.
+    lead_n = _intervals(model.profile.warmup.new_node_seconds, cfg.interval_seconds)
+    if lead_n > 0 and cfg.scale_down_hysteresis:
+        for dec in history.decisions[-lead_n:]:
+            floor = np.maximum(floor, np.array(dec.lead_need, dtype=float))
     floor = np.where(needs.over[0], np.minimum(floor, needs.need[:, 0]), floor)  # budget split wins
     floor = np.minimum(floor, committed0)  # a floor never forces a scale-up
     # ... nor keeps a fleet above a maxReplicas the user has lowered under it
@@ -892,8 +902,16 @@ def _decision(
         shortfall=shortfall,
         plan=tuple((int(a), int(b)) for a, b in zip(serve[0], serve[1], strict=True)),
         desired=needs.desired,
+        # the horizon's need up to the first interval a node ordered now serves
+        lead_need=_lead_need(needs, timing),
         solver=how,
     )
+
+
+def _lead_need(needs: _Needs, timing: _Timing) -> tuple[int, int]:
+    """The most each role needs up to the first interval a node ordered now serves."""
+    peak = needs.need[:, : timing.new_node + 1].max(axis=1)
+    return int(peak[0]), int(peak[1])
 
 
 def _solve(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
+from ..solve import History
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -24,7 +25,7 @@ from .policies import (
 )
 from .router_admission import PrefillAdmission
 from .simulate import Controller, SimConfig, SimResult, simulate
-from .traces import Trace
+from .traces import Trace, split_at
 
 
 @dataclass(frozen=True)
@@ -132,21 +133,23 @@ def planner_config(setup: ReplaySetup) -> PlannerConfig:
     return setup.planner
 
 
-def initial_fleet(setup: ReplaySetup) -> tuple[int, int]:
-    """Where dynamic policies start: sized for the first warm-up window, ready.
+def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> tuple[int, int]:
+    """Where dynamic policies start, ready: sized for the highest load of ``history`` (the
+    intervals before the scored window, :func:`with_history`), or, without one, for the
+    trace's own first warm-up window (hindsight: the scored window's first minutes).
 
     A planner that had been running before the replay starts would have the fleet for the
     load it could see coming; starting from the first minute's need instead would charge
     every dynamic policy a cold start that a static fleet (sized in hindsight) never pays.
     The sizing counts no cache hits (the caches are cold) and is the same for all dynamic
     policies."""
-    loads = interval_loads(setup.trace, setup.interval_seconds)
+    w = max(1, math.ceil(setup.model.profile.warmup.new_node_seconds / setup.interval_seconds))
+    loads = list(history) if history is not None else interval_loads(setup.trace, setup.interval_seconds)[:w]
     cfg = planner_config(setup)
     if not loads:
         return cfg.min_prefill, cfg.min_decode
-    w = max(1, math.ceil(setup.model.profile.warmup.new_node_seconds / setup.interval_seconds))
     p, d = cfg.min_prefill, cfg.min_decode
-    for ld in loads[:w]:
+    for ld in loads:
         np_, nd = setup.model.instances_needed(
             ld, setup.slo,
             prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
@@ -157,6 +160,20 @@ def initial_fleet(setup: ReplaySetup) -> tuple[int, int]:
         p = max(cfg.min_prefill, setup.nodes * p // (p + d))
         d = max(cfg.min_decode, setup.nodes - p)
     return p, d
+
+
+def with_history(setup: ReplaySetup) -> tuple[ReplaySetup, list[Load]]:
+    """An honest start: the trace's first warm-up (whole intervals) becomes history, not
+    scored, and the rest is the scored window (its clock restarted at the split).
+
+    Every policy is scored on the same window; dynamic ones start from the fleet that
+    history sizes (:func:`initial_fleet`) and the planner starts with it as its memory, as a
+    planner that had been running before would; nothing of the scored window is known in
+    advance. The history's loads count no cache hits (they are what a cold start sees)."""
+    dt = setup.interval_seconds
+    seconds = math.ceil(setup.model.profile.warmup.new_node_seconds / dt - 1e-9) * dt
+    head, tail = split_at(setup.trace, max(seconds, dt))
+    return replace(setup, trace=tail), interval_loads(head, dt)
 
 
 def simulate_fleet(
@@ -250,8 +267,13 @@ def run_policy(
     progress: Callable[[float], None] | None = None,
     log: Callable[[str], None] | None = None,
     utilization_scale: float = 1.0,
+    history: Sequence[Load] | None = None,
 ) -> dict[str, Any]:
     """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict).
+
+    ``history``: the loads of the intervals before the trace (:func:`with_history`); dynamic
+    policies start from the fleet they size and the planner remembers them. None: start from
+    the trace's own first warm-up (hindsight, the report says so).
 
     ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
     ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
@@ -272,7 +294,7 @@ def run_policy(
         name = f"static:best={start[0]}P{start[1]}D"
         extra["static_probes"] = [{"prefill": p, "decode": d, "attainment": a} for p, d, a in tried]
     elif policy in ("pdscale", "oracle"):
-        start = initial_fleet(setup)
+        start = initial_fleet(setup, history)
         cfg = planner_config(setup)
         future = None
         if policy == "oracle":
@@ -281,16 +303,17 @@ def run_policy(
             # guards against a future the forecast cannot see, so it keeps HPA's 300 s only.
             if cfg.stabilization_window_seconds is None:
                 cfg = replace(cfg, stabilization_window_seconds=HPA_SCALE_DOWN_WINDOW_SECONDS)
-        ctl = PdscaleController(cfg, future=future)
+        remembered = History(loads=tuple(history)) if history is not None else History()
+        ctl = PdscaleController(cfg, history=remembered, future=future)
         controller = ctl
         explanations = ctl.decisions
     elif policy == "reactive":
-        start = initial_fleet(setup)
+        start = initial_fleet(setup, history)
         reactive = ReactiveController(setup.model, setup.slo)
         reactive.target_utilization *= utilization_scale
         controller = reactive
     elif policy == "sla-interp":
-        start = initial_fleet(setup)
+        start = initial_fleet(setup, history)
         pc = planner_config(setup)
         controller = SlaInterpController(
             setup.model, setup.slo, nodes=setup.nodes,
@@ -303,6 +326,10 @@ def run_policy(
     report = summarize(setup, name, result)
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
     report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}
+    if not policy.startswith("static:"):
+        report["initial_fleet"]["sized_from"] = (
+            f"{len(history)} interval(s) of history before the scored window" if history is not None
+            else "the scored window's first warm-up (hindsight)")
     if explanations:
         report["explanations"] = [
             {"t": round(t, 1), "why": w} for (t, *_), w in zip(result.ticks, explanations, strict=False)
@@ -321,6 +348,16 @@ def _pct(x: np.ndarray, q: float) -> float | None:
     # a miss is a finite stand-in above every latency (inf would interpolate to nan)
     v = float(np.percentile(np.where(np.isnan(x), 2.0 * served + 1e9, x), q))
     return None if v > served else round(v, 4)
+
+
+def _served_quantiles(slo: Slo, r: SimResult) -> dict[str, Any]:
+    """TTFT/TPOT quantiles over the requests that were served (finite latency) only."""
+    out: dict[str, Any] = {"requests": int(np.count_nonzero(~r.rejected))}
+    for name, x in (("ttft", r.ttft_seconds), ("tpot", r.tpot_seconds)):
+        v = x[np.isfinite(x)]
+        for label, q in (("at_percentile", 100.0 * slo.percentile), ("p50", 50), ("p90", 90), ("p99", 99)):
+            out[f"{name}_{label}"] = round(float(np.percentile(v, q)), 4) if v.size else None
+    return out
 
 
 def misses(slo: Slo, r: SimResult) -> dict[str, int]:
@@ -379,6 +416,9 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
         "tpot_p50": _pct(r.tpot_seconds, 50),
         "tpot_p90": _pct(r.tpot_seconds, 90),
         "tpot_p99": _pct(r.tpot_seconds, 99),
+        # the same quantiles over the requests served only, beside them: under heavy
+        # rejection these look fine while the ones above say how many users were failed
+        "served_only": _served_quantiles(setup.slo, r),
         "rejected": missed["rejected"],
         "misses": missed,
         "gpu_hours": round(sum(inst_h.values()) * gpus, 3),

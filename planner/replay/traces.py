@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import random
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -169,12 +170,21 @@ def synthesize_from_rates(
     name: str = "rate-series",
     seed: int = 0,
 ) -> Trace:
-    """Poisson arrivals following a piecewise-constant rate, each request's lengths and prefix
-    blocks drawn (whole, so input length and hash_ids stay consistent) from ``lengths``.
+    """Poisson arrivals following a piecewise-constant rate, each request's lengths drawn from
+    a random request of ``lengths`` (the donor), its prefix blocks remapped.
 
-    Borrowed hash ids are kept as they are: prefix reuse in the new trace then has the
-    donor's popularity, which is the best a rate-only series allows."""
+    The donor's block ids are not borrowed as they are: requests drawn at random from a whole
+    trace would share the blocks of donor requests hours apart, and of the same donor request
+    drawn twice (a 100% hit on a prompt no user sent twice), inflating cache hits far above the
+    donor's (issue 17: 30% on the day series). Instead the new request keeps the donor
+    request's *hit length*: as many leading blocks as the donor request found already seen in
+    the donor (``donor_prefix_hits``), taken from the most recent earlier new request that has
+    that many (as a conversation's next turn extends its previous one), and fresh ids for the
+    rest. Prefix reuse then matches the donor's hit rate per request, not its identity."""
     rng = random.Random(seed)
+    hits = donor_prefix_hits(lengths)
+    recent: deque[tuple[int, ...]] = deque(maxlen=_RECENT_PREFIXES)
+    next_id = 0
     arrivals: list[float] = []
     ins: list[int] = []
     outs: list[int] = []
@@ -197,8 +207,33 @@ def synthesize_from_rates(
             arrivals.append(t)
             ins.append(lengths.input_tokens[j])
             outs.append(lengths.output_tokens[j])
-            ids.append(lengths.hash_ids[j])
+            n_blocks, k = len(lengths.hash_ids[j]), hits[j]
+            shared = next((h[:k] for h in reversed(recent) if len(h) >= k), ()) if k else ()
+            fresh = tuple(range(next_id, next_id + n_blocks - len(shared)))
+            next_id += len(fresh)
+            h = shared + fresh
+            recent.append(h)
+            ids.append(h)
     return Trace(name, arrivals, ins, outs, ids, lengths.block_tokens)
+
+
+#: how many recent new requests a remapped prefix may come from (a conversation's earlier
+#: turn is recent; a longer search would only cost time)
+_RECENT_PREFIXES = 256
+
+
+def donor_prefix_hits(trace: Trace) -> list[int]:
+    """Per request, how many of its leading prefix blocks an earlier request of ``trace`` had
+    (the hits of an unbounded prefix cache that has seen the whole trace so far)."""
+    seen: set[int] = set()
+    out: list[int] = []
+    for h in trace.hash_ids:
+        k = 0
+        while k < len(h) and h[k] in seen:
+            k += 1
+        out.append(k)
+        seen.update(h)
+    return out
 
 
 def scale_trace(trace: Trace, *, rate_scale: float = 1.0, time_scale: float = 1.0, seed: int = 0) -> Trace:
@@ -242,6 +277,22 @@ def scale_trace(trace: Trace, *, rate_scale: float = 1.0, time_scale: float = 1.
         [r[3] for r in rows],
         trace.block_tokens,
     )
+
+
+def split_at(trace: Trace, seconds: float) -> tuple[Trace, Trace]:
+    """(the requests of the first ``seconds``, the rest), the rest's clock restarted at the
+    split (its arrivals minus first arrival + ``seconds``): a history before a scored window,
+    and the scored window as a trace of its own."""
+    t_split = (trace.arrival_seconds[0] if len(trace) else 0.0) + seconds
+    k = next((i for i, a in enumerate(trace.arrival_seconds) if a >= t_split), len(trace))
+
+    def part(lo: int, hi: int, shift: float, name: str) -> Trace:
+        return Trace(name, [a - shift for a in trace.arrival_seconds[lo:hi]],
+                     trace.input_tokens[lo:hi], trace.output_tokens[lo:hi],
+                     trace.hash_ids[lo:hi], trace.block_tokens)
+
+    return (part(0, k, 0.0, f"{trace.name}[:{seconds:g}s]"),
+            part(k, len(trace), t_split, f"{trace.name}[{seconds:g}s:]"))
 
 
 def _sorted(trace: Trace) -> Trace:

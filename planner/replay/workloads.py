@@ -1,4 +1,5 @@
-"""Synthetic workloads: the global-scheduling article's multi-turn chat.
+"""Synthetic workloads: the global-scheduling article's multi-turn chat, and load shapes
+(steady, ramp, step, spike) for measuring how a planner follows a change.
 
 The article's routing experiment (seeds/pd-global-scheduling.zh.txt): 20 system prompts of
 2,048 tokens, 400 conversations each opened with one of them, every request appends 300 new
@@ -13,9 +14,10 @@ aligned).
 
 from __future__ import annotations
 
+import math
 import random
 
-from .traces import Trace
+from .traces import Trace, synthesize_from_rates
 
 ARTICLE_BLOCK_TOKENS = 64
 ARTICLE_SYSTEM_TOKENS = 2048
@@ -77,3 +79,64 @@ def multi_turn_chat(
         ids,
         ARTICLE_BLOCK_TOKENS,
     )
+
+
+# -- synthetic load shapes for measuring ramps and spikes ------------------------------------
+#: the shapes :func:`shape_windows` draws (``pdscale replay --synthetic SHAPE``)
+SHAPES = ("steady", "ramp", "step", "spike")
+#: every shape but ``steady`` opens with this much load at the base rate: three 10-minute
+#: warm-ups, so that the planner has a history and a start fleet at the base rate is the
+#: right one (what a planner running before the trace would hold), never hindsight
+SHAPE_LEAD_SECONDS = 1800.0
+#: after the change, the load is held (or has decayed back) for this long
+SHAPE_TAIL_SECONDS = 2400.0
+#: rates are piecewise constant over windows this long: smooth enough that a 10-minute ramp
+#: is a ramp, not a staircase of minutes
+SHAPE_WINDOW_SECONDS = 10.0
+
+
+def shape_rate_rps(shape: str, t_seconds: float, base_rps: float) -> float:
+    """The request rate of ``shape`` at ``t_seconds`` (base rate ``base_rps``).
+
+    - ``steady``: ``base_rps`` for an hour.
+    - ``ramp``: base, then +50% linearly over 10 minutes, then held at 1.5x.
+    - ``step``: base, then 2x at once, held.
+    - ``spike``: base, then 2.5x at once decaying back to base exponentially (time constant
+      3 minutes, so it is within 5% of base after about 12 minutes).
+    """
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
+    if shape == "steady":
+        return base_rps
+    dt = t_seconds - SHAPE_LEAD_SECONDS
+    if dt < 0:
+        return base_rps
+    if shape == "ramp":
+        return base_rps * (1.0 + 0.5 * min(dt / 600.0, 1.0))
+    if shape == "step":
+        return 2.0 * base_rps
+    return base_rps * (1.0 + 1.5 * math.exp(-dt / 180.0))
+
+
+def shape_duration_seconds(shape: str) -> float:
+    """How long a ``shape`` trace lasts: an hour steady, else the lead-in plus the tail."""
+    return 3600.0 if shape == "steady" else SHAPE_LEAD_SECONDS + SHAPE_TAIL_SECONDS
+
+
+def shape_windows(shape: str, base_rps: float) -> list[tuple[float, float]]:
+    """``shape`` as (window start s, rate rps) windows, the form of a ServeGen rate series,
+    closed by a zero-rate window at the end (so the last window has its length)."""
+    n = round(shape_duration_seconds(shape) / SHAPE_WINDOW_SECONDS)
+    w = SHAPE_WINDOW_SECONDS
+    # the rate at each window's middle, so a ramp's windows average the ramp
+    out = [(k * w, shape_rate_rps(shape, (k + 0.5) * w, base_rps)) for k in range(n)]
+    return [*out, (n * w, 0.0)]
+
+
+def synthetic_trace(shape: str, base_rps: float, lengths: Trace, *, seed: int = 0) -> Trace:
+    """A ``shape`` trace at ``base_rps``: Poisson arrivals, each request's lengths and prefix
+    blocks drawn from the donor ``lengths`` (as a rate series draws them, with its prefix
+    blocks remapped: see :func:`.traces.synthesize_from_rates`)."""
+    return synthesize_from_rates(shape_windows(shape, base_rps), lengths,
+                                 name=f"synthetic-{shape}@{base_rps:g}rps+{lengths.name}-lengths",
+                                 seed=seed)

@@ -68,6 +68,8 @@ RULES = [
     ("backlog_seconds", 0.0, "> 0 or None"),
     ("decode_drain_seconds", -5.0, ">= 0 or None"),
     ("solver_time_limit_seconds", 0.0, "> 0"),
+    ("scale_down_hysteresis", "no", "True or False"),
+    ("rise_independent_samples", 1, "True or False"),
 ]
 
 
@@ -84,9 +86,9 @@ def test_a_bad_value_is_refused_by_name_and_range(name: str, bad: object, allowe
 
 def test_every_field_has_a_rule() -> None:
     # a field added later must be given its range here, or this names it
-    from pdscale.planner.config import _INT_RULES, _REAL_RULES
+    from pdscale.planner.config import _BOOL_RULES, _INT_RULES, _REAL_RULES
 
-    ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES}
+    ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES} | set(_BOOL_RULES)
     checked_otherwise = {"model", "slo", "forecast_method", "max_prefill", "max_decode"}
     assert set(PlannerConfig.__dataclass_fields__) - checked_otherwise == ruled
     assert {n for n, _, _ in RULES} == ruled  # and each rule has a bad value tested above
@@ -172,3 +174,4 @@ def test_the_builder_names_its_own_bad_arguments() -> None:
         build(interval_seconds=0.0)
     with pytest.raises(ValueError, match=r"^PlannerConfig.max_decode must be"):
         build(min_decode=3, max_decode=2)
+

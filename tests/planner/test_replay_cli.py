@@ -11,12 +11,13 @@ import pytest
 from pdscale.main import main
 
 AZURE = "/work/shared/traces/azure2023/AzureLLMInferenceTrace_code.csv"
+MOONCAKE = "/work/shared/traces/mooncake/conversation_trace.jsonl"
 
 
 def test_replay_writes_the_report_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "r" / "report.json", tmp_path / "plot.png"
     code = main(["replay", "--trace", AZURE, "--policy", "static:10P2D", "--slo-ttft", "2",
-                 "--json", str(out), "--plot", str(png)])
+                 "--start-from", "hindsight", "--json", str(out), "--plot", str(png)])
     assert code == 0
     report = json.loads(out.read_text())
     assert report["policy"] == "static:10P2D" and report["requests"] == 8819
@@ -60,3 +61,18 @@ def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> Non
     assert stacks["--stack ideal-router"]["router"] == "predicted-ttft"
     assert stacks["--stack ideal-router"]["early_rejection"] is True
     assert stacks["--router random"]["router"] == "random"
+
+
+def test_replay_starts_from_history_and_replays_synthetic_shapes(tmp_path: Path) -> None:
+    """By default the first warm-up is history, not scored, and sizes the start fleet; a
+    synthetic shape replays like a trace; served-only quantiles sit beside the others."""
+    out = tmp_path / "ramp.json"
+    assert main(["replay", "--synthetic", "ramp", "--base-rps", "1", "--lengths", MOONCAKE,
+                 "--policy", "pdscale", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["trace"].startswith("synthetic-ramp@1rps")
+    assert "history" in report["initial_fleet"]["sized_from"]
+    # 70 minutes at 1 req/s rising to 1.5: the scored window leaves the first 10 minutes out
+    assert 3000 < report["requests"] < 70 * 60 * 1.5 - 500
+    assert report["served_only"]["requests"] == report["requests"] - report["rejected"]
+    assert main(["replay", "--synthetic", "ramp", "--policy", "pdscale"]) == 2  # no --lengths

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from planner_replay_helpers import replay_setup
 
+from pdscale.planner.config import PlannerConfig
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Role
 from pdscale.planner.replay.decode_admission import DecodeAdmission
@@ -139,8 +140,9 @@ def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
     model: PerformanceModel, donor: Trace
 ) -> None:
     def replay(admission: str) -> dict:
-        # one decode instance: short
-        return run_policy(conversation_at_6rps(donor, model, admission), "static:4P1D")
+        # one decode instance: short (and prefill ample: 6 instances, since the rate series'
+        # prefix blocks follow the donor's hit rate, not its ids, 4 rejected over 1%)
+        return run_policy(conversation_at_6rps(donor, model, admission), "static:6P1D")
 
     cliff, queue, shed = replay("off"), replay("queue"), replay("shed")
     assert cliff["misses"]["tpot_only"] > 0.5 * cliff["requests"]  # nearly every sequence slowed
@@ -313,3 +315,46 @@ def test_the_run_ends_at_the_last_completion_not_at_a_warming_node(
     assert r.end_seconds == pytest.approx(float(np.nanmax(done)))
     assert r.end_seconds < tr.arrival_seconds[0] + 120 + model.profile.warmup.new_node_seconds
     assert r.instance_seconds["warming"] < model.profile.warmup.new_node_seconds
+
+
+def test_served_only_quantiles_sit_beside_the_all_request_ones() -> None:
+    """Under rejection the served-only quantile looks fine; the all-request one says null."""
+    from pdscale.planner.model import Slo
+    from pdscale.planner.replay.run import _served_quantiles
+    from pdscale.planner.replay.simulate import SimResult
+
+    ttft = np.array([1.0, 2.0, 3.0, np.nan, np.nan])
+    r = SimResult(arrival_seconds=np.arange(5.0), ttft_seconds=ttft, tpot_seconds=ttft / 100,
+                  rejected=np.isnan(ttft), hit_tokens=0, prompt_tokens=1, instance_seconds={},
+                  role_changes=0)
+    served = _served_quantiles(Slo(ttft_seconds=2.5, tpot_seconds=0.05, percentile=0.99), r)
+    assert served["requests"] == 3
+    assert served["ttft_p50"] == pytest.approx(2.0)
+    assert served["ttft_p99"] == pytest.approx(2.98)
+    from pdscale.planner.replay.run import _pct
+
+    assert _pct(ttft, 99) is None  # over all requests it falls on a rejected one
+
+
+def test_an_honest_start_scores_after_a_warm_up_of_history(model: PerformanceModel, donor: Trace) -> None:
+    """with_history: the first warm-up is history (not scored), the fleet is sized from it,
+    and the scored window is the rest, its clock restarted."""
+    from pdscale.planner.replay.run import initial_fleet, with_history
+
+    # 5 req/s for the first 10 minutes (the history), 20 req/s after (the scored window)
+    tr = synthesize_from_rates([(0.0, 5.0), (600.0, 20.0), (900.0, 0.0)], donor, seed=1)
+    setup = ReplaySetup(trace=tr, planner=PlannerConfig(model=model, nodes=200))
+    scored, history = with_history(setup)
+    warm = model.profile.warmup.new_node_seconds
+    assert len(history) == round(warm / 60.0)
+    assert all(ld.rate_rps < 8.0 for ld in history)
+    assert len(scored.trace) == sum(1 for a in tr.arrival_seconds if a >= tr.arrival_seconds[0] + warm)
+    assert 0.0 <= scored.trace.arrival_seconds[0] < 5.0
+    # the start is sized from the history (5 req/s), not from the scored window (20 req/s)
+    honest = initial_fleet(scored, history)
+    hindsight = initial_fleet(scored)
+    assert sum(honest) < sum(hindsight)
+    rep = run_policy(scored, "pdscale", history=history)
+    assert (rep["initial_fleet"]["prefill"], rep["initial_fleet"]["decode"]) == honest
+    assert "history" in rep["initial_fleet"]["sized_from"]
+    assert rep["requests"] == len(scored.trace)

@@ -7,6 +7,7 @@ import pytest
 from pdscale.planner.replay.traces import (
     Trace,
     TraceError,
+    donor_prefix_hits,
     load_trace,
     read_azure,
     read_mooncake,
@@ -117,3 +118,40 @@ def test_rate_series_synthesis_follows_rates() -> None:
     assert first == pytest.approx(1200, rel=0.15)
     assert len(t) - first == pytest.approx(6000, rel=0.1)
     assert set(t.input_tokens) <= set(m.input_tokens)
+
+
+def test_donor_prefix_hits_count_leading_blocks_seen_before() -> None:
+    t = Trace("t", [0, 1, 2, 3], [4, 4, 4, 4], [1] * 4,
+              [(1, 2), (1, 2, 3), (9, 1, 2), (1, 5, 3)], 512)
+    # the third request shares blocks 1 and 2, but not as its prefix: no hit
+    assert donor_prefix_hits(t) == [0, 2, 0, 1]
+
+
+def hit_share(t: Trace) -> float:
+    """Share of prefix blocks an unbounded cache would hit."""
+    return sum(donor_prefix_hits(t)) / sum(len(h) for h in t.hash_ids)
+
+
+def test_rate_series_remaps_prefix_blocks_to_the_donors_hit_rate() -> None:
+    # A rate series at several times the donor's rate draws every donor request many times:
+    # with the donor's ids kept whole, every repeat would be a full hit. Remapped, the share of
+    # blocks hit is the donor's (within a few points: a hit length with no recent request that
+    # long is served fresh).
+    m = read_mooncake(SHARED / "mooncake/conversation_trace.jsonl")
+    donor = hit_share(m)
+    t = synthesize_from_rates([(0.0, 20.0), (3600.0, 0.0)], m, seed=2)
+    assert len(t) > 3 * len(m)
+    assert hit_share(t) == pytest.approx(donor, abs=0.05)
+    # lengths and blocks stay consistent: a request has as many blocks as its donor request
+    lengths_to_blocks = {(i, len(h)) for i, h in zip(m.input_tokens, m.hash_ids, strict=True)}
+    assert all((i, len(h)) in lengths_to_blocks for i, h in zip(t.input_tokens[:2000], t.hash_ids[:2000],
+                                                                strict=True))
+
+
+def test_split_at_restarts_the_clock_of_the_rest() -> None:
+    from pdscale.planner.replay.traces import split_at
+
+    t = Trace("t", [10.0, 11.0, 20.0, 25.0], [1, 2, 3, 4], [1, 1, 1, 1], [(), (), (), ()], 512)
+    head, tail = split_at(t, 10.0)
+    assert head.arrival_seconds == [10.0, 11.0] and head.input_tokens == [1, 2]
+    assert tail.arrival_seconds == [0.0, 5.0] and tail.input_tokens == [3, 4]
