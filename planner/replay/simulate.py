@@ -304,6 +304,7 @@ class _Replay:
         stats.arrival(t, n_in, self._output[r])
         if not fleet.ready_prefill:
             self.rejected[r] = True  # no prefill instance at all: nothing can serve it
+            stats.rejections += 1
             return
         hits = self.prefix.hits(blocks, fleet.prefill_mask)
         i = self.router.choose(t, n_in, hits)
@@ -314,6 +315,7 @@ class _Replay:
             predicted = done - t if cfg.prefill_only else done - t + self._kv_seconds(n_in)
             if predicted > cfg.slo.ttft_seconds:
                 self.rejected[r] = True
+                stats.rejections += 1
                 return
         # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done
@@ -357,6 +359,7 @@ class _Replay:
         placed = self.admission.place(now, arrival, self._input[r], self._output[r])
         if placed is None:
             self.rejected[r] = True
+            self.stats.rejections += 1
             return
         start, t_tok = placed
         self.last_done = max(self.last_done, start + self._output[r] * t_tok)
