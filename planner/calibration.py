@@ -20,14 +20,18 @@ means something:
   (at least ``SATURATED_QUEUE_PER_INSTANCE`` per ready instance), every instance was busy
   throughout, and the requests completed (arrivals minus the queue's growth) are what the
   ready instances compute: factor = ready / (completed/s x predicted compute seconds per
-  request). This sees a slow fleet at once, rejected or queued requests included.
-- *idle*: when almost nothing queues, the median TTFT is one request's compute plus its KV
-  transfer; median TTFT over the predicted compute + transfer of the mean prompt is the
-  factor. The median prompt is shorter than the mean one, so this reads low and noisy (0.5-1.1
-  per interval with the right profile on Mooncake): it may *lower* the factor only in an
-  interval whose TTFT at the SLO percentile met its target with no more rejections than the
-  SLO allows (a rejected or timed-out request is a TTFT miss), so that a low reading is
-  stopped by the first miss it causes; raising is always allowed (it costs nodes, not SLO).
+  request). This sees a slow fleet at once, rejected or queued requests included. It reads
+  high on long-tailed prompts (the compute of the mean prompt is less than the mean compute,
+  attention being quadratic): on Mooncake x6 a fleet 25% slower read about 1.8.
+- *idle*: when almost nothing queues, the latency readings cannot say how fast prefill is.
+  The median TTFT over the compute of the mean prompt was tried: the median prompt is much
+  shorter than the mean one, and at low load it read 0.55-1.1 per interval with the right
+  profile (on a steady hour behind the ideal router the planner's prefill count wandered
+  between 7 and 12). So an idle prefill only relaxes its factor towards 1, by ``RELAX_STEP``
+  per interval, while its TTFT at the SLO percentile is under half the target with no more
+  rejections than the SLO allows (a rejected or timed-out request is a TTFT miss). A fleet
+  faster than its profile at prefill is therefore not learned unless it saturates: the engines'
+  mean TTFT (histogram sum / count) would be the reading to add.
 
 Either way: no sample from a role with instances that became ready within the interval
 (their first passes are slow: JIT, graphs, cold caches, and Dynamo over-scales on exactly
@@ -61,6 +65,10 @@ MAX_STEP = 1.25
 SATURATED_QUEUE_PER_INSTANCE = 64.0
 #: prefill counts as idle with at most this many queued requests per ready instance
 IDLE_QUEUE_PER_INSTANCE = 0.25
+#: an idle prefill whose TTFT at the percentile is below this share of its target relaxes its
+#: factor towards 1 by this share per interval (as the headroom decays, model.py)
+RELAX_BELOW = 0.5
+RELAX_STEP = 0.02
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,8 @@ class ComputeSamples:
 
     prefill: float | None
     decode: float | None
-    #: which way the prefill sample may move the factor: "both", or "up" only (the SLO was
-    #: missed in this interval: no cut)
+    #: how the prefill factor moves: "both" towards ``prefill``, or "relax": a factor above 1
+    #: steps ``RELAX_STEP`` towards 1 (``prefill`` is then None)
     prefill_direction: str
     notes: tuple[str, ...]
 
@@ -114,25 +122,27 @@ def samples(
             prefill = p.ready / (completed_rps * service)
             notes.append("prefill saturated")
     elif queue is not None and queue <= IDLE_QUEUE_PER_INSTANCE * p.ready:
-        ttft, ttft_tail = get(obs.ttft_p50_seconds), get(obs.ttft_at_percentile_seconds)
-        comfortable = (ttft_tail is not None and ttft_tail <= slo.ttft_seconds
-                       and not rejected_too_many(obs, slo, max_age_seconds))
-        compute = service + raw.kv_transfer_seconds(n)
-        if ttft and compute > 0:
-            prefill = ttft / compute
-            # lowering the factor cuts capacity: only while the SLO is comfortably met
-            if not comfortable:
-                direction = "up"
+        # Idle: nothing says how fast prefill is (see the module's docstring), but a TTFT at
+        # the percentile under half its target with no excess rejections says the factor
+        # is not needed as high: decay it towards the profile's 1, slowly
+        ttft_tail = get(obs.ttft_at_percentile_seconds)
+        if (ttft_tail is not None and ttft_tail < RELAX_BELOW * slo.ttft_seconds
+                and not rejected_too_many(obs, slo, max_age_seconds)):
+            direction = "relax"
     return ComputeSamples(prefill, decode, direction, tuple(notes))
 
 
 def _move(factor: float, sample: float | None, *, direction: str = "both") -> float:
-    """``factor`` moved towards ``sample``: clamped, dead-banded, damped, rate-limited."""
+    """``factor`` moved towards ``sample``: clamped, dead-banded, damped, rate-limited; or,
+    ``direction="relax"``, a ``RELAX_STEP`` towards 1."""
+    if direction == "relax":
+        # (a factor below 1 was learned from a saturated fleet: comfort is what it buys)
+        return max(1.0, factor * (1.0 - RELAX_STEP)) if factor > 1.0 else factor
     if sample is None:
         return factor
     lo, hi = FACTOR_BOUNDS
     target = min(max(sample, lo), hi)
-    if abs(target / factor - 1.0) <= DEADBAND or (direction == "up" and target <= factor):
+    if abs(target / factor - 1.0) <= DEADBAND:
         return factor
     moved = factor + WEIGHT * (target - factor)
     moved = min(max(moved, factor / MAX_STEP), factor * MAX_STEP)
