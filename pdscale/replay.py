@@ -14,6 +14,10 @@ prefill and decode counts and SLO attainment per interval. Examples:
     pdscale replay -f examples/demo-sim.yaml --trace conversation_trace.jsonl --policy pdscale
     pdscale replay --trace conversation_trace.jsonl --rate-scale 5 --policy pdscale --slo-ttft 15
     pdscale replay --trace m-mid_rate.csv --lengths conversation_trace.jsonl --policy oracle
+    pdscale replay --trace conversation_trace.jsonl --policy pdscale --fleet-speed prefill=0.8
+
+``--fleet-profile`` and ``--fleet-speed`` make the simulated fleet differ from the profile the
+planner plans with (a model-error what-if, docs/replay.md).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pdscale.operator.pdcluster import PDClusterSpec
     from pdscale.planner.config import PlannerConfig
+    from pdscale.planner.model import PerformanceModel
     from pdscale.planner.profile import Profile
     from pdscale.planner.replay.router_admission import PrefillAdmission
 
@@ -94,6 +99,56 @@ class Configured:
 
 class ConfigurationError(ValueError):
     """A spec field, flag or profile the planner cannot run with; the message names it."""
+
+
+def parse_fleet_speed(text: str) -> tuple[float, float]:
+    """``--fleet-speed``: ``0.8`` (both roles) or ``prefill=0.8,decode=1.25`` (a role not
+    named keeps 1) -> (prefill speed, decode speed), each how many times as fast as the
+    profile says. Raises ConfigurationError naming what is wrong."""
+    speeds = {"prefill": 1.0, "decode": 1.0}
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        if len(parts) == 1 and "=" not in parts[0]:
+            speeds["prefill"] = speeds["decode"] = float(parts[0])
+        else:
+            for part in parts:
+                role, _, value = part.partition("=")
+                if role.strip() not in speeds:
+                    raise ConfigurationError(
+                        f"--fleet-speed: {role.strip()!r} is not a role (prefill, decode)")
+                speeds[role.strip()] = float(value)
+    except ValueError as exc:
+        if isinstance(exc, ConfigurationError):
+            raise
+        raise ConfigurationError(
+            f"--fleet-speed: expected 0.8 or prefill=0.8,decode=1.25, got {text!r}") from None
+    for role, v in speeds.items():
+        if not 0.0 < v < float("inf"):
+            raise ConfigurationError(f"--fleet-speed: {role} speed must be positive, got {v:g}")
+    return speeds["prefill"], speeds["decode"]
+
+
+def fleet_model(config: PlannerConfig, *, profile_path: str | None = None,
+                speed: str | None = None) -> PerformanceModel | None:
+    """The simulated fleet's true model for ``--fleet-profile`` / ``--fleet-speed`` (None: the
+    fleet is what the planner believes). The speed scales the fleet profile's compute (the
+    planner's profile when no file is named). The warm-ups stay the planner's: they are the
+    deployment's figures (spec ``warmupSeconds``), and this what-if is about compute."""
+    if profile_path is None and speed is None:
+        return None
+    from pdscale.planner.model import PerformanceModel
+    from pdscale.planner.profile import ProfileError, load_profile, scaled_profile
+
+    believed = config.model.profile
+    try:
+        profile = believed if profile_path is None else load_profile(profile_path).model_copy(
+            update={"warmup": believed.warmup})
+        if speed is not None:
+            prefill_speed, decode_speed = parse_fleet_speed(speed)
+            profile = scaled_profile(profile, prefill_speed=prefill_speed, decode_speed=decode_speed)
+    except ProfileError as exc:
+        raise ConfigurationError(f"--fleet-profile: {exc}") from None
+    return PerformanceModel(profile)
 
 
 def read_spec(path: str) -> PDClusterSpec:
@@ -236,6 +291,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pdscale | static:xPyD (e.g. static:4P17D) | static:best | reactive | sla-interp | oracle",
     )
     parser.add_argument("--profile", help="profile YAML or shipped name (default: spec.planner.profile)")
+    parser.add_argument("--fleet-profile", metavar="FILE",
+                        help="the simulated fleet's true profile (YAML or shipped name), apart "
+                             "from the one the planner plans with; warm-ups stay the planner's. "
+                             "The oracle and static:best size from it (default: the planner's)")
+    parser.add_argument("--fleet-speed", metavar="X|prefill=X,decode=Y",
+                        help="the simulated fleet runs X times as fast as its profile says "
+                             "(0.8: every prefill and decode step takes 1.25x as long; 1.25: "
+                             "0.8x), for both roles or per role, e.g. prefill=0.8,decode=1.25")
     for f in SPEC_FLAGS:
         parser.add_argument(f.flag, type=f.type, default=None, help=f"{f.help}; overrides the spec")
     parser.add_argument("--stack", choices=STACK_NAMES, default="deployed",
@@ -349,12 +412,17 @@ def run_trace(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     config = configured.config
+    try:
+        truth = fleet_model(config, profile_path=args.fleet_profile, speed=args.fleet_speed)
+    except ConfigurationError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
     stack = STACKS[args.stack]
     setup = ReplaySetup(
         trace=trace, planner=config, engine=stack["engine"],
         router=args.router or stack["router"],
         early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
-        decode_admission=args.decode_admission,
+        decode_admission=args.decode_admission, fleet_model=truth,
         # the router the spec renders sheds what it renders (smg's admission), on the
         # deployed stack; the what-if stacks keep their own admission
         prefill_admission=router_admission(configured.spec) if args.stack == "deployed" else None,
@@ -363,6 +431,8 @@ def run_trace(args: argparse.Namespace) -> int:
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
         f"(rate x{args.rate_scale:g}, time /{args.time_scale:g}), profile {config.model.profile.name}"
+        + ("" if truth is None else f"; the fleet really runs {truth.profile.name} (the oracle "
+           "and static:best size from it, the planner from its profile)")
     )
     fields = Table(title="planner configuration (spec fields)")
     for column in ("field", "value", "from"):
@@ -413,6 +483,9 @@ def _report_table(report: dict[str, Any], config: Any) -> Any:
     table = Table(title=f"replay {report['policy']} on {report['trace']}")
     table.add_column("measure")
     table.add_column("value", justify="right")
+    if report.get("fleet_profile") != report.get("planner_profile"):
+        table.add_row("planner plans with / fleet runs",
+                      f"{report['planner_profile']} / {report['fleet_profile']}")
     table.add_row(f"slo_attainment (SLO: {config.slo.percentile:.0%} of requests)",
                   f"{_fmt(report['slo_attainment'])} ({'met' if report['slo_met'] else 'NOT met'})")
     table.add_row(f"ttft_{pct} / target", f"{_fmt(report['ttft_at_percentile'])} / "

@@ -82,6 +82,11 @@ class Observation:
     ttft_at_percentile_seconds: Reading | None = None
     tpot_p50_seconds: Reading | None = None
     tpot_at_percentile_seconds: Reading | None = None
+    #: requests refused by the router or timed out before their first token, per second: the
+    #: latency quantiles above cover served requests only, so calibration counts these as TTFT
+    #: misses. None where the stack exports no such counter (the shipped Prometheus queries
+    #: read none yet: sglang-router, smg and vllm-router reject nothing by default)
+    rejected_rps: Reading | None = None
     prefill: RoleState = field(default_factory=RoleState)
     decode: RoleState = field(default_factory=RoleState)
 
@@ -118,6 +123,7 @@ MAX_INSTANCES = 100_000
 READING_BOUNDS: dict[str, tuple[float, float]] = {
     "rate_rps": (0.0, MAX_RATE_RPS),
     "peak_rate_rps": (0.0, MAX_RATE_RPS),
+    "rejected_rps": (0.0, MAX_RATE_RPS),
     "mean_input_tokens": (0.0, MAX_MEAN_TOKENS),
     "mean_output_tokens": (0.0, MAX_MEAN_TOKENS),
     "prefix_hit_rate": (-HIT_RATE_SLACK, 1.0 + HIT_RATE_SLACK),

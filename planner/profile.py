@@ -143,3 +143,29 @@ def _parse_text(text: str, source: str) -> Profile:
     except yaml.YAMLError as exc:
         raise ProfileError(f"invalid profile {source}: not YAML ({exc})") from None
     return parse_profile(data, source=source)
+
+
+def scaled_profile(profile: Profile, *, prefill_speed: float = 1.0, decode_speed: float = 1.0) -> Profile:
+    """``profile`` for hardware ``prefill_speed``/``decode_speed`` times as fast: every compute
+    time divided by the speed (prefill tokens/s times it, its overhead and every decode term
+    divided), capacities and warm-ups unchanged. A replay's "fleet 25% slower than its profile"
+    is ``prefill_speed=0.8`` (each prefill takes 1.25x as long). Raises ProfileError for a speed
+    that is not a positive finite number."""
+    for name, speed in (("prefill_speed", prefill_speed), ("decode_speed", decode_speed)):
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.0 < speed < float("inf"):
+            raise ProfileError(f"{name} must be a positive finite number, got {speed!r}")
+    if prefill_speed == 1.0 and decode_speed == 1.0:
+        return profile
+    p, d = profile.prefill, profile.decode
+    return profile.model_copy(update={
+        "name": f"{profile.name}@prefill-x{prefill_speed:g},decode-x{decode_speed:g}",
+        "prefill": p.model_copy(update={
+            "tokens_per_second": p.tokens_per_second * prefill_speed,
+            "overhead_seconds": p.overhead_seconds / prefill_speed,
+        }),
+        "decode": d.model_copy(update={
+            "step_seconds": d.step_seconds / decode_speed,
+            "per_sequence_seconds": d.per_sequence_seconds / decode_speed,
+            "per_context_token_seconds": d.per_context_token_seconds / decode_speed,
+        }),
+    })

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from .calibration import learn_compute, rejected_too_many, samples
 from .config import PlannerConfig
 from .decision import Decision
 from .forecast import forecast, rise_margin
@@ -50,6 +51,7 @@ from .model import HEADROOM_BOUNDS, Calibration, Load, calibrate_slo
 from .observe import (
     MAX_INSTANCES,
     MAX_MEAN_TOKENS,
+    MAX_QUEUE,
     MAX_RATE_RPS,
     Observation,
     Reading,
@@ -69,6 +71,9 @@ class History:
     #: the model's online correction learned from past intervals' metrics (None: not yet,
     #: the configured model's own)
     calibration: Calibration | None = None
+    #: the last observation's prefill queue (requests), for the next interval's throughput
+    #: (calibration.samples); None: not known (a restored memory learns again from the next)
+    prefill_queue: Reading | None = None
     #: keep at most this many entries
     max_len: int = 4096
 
@@ -162,7 +167,8 @@ def step(
         decision = plan(observation, config=replace(config, model=model), history=history, now=now,
                         future_loads=future_loads)
         decision = _within_bounds(decision, config)
-        return decision, replace(remember(history, observation, decision, config), calibration=calibration)
+        return decision, replace(remember(history, observation, decision, config), calibration=calibration,
+                                 prefill_queue=observation.prefill.queue_depth)
     except Exception as exc:  # the last line of defence: a planning error must not stop the tick
         decision = _hold(observation, history, now, f"planner error ({type(exc).__name__}: {exc})",
                          config)
@@ -177,10 +183,13 @@ def _sane_history(history: History) -> History:
     bad = {k for k, ld in enumerate(history.loads) if ld is not None and not _load_ok(ld)}
     decisions_ok = all(map(_decision_ok, history.decisions))
     calibration_ok = _calibration_ok(history.calibration)
-    if not bad and decisions_ok and calibration_ok:
+    q = history.prefill_queue
+    queue_ok = q is None or (isinstance(q, Reading) and _finite_in(q.value, 0.0, MAX_QUEUE)
+                             and _finite_in(q.at_seconds, -math.inf, math.inf))
+    if not bad and decisions_ok and calibration_ok and queue_ok:
         return history
     return replace(
-        history,
+        history, prefill_queue=q if queue_ok else None,
         loads=tuple(None if k in bad else ld for k, ld in enumerate(history.loads)),
         decisions=tuple(d for d in history.decisions if _decision_ok(d)),
         calibration=history.calibration if calibration_ok else None,
@@ -265,11 +274,12 @@ def _within_bounds(decision: Decision, cfg: PlannerConfig) -> Decision:
 
 
 def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Calibration:
-    """The history's calibration moved by this interval's metrics (``model.calibrate_slo``).
-    A latency miss teaches something only when the fleet is settled: nothing warming or just
-    ready, and the last plan neither short nor held. (The compute factors of
-    ``model.calibrate`` need each role's mean context, which no engine metric gives, so they
-    stay at the profile's.)"""
+    """The history's calibration moved by this interval's metrics: the compute factors by what
+    the engines report against what the profile predicts for the load observed
+    (``calibration.samples``: both ways, both roles, warm-up outliers skipped), then the
+    headroom by the latency at the SLO percentile (``model.calibrate_slo``). A latency miss
+    teaches the headroom something only when the fleet is settled: nothing warming or just
+    ready, and the last plan neither short nor held."""
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
@@ -281,9 +291,15 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
         and obs.prefill.recently_ready == 0 and obs.decode.recently_ready == 0
         and last is not None and not last.shortfall and not last.held
     )
+    learned = samples(obs, current_load(obs, config.max_age_seconds), history.prefill_queue,
+                      slo=config.slo, model=config.model, max_age_seconds=config.max_age_seconds)
+    compute = learn_compute(history.calibration or config.model.calibration, learned)
+    ttft = get(obs.ttft_at_percentile_seconds)
+    if rejected_too_many(obs, config.slo, config.max_age_seconds):
+        ttft = math.inf  # the percentile falls on a request that got no first token at all
     model = calibrate_slo(
-        replace(config.model, calibration=history.calibration or config.model.calibration),
-        ttft_at_percentile_seconds=get(obs.ttft_at_percentile_seconds),
+        replace(config.model, calibration=compute),
+        ttft_at_percentile_seconds=ttft,
         tpot_at_percentile_seconds=get(obs.tpot_at_percentile_seconds),
         slo=config.slo,
         settled=settled,
@@ -1015,6 +1031,11 @@ def _load_clauses(
                                                strict=True) if h > 1.0 + 1e-9]
     if learned:
         parts.append(f"headroom {', '.join(learned)} (learned from misses at the SLO percentile on a settled fleet)")
+    speeds = [f"{n} x{1.0 / f:.2f}" for n, f in zip(_ROLES, (cal.prefill_factor, cal.decode_factor),
+                                                   strict=True) if abs(f - 1.0) > 1e-3]
+    if speeds:
+        parts.append(f"fleet speed vs profile {', '.join(speeds)} (learned from the engines' "
+                     "TPOT, TTFT and prefill throughput; sized with it)")
     # which role binds: the one whose capacity is closest to its need (share of headroom)
     ratio = [float(outcome.serve[r, 0] / max(need[r, 0], 1e-9)) for r in (0, 1)]
     bound = _ROLES[int(np.argmin(ratio))]

@@ -28,6 +28,8 @@ class IntervalStats:
         self.input_tokens = 0
         self.output_tokens = 0
         self.hit_tokens = 0
+        #: requests rejected (by the router, or shed at decode) in this interval
+        self.rejections = 0
         #: arrivals per PEAK_WINDOW_SECONDS window (index since the epoch) of this interval
         self.per_window: dict[int, int] = {}
         self.ttft: list[float] = []
@@ -70,10 +72,11 @@ class IntervalStats:
             ttft_at_percentile_seconds=q(self.ttft, self.percentile),
             tpot_p50_seconds=q(self.tpot, 0.5),
             tpot_at_percentile_seconds=q(self.tpot, self.percentile),
+            rejected_rps=load(self.rejections / span),
             prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
             decode=role_state(fleet, Role.DECODE, now, span, waiting_decode),
         )
-        self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = 0
+        self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = self.rejections = 0
         self.ttft.clear()
         self.tpot.clear()
         self.per_window.clear()

@@ -36,7 +36,13 @@ class ReplaySetup:
     line and the benchmarks derive it from a PDCluster spec with the operator's own mapping
     (``operator/planning.py: planner_config``); the model, the SLO with its percentile, the
     node budget and the interval are read from it, never set twice. The other fields are the
-    simulation's alone (the fleet's router and admission, what static:best aims at)."""
+    simulation's alone (the fleet's router and admission, what static:best aims at).
+
+    ``fleet_model`` is the simulated fleet's true performance, which may differ from the
+    profile the planner believes (``planner.model``): a real profile is always off by
+    something. The simulator runs the fleet's; the pdscale planner, reactive and sla-interp
+    plan from their belief; the oracle and static:best are hindsight bounds and size from the
+    fleet's truth. None: the fleet is exactly what the planner believes."""
 
     trace: Trace
     planner: PlannerConfig
@@ -59,10 +65,18 @@ class ReplaySetup:
     #: static:best is the smallest fixed fleet reaching this attainment; None: the SLO's
     #: percentile (a fleet meeting both targets for that share of requests)
     target_attainment: float | None = None
+    #: the fleet's own performance (None: the planner's model, ``planner.model``)
+    fleet_model: PerformanceModel | None = None
 
     @property
     def model(self) -> PerformanceModel:
+        """What the planner believes (its profile)."""
         return self.planner.model
+
+    @property
+    def fleet(self) -> PerformanceModel:
+        """What the simulated fleet really does."""
+        return self.planner.model if self.fleet_model is None else self.fleet_model
 
     @property
     def slo(self) -> Slo:
@@ -193,7 +207,7 @@ def simulate_fleet(
         interval_seconds=setup.interval_seconds, initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
     )
-    return simulate(setup.trace, setup.model, cfg, controller, progress=progress)
+    return simulate(setup.trace, setup.fleet, cfg, controller, progress=progress)
 
 
 def static_best(
@@ -205,8 +219,9 @@ def static_best(
     is bisected with the other side ample, then the pair is checked and the weaker side raised.
     When nothing within the budget meets the target, the best-attaining probe is returned."""
     loads = interval_loads(setup.trace, setup.interval_seconds)
-    peak_p = max((setup.model.fluid_demand(ld, setup.slo)[0] for ld in loads), default=1.0)
-    peak_d = max((setup.model.fluid_demand(ld, setup.slo)[1] for ld in loads), default=1.0)
+    # a hindsight bound: sized from what the fleet really does, not what the planner believes
+    peak_p = max((setup.fleet.fluid_demand(ld, setup.slo)[0] for ld in loads), default=1.0)
+    peak_d = max((setup.fleet.fluid_demand(ld, setup.slo)[1] for ld in loads), default=1.0)
     tried: list[tuple[int, int, float]] = []
     target = setup.attainment_target
     d_ample = min(setup.nodes - 1, max(2, math.ceil(peak_d * 2)))
@@ -294,7 +309,10 @@ def run_policy(
         name = f"static:best={start[0]}P{start[1]}D"
         extra["static_probes"] = [{"prefill": p, "decode": d, "attainment": a} for p, d, a in tried]
     elif policy in ("pdscale", "oracle"):
-        start = initial_fleet(setup, history)
+        # the oracle is a hindsight bound: its start is sized from the fleet's true speed too
+        start = initial_fleet(setup if policy == "pdscale" else
+                              replace(setup, planner=replace(setup.planner, model=setup.fleet)),
+                              history)
         cfg = planner_config(setup)
         future = None
         if policy == "oracle":
@@ -303,6 +321,8 @@ def run_policy(
             # guards against a future the forecast cannot see, so it keeps HPA's 300 s only.
             if cfg.stabilization_window_seconds is None:
                 cfg = replace(cfg, stabilization_window_seconds=HPA_SCALE_DOWN_WINDOW_SECONDS)
+            # and it knows the fleet's true performance, as it knows the future
+            cfg = replace(cfg, model=setup.fleet)
         remembered = History(loads=tuple(history)) if history is not None else History()
         ctl = PdscaleController(cfg, history=remembered, future=future)
         controller = ctl
@@ -377,7 +397,7 @@ def misses(slo: Slo, r: SimResult) -> dict[str, int]:
 
 def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
     """The replay JSON: the issue's fields plus per-interval series for plotting."""
-    gpus = setup.model.profile.gpus_per_instance
+    gpus = setup.fleet.profile.gpus_per_instance
     missed = misses(setup.slo, r)
     attainment = round(r.attainment(setup.slo), 5)
     inst_h = {k: v / 3600.0 for k, v in r.instance_seconds.items()}
@@ -399,6 +419,10 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
     return {
         "policy": policy,
         "trace": setup.trace.name,
+        # the profile the planner plans from and the one the simulated fleet runs (they
+        # differ in a model-error what-if; the oracle and static:best size from the fleet's)
+        "planner_profile": setup.model.profile.name,
+        "fleet_profile": setup.fleet.profile.name,
         "requests": len(r.arrival_seconds),
         "slo": {"ttft_seconds": setup.slo.ttft_seconds, "tpot_seconds": setup.slo.tpot_seconds,
                 "percentile": setup.slo.percentile},

@@ -331,6 +331,7 @@ class _Replay:
         self.stats.arrival(t, self._input[r], self._output[r])
         if not fleet.ready_prefill:
             self.rejected[r] = True  # no prefill instance at all: nothing can serve it
+            stats.rejections += 1
             return
         q = self.admission_queue
         if q is not None:
@@ -381,6 +382,7 @@ class _Replay:
             predicted = waited + done - t if cfg.prefill_only else waited + done - t + self._kv_seconds(n_in)
             if predicted > cfg.slo.ttft_seconds:
                 self.rejected[r] = True
+                stats.rejections += 1
                 return
         # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done
@@ -425,6 +427,7 @@ class _Replay:
         placed = self.admission.place(now, arrival, self._input[r], self._output[r])
         if placed is None:
             self.rejected[r] = True
+            self.stats.rejections += 1
             return
         start, t_tok = placed
         self.last_done = max(self.last_done, start + self._output[r] * t_tok)

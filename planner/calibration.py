@@ -1,0 +1,170 @@
+"""Learning how fast the fleet really is: the profile's compute corrections, both ways.
+
+A profile is a measurement of other hardware, another engine version, another load; a real
+fleet runs faster or slower by something like 25%. ``Calibration.prefill_factor`` and
+``decode_factor`` (model.py) multiply every prefill compute time and every decode step the
+model predicts; this module moves them, each interval, towards what the engines report for
+the load they were given. Pure: a function of the observation and the last calibration.
+
+Decode. TPOT is the model's TPOT at the batch each instance runs, so the reported median TPOT
+over the predicted TPOT at the observed batch (running sequences / ready instances) and the
+load's mean context is the factor, whether the fleet is short or not. Measured on the
+Mooncake trace x6 (bench/model_error_bench.py's fleets): the per-interval ratio's median was
+1.03 with the right profile, 1.28 on a fleet 25% slower (1.25 expected), 0.82 on one 25%
+faster (0.80), each interval within about +-15%.
+
+Prefill. Its latency mixes queueing and compute, so two readings are used, each where it
+means something:
+
+- *saturated*: when requests queue at prefill at the start and at the end of the interval
+  (at least ``SATURATED_QUEUE_PER_INSTANCE`` per ready instance), every instance was busy
+  throughout, and the requests completed (arrivals minus the queue's growth) are what the
+  ready instances compute: factor = ready / (completed/s x predicted compute seconds per
+  request). This sees a slow fleet at once, rejected or queued requests included. It reads
+  high on long-tailed prompts (the compute of the mean prompt is less than the mean compute,
+  attention being quadratic): on Mooncake x6 a fleet 25% slower read about 1.8.
+- *idle*: when almost nothing queues, the latency readings cannot say how fast prefill is.
+  The median TTFT over the compute of the mean prompt was tried: the median prompt is much
+  shorter than the mean one, and at low load it read 0.55-1.1 per interval with the right
+  profile (on a steady hour behind the ideal router the planner's prefill count wandered
+  between 7 and 12). So an idle prefill only relaxes its factor towards 1, by ``RELAX_STEP``
+  per interval, while its TTFT at the SLO percentile is under half the target with no more
+  rejections than the SLO allows (a rejected or timed-out request is a TTFT miss). A fleet
+  faster than its profile at prefill is therefore not learned unless it saturates: the engines'
+  mean TTFT (histogram sum / count) would be the reading to add.
+
+Either way: no sample from a role with instances that became ready within the interval
+(their first passes are slow: JIT, graphs, cold caches, and Dynamo over-scales on exactly
+this); each sample is clamped to ``FACTOR_BOUNDS``; a sample within ``DEADBAND`` of the
+current factor moves nothing (the estimators' own bias is a few percent); otherwise the
+factor moves ``WEIGHT`` of the way (an EWMA: 83% of a step change in 5 intervals), and by at
+most ``MAX_STEP`` times per interval, so a broken reading cannot run it away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .model import Calibration, Load, PerformanceModel, Slo
+from .observe import Observation, Reading
+
+#: a factor outside this range is a broken metric, not a slow or fast engine
+FACTOR_BOUNDS = (0.5, 2.0)
+#: EWMA weight of one interval's sample
+WEIGHT = 0.3
+#: samples this close (relative) to the current factor leave it alone
+DEADBAND = 0.06
+#: the factor changes by at most this ratio per interval
+MAX_STEP = 1.25
+#: prefill counts as saturated with at least this many queued requests per ready instance at
+#: both ends of the interval. sglang-router's cache-aware policy follows prefix matches until
+#: the busiest instance has 64 more requests than the idlest (router_args.py): below that a
+#: queue may sit on a few hot instances while others idle, and the throughput reads as if the
+#: fleet were slow (measured on Mooncake x6 at 2 per instance: the right profile read 1.6-1.9x
+#: slow and bought 14% more GPU-hours for nothing)
+SATURATED_QUEUE_PER_INSTANCE = 64.0
+#: prefill counts as idle with at most this many queued requests per ready instance
+IDLE_QUEUE_PER_INSTANCE = 0.25
+#: an idle prefill whose TTFT at the percentile is below this share of its target relaxes its
+#: factor towards 1 by this share per interval (as the headroom decays, model.py)
+RELAX_BELOW = 0.5
+RELAX_STEP = 0.02
+
+
+@dataclass(frozen=True)
+class ComputeSamples:
+    """One interval's observed/predicted compute ratios (None: nothing learned) and why."""
+
+    prefill: float | None
+    decode: float | None
+    #: how the prefill factor moves: "both" towards ``prefill``, or "relax": a factor above 1
+    #: steps ``RELAX_STEP`` towards 1 (``prefill`` is then None)
+    prefill_direction: str
+    notes: tuple[str, ...]
+
+
+def samples(
+    obs: Observation, load: Load | None, previous_queue: Reading | None, *, slo: Slo,
+    model: PerformanceModel, max_age_seconds: float,
+) -> ComputeSamples:
+    """This interval's compute ratios against the profile (``model`` without calibration)."""
+    now = obs.now_seconds
+
+    def get(r: Reading | None) -> float | None:
+        return None if r is None else r.fresh(now, max_age_seconds)
+
+    raw = PerformanceModel(model.profile)
+    notes: list[str] = []
+    decode = None
+    d = obs.decode
+    running, tpot = get(d.running_requests), get(obs.tpot_p50_seconds)
+    if load is None or load.rate_rps <= 0:
+        return ComputeSamples(None, None, "both", ("no load measured",))
+    if d.recently_ready:
+        notes.append("decode warming up")
+    elif running and d.ready and tpot:
+        predicted = raw.tpot_seconds(running / d.ready, raw.decode_mean_context(load))
+        if predicted > 0:
+            decode = tpot / predicted
+    prefill, direction = None, "both"
+    p = obs.prefill
+    if p.recently_ready or not p.ready:
+        notes.append("prefill warming up" if p.recently_ready else "no prefill ready")
+        return ComputeSamples(None, decode, "both", tuple(notes))
+    n = load.mean_input_tokens
+    service = raw.prefill_seconds(n, n * load.prefix_hit_rate)
+    queue, before = get(p.queue_depth), previous_queue
+    busy = SATURATED_QUEUE_PER_INSTANCE * p.ready
+    if (queue is not None and before is not None and queue >= busy and before.value >= busy
+            and 0 < now - before.at_seconds <= 2 * max_age_seconds and service > 0):
+        completed_rps = load.rate_rps - (queue - before.value) / (now - before.at_seconds)
+        if completed_rps > 0:
+            prefill = p.ready / (completed_rps * service)
+            notes.append("prefill saturated")
+    elif queue is not None and queue <= IDLE_QUEUE_PER_INSTANCE * p.ready:
+        # Idle: nothing says how fast prefill is (see the module's docstring), but a TTFT at
+        # the percentile under half its target with no excess rejections says the factor
+        # is not needed as high: decay it towards the profile's 1, slowly
+        ttft_tail = get(obs.ttft_at_percentile_seconds)
+        if (ttft_tail is not None and ttft_tail < RELAX_BELOW * slo.ttft_seconds
+                and not rejected_too_many(obs, slo, max_age_seconds)):
+            direction = "relax"
+    return ComputeSamples(prefill, decode, direction, tuple(notes))
+
+
+def _move(factor: float, sample: float | None, *, direction: str = "both") -> float:
+    """``factor`` moved towards ``sample``: clamped, dead-banded, damped, rate-limited; or,
+    ``direction="relax"``, a ``RELAX_STEP`` towards 1."""
+    if direction == "relax":
+        # (a factor below 1 was learned from a saturated fleet: comfort is what it buys)
+        return max(1.0, factor * (1.0 - RELAX_STEP)) if factor > 1.0 else factor
+    if sample is None:
+        return factor
+    lo, hi = FACTOR_BOUNDS
+    target = min(max(sample, lo), hi)
+    if abs(target / factor - 1.0) <= DEADBAND:
+        return factor
+    moved = factor + WEIGHT * (target - factor)
+    moved = min(max(moved, factor / MAX_STEP), factor * MAX_STEP)
+    return min(max(moved, lo), hi)
+
+
+def learn_compute(cal: Calibration, s: ComputeSamples) -> Calibration:
+    """``cal`` with its compute factors moved by this interval's samples."""
+    prefill = _move(cal.prefill_factor, s.prefill, direction=s.prefill_direction)
+    decode = _move(cal.decode_factor, s.decode)
+    if prefill == cal.prefill_factor and decode == cal.decode_factor:
+        return cal
+    return replace(cal, prefill_factor=prefill, decode_factor=decode, samples=cal.samples + 1)
+
+
+def rejected_too_many(obs: Observation, slo: Slo, max_age_seconds: float) -> bool:
+    """More requests refused or timed out (``rejected_rps``) than the SLO's share may miss:
+    the TTFT at the percentile falls on a request that never got a first token, however good
+    the served requests' quantile looks. False when the observation carries no such reading."""
+    now = obs.now_seconds
+    rejected = None if obs.rejected_rps is None else obs.rejected_rps.fresh(now, max_age_seconds)
+    rate = None if obs.rate_rps is None else obs.rate_rps.fresh(now, max_age_seconds)
+    if not rejected or not rate or rate <= 0:
+        return False
+    return rejected / rate > 1.0 - slo.percentile

@@ -1,0 +1,143 @@
+"""The compute corrections learned from what the engines report (planner/calibration.py):
+a slow fleet raises a role's factor, a fast one lowers it, noise does not move it, warm-up
+outliers are skipped, and the factor stays within its bounds whatever the readings say."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from pdscale.planner.calibration import DEADBAND, FACTOR_BOUNDS, learn_compute, samples
+from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
+from pdscale.planner.observe import Observation, Reading, RoleState
+
+SLO = Slo(ttft_seconds=15.0, tpot_seconds=0.05, percentile=0.99)
+LOAD = Load(20.0, 8000.0, 300.0, 0.4)
+AGE = 180.0
+
+
+def _obs(model: PerformanceModel, t: float, *, decode_speed: float = 1.0, prefill_speed: float = 1.0,
+         queue: float = 0.0, prefill_ready: int = 10, decode_ready: int = 8, running: float = 400.0,
+         noise: float = 1.0, recently_ready: int = 0, ttft_tail: float = 3.0) -> Observation:
+    """What the engines of a fleet ``*_speed`` times as fast as ``model``'s profile report."""
+    r = lambda v: Reading(v, t)  # noqa: E731
+    ctx = model.decode_mean_context(LOAD)
+    tpot = model.tpot_seconds(running / decode_ready, ctx) / decode_speed * noise
+    n = LOAD.mean_input_tokens
+    ttft = (model.prefill_seconds(n, n * LOAD.prefix_hit_rate) / prefill_speed
+            + model.kv_transfer_seconds(n)) * noise
+    return Observation(
+        now_seconds=t, rate_rps=r(LOAD.rate_rps), mean_input_tokens=r(n),
+        mean_output_tokens=r(LOAD.mean_output_tokens), prefix_hit_rate=r(LOAD.prefix_hit_rate),
+        ttft_p50_seconds=r(ttft), ttft_at_percentile_seconds=r(ttft_tail),
+        tpot_p50_seconds=r(tpot), tpot_at_percentile_seconds=r(tpot * 1.2),
+        prefill=RoleState(ready=prefill_ready, recently_ready=recently_ready, queue_depth=r(queue)),
+        decode=RoleState(ready=decode_ready, recently_ready=recently_ready,
+                         queue_depth=r(0.0), running_requests=r(running)),
+    )
+
+
+def _learn(model: PerformanceModel, intervals: int, **kw: float) -> Calibration:
+    cal, previous = Calibration(), None
+    for k in range(intervals):
+        obs = _obs(model, 60.0 * (k + 1), **kw)
+        s = samples(obs, LOAD, previous, slo=SLO, model=model, max_age_seconds=AGE)
+        cal, previous = learn_compute(cal, s), obs.prefill.queue_depth
+    return cal
+
+
+def test_a_slow_decode_raises_its_factor_and_a_fast_one_lowers_it(model: PerformanceModel) -> None:
+    slow = _learn(model, 8, decode_speed=0.8)
+    fast = _learn(model, 8, decode_speed=1.25)
+    assert slow.decode_factor == pytest.approx(1.25, rel=0.08)
+    assert fast.decode_factor == pytest.approx(0.8, rel=0.08)
+    # prefill reported as the profile says: untouched
+    assert slow.prefill_factor == fast.prefill_factor == 1.0
+
+
+def test_an_idle_prefill_relaxes_a_raised_factor_only_while_the_slo_is_comfortable(
+        model: PerformanceModel) -> None:
+    """Idle latencies cannot tell prefill's speed (the median prompt is not the mean one): a
+    factor raised by a saturated interval relaxes towards 1, slowly, while the TTFT at the
+    percentile is under half its target with no excess rejections; nothing else moves it."""
+    def idle(start: float, intervals: int = 10, rejected: float = 0.0, **kw: float) -> float:
+        cal, previous = Calibration(prefill_factor=start), None
+        for k in range(intervals):
+            t = 60.0 * (k + 1)
+            obs = replace(_obs(model, t, **kw), rejected_rps=Reading(rejected, t))
+            s = samples(obs, LOAD, previous, slo=SLO, model=model, max_age_seconds=AGE)
+            cal, previous = learn_compute(cal, s), obs.prefill.queue_depth
+        return cal.prefill_factor
+
+    relaxed = idle(1.5)
+    assert 1.0 < relaxed < 1.5 * 0.99**10
+    assert idle(1.5, intervals=200) == 1.0  # towards the profile, never past it
+    # a fast fleet's readings do not cut below the profile; a learned factor below 1 stays
+    assert idle(1.0, prefill_speed=1.25) == 1.0
+    assert idle(0.8) == 0.8
+    # near the target, or with more rejections than the SLO's 1%, nothing relaxes
+    assert idle(1.5, ttft_tail=10.0) == 1.5
+    assert idle(1.5, rejected=0.05 * LOAD.rate_rps) == 1.5
+
+
+def test_rejections_count_as_ttft_misses_for_the_headroom(model: PerformanceModel) -> None:
+    """step(): served requests met the TTFT target, but 5% were rejected at a p99 SLO."""
+    from pdscale.planner.config import PlannerConfig
+    from pdscale.planner.solve import History, recalibrate
+    from pdscale.planner.decision import Decision
+
+    cfg = PlannerConfig(model=model, slo=SLO)
+    last = Decision(at_seconds=0.0, prefill=10, decode=8, predicted_ttft_seconds=1.0,
+                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
+    history = History(decisions=(last,))
+    obs = _obs(model, 60.0)
+    assert recalibrate(obs, cfg, history).prefill_headroom == 1.0
+    rejecting = replace(obs, rejected_rps=Reading(0.05 * LOAD.rate_rps, 60.0))
+    assert recalibrate(rejecting, cfg, history).prefill_headroom > 1.0
+
+
+def test_a_saturated_prefill_teaches_its_speed_from_what_it_completes(model: PerformanceModel) -> None:
+    """Requests queue at both ends of the interval: the ready instances computed
+    ready / service requests per second; the queue grew by the rest of the arrivals."""
+    n = LOAD.mean_input_tokens
+    service = model.prefill_seconds(n, n * LOAD.prefix_hit_rate)
+    ready, slow = 5, 0.8
+    completed = ready / (service / slow)  # what a fleet 25% slower computes per second
+    grows = LOAD.rate_rps - completed
+    assert grows > 0
+    cal, previous = Calibration(), None
+    for k in range(8):
+        t = 60.0 * (k + 1)
+        obs = _obs(model, t, prefill_ready=ready, queue=100.0 + grows * t)
+        s = samples(obs, LOAD, previous, slo=SLO, model=model, max_age_seconds=AGE)
+        cal, previous = learn_compute(cal, s), obs.prefill.queue_depth
+    assert cal.prefill_factor == pytest.approx(1.25, rel=0.08)
+
+
+def test_noise_around_the_profile_moves_nothing_much(model: PerformanceModel) -> None:
+    rng = random.Random(7)
+    cal, previous = Calibration(), None
+    seen = []
+    for k in range(200):
+        obs = _obs(model, 60.0 * (k + 1), noise=rng.uniform(0.85, 1.15))
+        s = samples(obs, LOAD, previous, slo=SLO, model=model, max_age_seconds=AGE)
+        cal, previous = learn_compute(cal, s), obs.prefill.queue_depth
+        seen.append(cal.decode_factor)
+    assert max(abs(f - 1.0) for f in seen) < 0.12
+
+
+def test_warm_up_outliers_teach_nothing(model: PerformanceModel) -> None:
+    cal = _learn(model, 8, decode_speed=0.5, prefill_speed=2.0, recently_ready=1)
+    assert (cal.prefill_factor, cal.decode_factor) == (1.0, 1.0)
+
+
+def test_broken_readings_stay_bounded_and_move_slowly(model: PerformanceModel) -> None:
+    one = _learn(model, 1, decode_speed=0.01)
+    assert one.decode_factor <= 1.25  # one interval moves it at most MAX_STEP
+    many = _learn(model, 50, decode_speed=0.01)
+    # it stops at the bound, or within the dead band below it
+    lo, hi = FACTOR_BOUNDS
+    assert hi / (1 + DEADBAND) <= many.decode_factor <= hi
+    assert lo <= _learn(model, 50, decode_speed=100.0).decode_factor <= lo * (1 + DEADBAND)
