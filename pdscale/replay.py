@@ -327,6 +327,8 @@ def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
     from pdscale.operator import router
     from pdscale.planner.replay.router_admission import PrefillAdmission
 
+    if getattr(spec, "router", None) is None:  # a spec of defaults (no -f) has no router
+        return None
     a, timeout = spec.router.admission, router.queue_timeout_seconds(spec)
     if a is None or timeout is None or not router.smg(spec):
         return None

@@ -68,6 +68,10 @@ class ReplaySetup:
     #: the fleet's own performance (None: the planner's model, ``planner.model``)
     fleet_model: PerformanceModel | None = None
 
+    def knowing_the_fleet(self) -> ReplaySetup:
+        """This setup with the planner believing the fleet's true performance (hindsight)."""
+        return replace(self, planner=replace(self.planner, model=self.fleet), fleet_model=None)
+
     @property
     def model(self) -> PerformanceModel:
         """What the planner believes (its profile)."""
@@ -310,9 +314,7 @@ def run_policy(
         extra["static_probes"] = [{"prefill": p, "decode": d, "attainment": a} for p, d, a in tried]
     elif policy in ("pdscale", "oracle"):
         # the oracle is a hindsight bound: its start is sized from the fleet's true speed too
-        start = initial_fleet(setup if policy == "pdscale" else
-                              replace(setup, planner=replace(setup.planner, model=setup.fleet)),
-                              history)
+        start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history)
         cfg = planner_config(setup)
         future = None
         if policy == "oracle":

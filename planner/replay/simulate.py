@@ -331,7 +331,7 @@ class _Replay:
         self.stats.arrival(t, self._input[r], self._output[r])
         if not fleet.ready_prefill:
             self.rejected[r] = True  # no prefill instance at all: nothing can serve it
-            stats.rejections += 1
+            self.stats.rejections += 1
             return
         q = self.admission_queue
         if q is not None:
@@ -340,6 +340,7 @@ class _Replay:
             if not open_ or q.waiting:  # first come, first served at the router
                 if not q.offer(r, t):
                     self.rejected[r] = True  # the queue is full: 429 at once
+                    self.stats.rejections += 1
                 return
             self._route(r, t, open_)
             return
@@ -349,6 +350,7 @@ class _Replay:
         assert self.admission_queue is not None
         for r in self.admission_queue.expire(now):
             self.rejected[r] = True  # waited past the queue timeout: 429
+            self.stats.rejections += 1
 
     def _serve_admission_queue(self, now: float) -> None:
         """Route the requests waiting at the router, oldest first, while a slot is open."""
@@ -382,7 +384,7 @@ class _Replay:
             predicted = waited + done - t if cfg.prefill_only else waited + done - t + self._kv_seconds(n_in)
             if predicted > cfg.slo.ttft_seconds:
                 self.rejected[r] = True
-                stats.rejections += 1
+                self.stats.rejections += 1
                 return
         # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done

@@ -73,7 +73,8 @@ def test_a_fleet_faster_than_its_profile_costs_fewer_gpu_hours_with_calibration(
     before = run_policy(fast, "pdscale")
     figures = (learned["gpu_hours"], before["gpu_hours"], learned["slo_attainment"],
                before["slo_attainment"])
-    assert learned["gpu_hours"] < 0.97 * before["gpu_hours"], figures
+    # (1.5% here once the scale-down floor holds what the last warm-up forecast; 3.5% without)
+    assert learned["gpu_hours"] < 0.99 * before["gpu_hours"], figures
     # cheaper, not by missing more (within half a point: the cache-aware router's own misses)
     assert learned["slo_attainment"] >= before["slo_attainment"] - 0.005, figures
     # and the decisions say what was learned

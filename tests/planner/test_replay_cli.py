@@ -57,10 +57,28 @@ def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> Non
                      "--json", str(out), *extra]) == 0
         stacks[" ".join(extra)] = json.loads(out.read_text())["stack"]
     assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "cache-aware",
-                          "early_rejection": False}
+                          "early_rejection": False, "prefill_admission": None}
     assert stacks["--stack ideal-router"]["router"] == "predicted-ttft"
     assert stacks["--stack ideal-router"]["early_rejection"] is True
     assert stacks["--router random"]["router"] == "random"
+
+
+def test_replay_of_a_pdcluster_behind_smg_admission_replays_that_admission(tmp_path: Path) -> None:
+    import yaml
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"
+    doc = yaml.safe_load(bench.read_text())
+    doc["spec"]["router"].update(gateway="SMG", admission={"prefillInflightPerWorker": 4})
+    spec = tmp_path / "smg.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "smg.json"
+    assert main(["replay", "-f", str(spec), "--trace", AZURE, "--policy", "static:1P1D",
+                 "--slo-ttft", "2.5", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    # the queue timeout is the TTFT target in whole seconds, as the operator renders it
+    assert report["stack"]["prefill_admission"] == {
+        "inflight_per_instance": 4, "queue_size": 256, "queue_timeout_seconds": 2.0}
+    assert report["rejected"] > 0  # one prefill instance at 4 in flight sheds at the peaks
 
 
 def test_replay_starts_from_history_and_replays_synthetic_shapes(tmp_path: Path) -> None:
