@@ -42,7 +42,7 @@ from pdscale.planner.replay.traces import Trace, load_trace
 from pdscale.replay import configure, read_spec
 
 sys.path.insert(0, str(Path(__file__).parent))  # PYTHONSAFEPATH keeps the script's folder off
-from policy_bench import OUT, PDCLUSTER, cases, trimmed  # noqa: E402
+from policy_bench import OUT, PDCLUSTER, cases, trimmed
 
 #: fleet name -> (prefill speed, decode speed), each times the profile's
 FLEETS: dict[str, tuple[float, float]] = {

@@ -59,6 +59,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
 from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
@@ -68,7 +69,6 @@ from pdscale.planner.replay.traces import (
     read_rate_series,
     synthesize_from_rates,
 )
-from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
 from pdscale.replay import configure, read_spec, router_admission
 
 SHARED = Path("/work/shared/traces")

@@ -30,8 +30,8 @@ from .clock import now_rfc3339
 from .engine_probe import EngineLoad, LoadSource, engine_in_flight, engine_load, engine_vllm_totals
 from .fleet import (
     DELETION_COST_ANNOTATION,
-    DRAINING_ANNOTATION,
     DRAINED_DELETION_COST,
+    DRAINING_ANNOTATION,
     DRAINING_DELETION_COST,
     PodView,
     plan_role_actions,

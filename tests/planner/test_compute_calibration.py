@@ -85,8 +85,8 @@ def test_an_idle_prefill_relaxes_a_raised_factor_only_while_the_slo_is_comfortab
 def test_rejections_count_as_ttft_misses_for_the_headroom(model: PerformanceModel) -> None:
     """step(): served requests met the TTFT target, but 5% were rejected at a p99 SLO."""
     from pdscale.planner.config import PlannerConfig
-    from pdscale.planner.solve import History, recalibrate
     from pdscale.planner.decision import Decision
+    from pdscale.planner.solve import History, recalibrate
 
     cfg = PlannerConfig(model=model, slo=SLO)
     last = Decision(at_seconds=0.0, prefill=10, decode=8, predicted_ttft_seconds=1.0,

@@ -62,7 +62,7 @@ def test_the_router_chooses_only_among_instances_under_their_cap(model) -> None:
     # instance 0 at its cap it goes to the idle instance 1 and computes its whole prompt there
     prefix = tuple(range(1, 9))  # 8 blocks, 4,096 tokens
     tr = Trace("t", [0.0, 10.0, 10.001], [4000, 9000, 4000], [1, 1, 1],
-               [prefix, prefix + tuple(range(51, 61)), prefix + (70,)], BLOCK)
+               [prefix, prefix + tuple(range(51, 61)), (*prefix, 70)], BLOCK)
 
     def ttft_of_last(admission):
         cfg = SimConfig(router="cache-aware", initial_prefill=2, prefill_only=True,
