@@ -7,7 +7,6 @@ driver. One opt-in test runs the real driver when Dynamo's virtual environment e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -16,24 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from planner_replay_helpers import bench_module
 
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("dynamo_policy", ROOT / "bench" / "dynamo_policy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("dynamo_policy", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-dp = _bench_module()
+dp = bench_module("dynamo_policy")
 
 
 # -- the profile --------------------------------------------------------------------------------

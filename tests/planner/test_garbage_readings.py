@@ -5,13 +5,11 @@ The last test runs bench/planner_fuzz.py's seeded generator on 2,000 cases."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 from dataclasses import replace
 
 import pytest
+from planner_replay_helpers import bench_module
 
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
@@ -20,7 +18,6 @@ from pdscale.planner.observe import Observation, Reading, RoleState, Warming, un
 from pdscale.planner.profile import load_profile
 from pdscale.planner.solve import History, step
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = PerformanceModel(load_profile())
 NOW = 6000.0
 
@@ -153,18 +150,9 @@ COUNT = 2000
 SEED = 1
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("planner_fuzz", ROOT / "bench" / "planner_fuzz.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("planner_fuzz", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_fuzz_no_exception_no_target_out_of_bounds_every_hold_says_why():
-    fuzz = _bench()
+    fuzz = bench_module("planner_fuzz")
     outcomes = [fuzz.run_case(case) for case in fuzz.generate(COUNT, SEED)]
     summary = fuzz.summarise(outcomes, 0.0)
     assert summary["cases"] == COUNT
