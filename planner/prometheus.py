@@ -39,6 +39,7 @@ READINGS = (
     "queue_depth_decode",
     "running_requests_prefill",
     "running_requests_decode",
+    "rejected_rps",
 )
 
 # {sel} is the PDCluster selector, {role} is added per role, {window} is the rate window,
@@ -98,14 +99,24 @@ SGLANG_QUERIES: Mapping[str, str] = {
     # num_prefill_prealloc_queue_reqs before SGLang renamed it num_prefill_bootstrap_queue_reqs
     # (an engine exports one of the two); not the inflight queue, whose prefill is done and
     # whose KV is on its way. Decode: waiting, prealloc (KV memory) and transfer (KV arriving).
+    # smg's prefill admission (router.admission) holds requests at the router before any
+    # prefill engine sees them: they wait for prefill too (nothing where it is not on).
     "queue_depth_prefill": (
         f'sum({_sglang("(num_queue_reqs|num_prefill_prealloc_queue_reqs|num_prefill_bootstrap_queue_reqs)", "prefill")})'
+        ' + (sum(smg_pd_prefill_admission_queued{{{sel},role="router"}}) or vector(0))'
     ),
     "queue_depth_decode": (
         f'sum({_sglang("(num_queue_reqs|num_decode_prealloc_queue_reqs|num_decode_transfer_queue_reqs)", "decode")})'
     ),
     "running_requests_prefill": f'sum({_sglang("num_running_reqs", "prefill")})',
     "running_requests_decode": f'sum({_sglang("num_running_reqs", "decode")})',
+    # Requests the router refused (smg's prefill admission: queue full or timed out), which
+    # the planner counts as TTFT misses. Zero where smg is not scraped but the engines are:
+    # sglang-router refuses nothing (an smg whose metrics are not scraped goes unseen).
+    "rejected_rps": (
+        'sum(rate(smg_pd_prefill_admission_rejections_total{{{sel},role="router"}}[{window}]))'
+        f' or 0 * sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
+    ),
 }
 
 # vLLM: the decode instance's TTFT misses the prefill time (the proxy sends to prefill first),
@@ -151,6 +162,8 @@ VLLM_QUERIES: Mapping[str, str] = {
     ),
     "running_requests_prefill": 'sum(vllm:num_requests_running{{{sel},role="prefill"}})',
     "running_requests_decode": 'sum(vllm:num_requests_running{{{sel},role="decode"}})',
+    # vllm-router refuses nothing: zero wherever the engines are scraped
+    "rejected_rps": '0 * sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))',
 }
 
 ENGINE_QUERIES: Mapping[str, Mapping[str, str]] = {"sglang": SGLANG_QUERIES, "vllm": VLLM_QUERIES}
@@ -364,6 +377,7 @@ def observation_from(
         ttft_at_percentile_seconds=r.get("ttft_at_percentile_seconds"),
         tpot_p50_seconds=r.get("tpot_p50_seconds"),
         tpot_at_percentile_seconds=r.get("tpot_at_percentile_seconds"),
+        rejected_rps=r.get("rejected_rps"),
         prefill=role_state(prefill, "prefill"),
         decode=role_state(decode, "decode"),
     )

@@ -34,7 +34,9 @@ def test_queries_select_the_right_role_and_window():
     q = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=120, percentile=0.99)
     assert q["queue_depth_prefill"] == (
         'sum({__name__=~"sglang[:_](num_queue_reqs|num_prefill_prealloc_queue_reqs|'
-        'num_prefill_bootstrap_queue_reqs)",namespace="a",pdcluster="b",role="prefill"})')
+        'num_prefill_bootstrap_queue_reqs)",namespace="a",pdcluster="b",role="prefill"})'
+        ' + (sum(smg_pd_prefill_admission_queued{namespace="a",pdcluster="b",role="router"})'
+        ' or vector(0))')
     assert '[120s]' in q["rate_rps"]
     assert 'role="decode"' in q["tpot_at_percentile_seconds"] and "0.99" in q["tpot_at_percentile_seconds"]
 
