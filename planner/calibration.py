@@ -73,14 +73,13 @@ RELAX_STEP = 0.02
 
 @dataclass(frozen=True)
 class ComputeSamples:
-    """One interval's observed/predicted compute ratios (None: nothing learned) and why."""
+    """One interval's observed/predicted compute ratios (None: nothing learned)."""
 
     prefill: float | None
     decode: float | None
     #: how the prefill factor moves: "both" towards ``prefill``, or "relax": a factor above 1
     #: steps ``RELAX_STEP`` towards 1 (``prefill`` is then None)
     prefill_direction: str
-    notes: tuple[str, ...]
 
 
 def samples(
@@ -94,23 +93,19 @@ def samples(
         return None if r is None else r.fresh(now, max_age_seconds)
 
     raw = PerformanceModel(model.profile)
-    notes: list[str] = []
     decode = None
     d = obs.decode
     running, tpot = get(d.running_requests), get(obs.tpot_p50_seconds)
     if load is None or load.rate_rps <= 0:
-        return ComputeSamples(None, None, "both", ("no load measured",))
-    if d.recently_ready:
-        notes.append("decode warming up")
-    elif running and d.ready and tpot:
+        return ComputeSamples(None, None, "both")
+    if not d.recently_ready and running and d.ready and tpot:
         predicted = raw.tpot_seconds(running / d.ready, raw.decode_mean_context(load))
         if predicted > 0:
             decode = tpot / predicted
     prefill, direction = None, "both"
     p = obs.prefill
     if p.recently_ready or not p.ready:
-        notes.append("prefill warming up" if p.recently_ready else "no prefill ready")
-        return ComputeSamples(None, decode, "both", tuple(notes))
+        return ComputeSamples(None, decode, "both")
     n = load.mean_input_tokens
     service = raw.prefill_seconds(n, n * load.prefix_hit_rate)
     queue, before = get(p.queue_depth), previous_queue
@@ -120,7 +115,6 @@ def samples(
         completed_rps = load.rate_rps - (queue - before.value) / (now - before.at_seconds)
         if completed_rps > 0:
             prefill = p.ready / (completed_rps * service)
-            notes.append("prefill saturated")
     elif queue is not None and queue <= IDLE_QUEUE_PER_INSTANCE * p.ready:
         # Idle: nothing says how fast prefill is (see the module's docstring), but a TTFT at
         # the percentile under half its target with no excess rejections says the factor
@@ -129,7 +123,7 @@ def samples(
         if (ttft_tail is not None and ttft_tail < RELAX_BELOW * slo.ttft_seconds
                 and not rejected_too_many(obs, slo, max_age_seconds)):
             direction = "relax"
-    return ComputeSamples(prefill, decode, direction, tuple(notes))
+    return ComputeSamples(prefill, decode, direction)
 
 
 def _move(factor: float, sample: float | None, *, direction: str = "both") -> float:

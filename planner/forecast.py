@@ -81,20 +81,12 @@ def forecast(
 
 def significant_slope(xs: Sequence[float], *, min_t: float = TREND_MIN_T) -> float:
     """The least-squares slope of ``xs`` (per step) when it is rising by at least ``min_t``
-    standard errors and no single jump makes most of the rise (a step), else 0. A falling slope is 0 too: scale-down waits for the load itself
-    (the stabilisation window), it is never planned ahead on a trend."""
-    n = len(xs)
-    if n < 3:
+    standard errors and no single jump makes most of the rise (a step), else 0. A falling
+    slope is 0 too: scale-down waits for the load itself (the stabilisation window), it is
+    never planned ahead on a trend."""
+    if len(xs) < 3:
         return 0.0
-    t = np.arange(n, dtype=float) - (n - 1) / 2.0
-    y = np.asarray(xs, dtype=float)
-    sxx = float(t @ t)
-    slope = float(t @ (y - y.mean())) / sxx
-    resid = y - y.mean() - slope * t
-    se = math.sqrt(float(resid @ resid) / (n - 2) / sxx)
-    jump = float(np.diff(y).max())
-    ramp = slope > 0 and slope >= min_t * se and jump <= TREND_MAX_JUMP_SHARE * slope * (n - 1)
-    return slope if ramp else 0.0
+    return float(_significant_slopes(np.asarray([xs], dtype=float), min_t)[0])
 
 
 def _significant_slopes(windows: np.ndarray, min_t: float = TREND_MIN_T) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROLES = ("prefill", "decode")
@@ -32,20 +33,26 @@ def start_engines(switch_seconds: float) -> dict[str, ThreadingHTTPServer]:
     """One server per role on a free loopback port, their clock started now (``shutdown()``
     each when done)."""
     started = time.monotonic()
-    servers = {}
-    for role in ROLES:
-        class Engine(BaseHTTPRequestHandler):
-            def do_GET(self, role: str = role) -> None:
-                body = _metrics(role, time.monotonic() - started, switch_seconds).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
+    return {role: serve_metrics(lambda role=role: _metrics(role, time.monotonic() - started,
+                                                           switch_seconds))
+            for role in ROLES}
 
-            def log_message(self, *args: object) -> None:
-                pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers[role] = server
-    return servers
+def serve_metrics(body: Callable[[], str]) -> ThreadingHTTPServer:
+    """A ``/metrics`` page on a free loopback port whose text ``body()`` gives at each scrape
+    (``shutdown()`` it when done)."""
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            payload = body().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -6,35 +6,17 @@ are zero, not unknown. Metric names as smg 1.13 exports them (checked against th
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from pdscale.planner.prometheus import prometheus_client, read_metrics, render_queries
+from pdscale.testbed.shape_change_engines import serve_metrics
 
 pytestmark = pytest.mark.prometheus
 
 SCOPE = {"namespace": "ns", "pdcluster": "pd"}
-
-
-def _serve(body: Callable[[], str]) -> ThreadingHTTPServer:
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            payload = body().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _readings(prometheus, names: tuple[str, ...], ready: Callable[[dict], bool]) -> dict:
@@ -56,10 +38,10 @@ def test_smg_admission_counts_in_the_prefill_queue_and_as_rejections(prometheus)
     started = time.monotonic()
     # an engine that has served 5 requests a second, 7 waiting; a router holding 3 and
     # refusing 2 a second
-    engine = _serve(lambda: (
+    engine = serve_metrics(lambda: (
         "sglang:num_queue_reqs 7\n"
         f"sglang:num_requests_total {5 * (time.monotonic() - started):.1f}\n"))
-    router = _serve(lambda: (
+    router = serve_metrics(lambda: (
         "smg_pd_prefill_admission_queued 3\n"
         f'smg_pd_prefill_admission_rejections_total{{reason="queue_timeout"}} '
         f"{2 * (time.monotonic() - started):.1f}\n"
