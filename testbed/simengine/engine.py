@@ -420,8 +420,11 @@ class SimEngine:
                 self._prefill_running, self._prefill_running_tokens = 0, 0
 
     def _scheduled(self, tokens: list[str], room: Room, finished: asyncio.Future[None]) -> _Prefill:
-        """A prompt taken by a pass: its cached prefix is matched now."""
-        cached = self.cache.match(tokens)
+        """A prompt taken by a pass: its cached prefix is matched now. A prompt cached whole
+        still computes its last token (its logits), as SGLang's ``init_next_round_input``
+        keeps at least one token out of the matched prefix; the replay does the same
+        (planner/replay/prefill_batches.py)."""
+        cached = min(self.cache.match(tokens), max(len(tokens) - 1, 0))
         return _Prefill(tokens, room, finished, cached=cached, computed=cached)
 
     async def _expire_rooms(self) -> None:

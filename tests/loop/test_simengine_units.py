@@ -283,3 +283,43 @@ def test_a_prompt_over_the_budget_spans_passes_and_the_next_fills_the_last():
     # second pass beside its last chunk, so both finish with it, at 0.3 s
     long, short = _prefill_finish_times(1500, [words("a", 2000), words("b", 1000)])
     assert abs(long - short) < 0.02 and 0.29 <= long < 0.4
+
+
+def test_a_prompt_cached_whole_still_computes_its_last_token():
+    # SGLang matches at most len - 1 tokens of a prompt (the last one's logits are needed), so
+    # a repeated 1,024-token prompt (16 whole blocks of 64, all cached) computes one token:
+    # the pass costs overhead + 1 token, and the room reports 1,023 cached, as the replay does
+    import asyncio
+
+    from pdscale.testbed.simengine import EngineConfig, SimEngine
+    from pdscale.testbed.simengine.engine import Room
+
+    timing = LinearTiming(prefill_tokens_per_second=10_000, prefill_overhead_seconds=0.0)
+    seen: list[float] = []
+
+    class Spy:
+        def prefill_seconds(self, input_tokens: float, cached_tokens: float = 0.0) -> float:
+            seen.append(input_tokens - cached_tokens)
+            return timing.prefill_seconds(input_tokens, cached_tokens)
+
+        def tpot_seconds(self, batch: float, mean_context_tokens: float) -> float:
+            return timing.tpot_seconds(batch, mean_context_tokens)
+
+        def kv_transfer_seconds(self, tokens: float) -> float:
+            return timing.kv_transfer_seconds(tokens)
+
+    async def scenario() -> list[int]:
+        engine = SimEngine(EngineConfig(role="prefill", host="127.0.0.1", port=1), Spy())
+        await engine.start()
+        try:
+            cached = []
+            for _ in range(2):
+                room = Room()
+                await engine.prefill(words("w", 1024), room)
+                cached.append(room.cached_tokens)
+            return cached
+        finally:
+            await engine.close()
+
+    assert asyncio.run(scenario()) == [0, 1023]
+    assert seen == [1024, 1]
