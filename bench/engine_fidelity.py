@@ -46,7 +46,14 @@ from pdscale.planner.profile import load_profile
 from pdscale.planner.replay.simulate import SimConfig, SimResult, simulate
 from pdscale.planner.replay.traces import Trace, read_mooncake
 from pdscale.testbed.demo_replay import trace_rows, write_jsonl
-from pdscale.testbed.loadgen import Phase, RequestRecord, RequestSpec, percentile, plan_requests, run_load
+from pdscale.testbed.loadgen import (
+    Phase,
+    RequestRecord,
+    RequestSpec,
+    percentile,
+    plan_requests,
+    run_load,
+)
 
 HERE = Path(__file__).parent
 OUT = HERE.parent / "out" / "engine_fidelity.json"
@@ -55,7 +62,9 @@ ATTAINMENT_TOLERANCE_PP = 2.0
 LATENCY_TOLERANCE = 0.10
 QUANTILES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
 #: the replay's routers other than the deployed stack's, replayed beside it
-OTHER_ROUTERS = ("least-queue", "random")
+OTHER_ROUTERS = ("random", "least-queue")
+#: random routing replayed with this many seeds (its spread is reported)
+RANDOM_SEEDS = 20
 
 
 @dataclass(frozen=True)
@@ -122,8 +131,10 @@ class Live:
 
 
 def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression: float,
-             chunk_tokens: int, workdir: Path, log=print) -> Live:  # type: ignore[no-untyped-def]
-    """Send ``specs`` through the real router to a fixed fleet of simulated engines."""
+             chunk_tokens: int, workdir: Path, gateway: str = "sglang-router",
+             log=print) -> Live:  # type: ignore[no-untyped-def]
+    """Send ``specs`` through the real router (``gateway``: sglang-router, what a PDCluster
+    runs by default, or smg) to a fixed fleet of simulated engines."""
     h = loop_harness()
     net = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}"
     fleet = h.Fleet(workdir, net)
@@ -134,7 +145,8 @@ def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression:
         # the policies a PDCluster renders by default (operator/router.py); it sets no
         # --policy, whose default is cache_aware (the harness's round_robin is overridden)
         fleet.start_router(prefill, decode, "--policy", "cache_aware",
-                           "--prefill-policy", "cache_aware", "--decode-policy", "round_robin")
+                           "--prefill-policy", "cache_aware", "--decode-policy", "round_robin",
+                           gateway=gateway)  # fmt: skip
         wall_specs = [replace(s, at_seconds=s.at_seconds / compression) for s in specs]
         log(f"{case.name}: {len(specs)} requests over {specs[-1].at_seconds:.0f} model s "
             f"({specs[-1].at_seconds / compression:.0f} wall s), {case.prefill}P{case.decode}D")
@@ -165,7 +177,8 @@ def recorded_trace(specs: list[RequestSpec], records: list[RequestRecord], *, bl
 
 
 def replay(case: Case, trace: Trace, *, profile: str, chunk_tokens: int,
-           router: str = "cache-aware", model: PerformanceModel | None = None) -> SimResult:
+           router: str = "cache-aware", model: PerformanceModel | None = None,
+           seed: int = 1) -> SimResult:
     """The same recording through the replay: the deployed stack on the case's fixed fleet
     (``router`` other than cache-aware: how much of a difference is the routing's; ``model``
     other than the profile's: a control that must miss the targets)."""
@@ -173,7 +186,7 @@ def replay(case: Case, trace: Trace, *, profile: str, chunk_tokens: int,
     config = SimConfig(router=router, early_rejection=False, engine="sglang",
                        prefill_chunk_tokens=chunk_tokens, slo=slo(case),
                        initial_prefill=case.prefill, initial_decode=case.decode,
-                       decode_admission="off", start_ready=True)  # fmt: skip
+                       decode_admission="off", start_ready=True, seed=seed)  # fmt: skip
     return simulate(trace, model, config)
 
 
@@ -232,7 +245,8 @@ def compare(live: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
-             workdir: Path, recording: Path, log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+             workdir: Path, recording: Path, gateway: str = "sglang-router",
+             log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """One case, live then replayed; the report's entry for it. The recording (trace.jsonl,
     requests.jsonl: what the client saw, model seconds) goes under ``recording``; the
     processes' logs under ``workdir``."""
@@ -240,7 +254,7 @@ def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
     block = load_profile(profile).prefill.block_tokens
     started = time.monotonic()
     live = run_live(case, specs, profile=profile, compression=compression,
-                    chunk_tokens=chunk_tokens, workdir=workdir, log=log)  # fmt: skip
+                    chunk_tokens=chunk_tokens, workdir=workdir, gateway=gateway, log=log)
     wall = time.monotonic() - started
     trace = recorded_trace(specs, live.records, block_tokens=block, path=recording / "trace.jsonl")
     write_jsonl(recording / "requests.jsonl", (asdict(r) for r in sorted(live.records, key=lambda r: r.index)))
@@ -252,8 +266,16 @@ def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
     for router in OTHER_ROUTERS:
         other = replay(case, trace, profile=profile, chunk_tokens=chunk_tokens, router=router)
         by_router[router] = replay_figures(case, other, trace.output_tokens)
+    # random routing is one draw of many: its spread over seeds is what chance alone moves
+    draws = [replay_figures(case, replay(case, trace, profile=profile, chunk_tokens=chunk_tokens,
+                                         router="random", seed=seed), trace.output_tokens)
+             for seed in range(1, RANDOM_SEEDS + 1)]  # fmt: skip
+    spread = {k: sorted(d[k] for d in draws) for k in ("attainment", *QUANTILES)}
+    by_router["random"]["over_seeds"] = {
+        k: {"min": v[0], "median": v[len(v) // 2], "max": v[-1]} for k, v in spread.items()}
     return {
-        "case": asdict(case), "profile": profile, "time_compression": compression,
+        "case": asdict(case), "gateway": gateway, "profile": profile,
+        "time_compression": compression,
         "chunk_tokens": chunk_tokens, "live_wall_seconds": wall,
         "live": live_f, "replay": replay_f, "difference": compare(live_f, replay_f),
         "replay_by_router": by_router,
@@ -270,12 +292,12 @@ def table(reports: list[dict[str, Any]]) -> Any:
         t.add_column(col, justify="left" if col in ("case", "measure") else "right")
     for rep in reports:
         live, rp, diff = rep["live"], rep["replay"], rep["difference"]
-        name = rep["case"]["name"]
+        name = f"{rep['case']['name']} ({rep['gateway']})"
         a = diff.get("attainment_pp")
         t.add_row(name, f"attainment (TTFT <= {rep['case']['slo_ttft_seconds']:g} s, TPOT <= "
                   f"{rep['case']['slo_tpot_seconds']:g} s)", f"{live['attainment']:.1%}",
                   f"{rp['attainment']:.1%}", f"{a['difference']:+.1f} pp" if a else "-",
-                  ("met" if a and a["within"] else "NOT met") + f" (2 pp)")
+                  ("met" if a and a["within"] else "NOT met") + " (2 pp)")
         for q in QUANTILES:
             d = diff.get(q)
             t.add_row("", q, _s(live[q]), _s(rp[q]), f"{d['difference']:+.1%}" if d else "-",
@@ -286,9 +308,15 @@ def table(reports: list[dict[str, Any]]) -> Any:
         t.add_row("", "requests / failed", f"{live['requests']} / {live['failed']}",
                   f"{rp['requests']} / {rp['failed']}", "", "")
         for router, other in rep["replay_by_router"].items():
-            t.add_row("", f"replay with {router}: attainment, TTFT p50/p90", "",
+            t.add_row("", f"replay with {router}: attainment, TTFT p50 / p90", "",
                       f"{other['attainment']:.1%}, {_s(other['ttft_p50'])} / {_s(other['ttft_p90'])}",
                       "", "")
+            seeds = other.get("over_seeds")
+            if seeds:
+                t.add_row("", f"  over {RANDOM_SEEDS} seeds (min-max)", "",
+                          f"{seeds['attainment']['min']:.1%}-{seeds['attainment']['max']:.1%}, "
+                          f"{seeds['ttft_p50']['min']:.2f}-{seeds['ttft_p50']['max']:.2f} / "
+                          f"{seeds['ttft_p90']['min']:.2f}-{seeds['ttft_p90']['max']:.2f} s", "", "")
     return t
 
 
@@ -311,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="model seconds per wall second of the live run (default 4)")
     p.add_argument("--chunk-tokens", type=int, default=8192,
                    help="prefill pass budget, the engines' --chunked-prefill-size and the replay's")
+    p.add_argument("--gateway", choices=("sglang-router", "smg"), default="sglang-router",
+                   help="the router program (router.gateway; default: a PDCluster's default)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     err = Console(stderr=True)
@@ -321,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             reports.append(run_case(case, profile=args.profile, compression=args.time_compression,
                                     chunk_tokens=args.chunk_tokens, workdir=Path(tmp),
                                     recording=args.out.with_suffix("") / case.name,
+                                    gateway=args.gateway,
                                     log=err.print))  # fmt: skip
     Console(width=150).print(table(reports))
     args.out.parent.mkdir(parents=True, exist_ok=True)
