@@ -1,0 +1,126 @@
+"""The replay against the HTTP simulated engines behind the real router (issue 15's check,
+bench/engine_fidelity.py): the same recording, profile and fixed fleet.
+
+What a user would notice: a replay of what the deployed stack served predicts its TTFT, TPOT
+and attainment. Measured here on one prefill (so that the router has no choice to make) and
+two decodes, with a queue that grows over the run; the routers' own choice of a prefill is
+checked apart, as the fact the replay's routing model must follow."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from loop_harness import SGLANG_ROUTER, SMG
+
+from pdscale.planner.model import PerformanceModel
+from pdscale.planner.profile import load_profile, scaled_profile
+from pdscale.testbed.loadgen import RequestSpec, make_prompt, run_load
+
+pytestmark = pytest.mark.slow
+
+PROFILE, COMPRESSION, CHUNK = "demo-sim", 4.0, 8192
+
+
+def bench() -> ModuleType:
+    """bench/engine_fidelity.py as module ``engine_fidelity`` (bench/ is not a package)."""
+    name = "engine_fidelity"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def one_prefill(tmp_path_factory):
+    """The bench's short fleet (1 prefill, 2 decodes, about 110% prefill load, 182 requests
+    over 100 model s; 25 s of wall time), live then replayed."""
+    ef = bench()
+    case = next(c for c in ef.CASES if c.name == "1p2d-short")
+    tmp = tmp_path_factory.mktemp("fidelity")
+    (tmp / "logs").mkdir()
+    report = ef.run_case(case, profile=PROFILE, compression=COMPRESSION, chunk_tokens=CHUNK,
+                         workdir=tmp / "logs", recording=tmp / "recording",
+                         log=lambda msg: print(msg))  # fmt: skip
+    print({k: (report["live"][k], report["replay"][k]) for k in ("attainment", *ef.QUANTILES)})
+    return ef, case, report, tmp / "recording" / "trace.jsonl"
+
+
+def test_replay_predicts_ttft_and_prefix_hits_of_one_prefill_within_target(one_prefill):
+    ef, case, report, trace_path = one_prefill
+    live, diff = report["live"], report["difference"]
+    assert live["failed"] == 0
+    for q in ("ttft_p50", "ttft_p90"):
+        assert diff[q]["within"], (q, live[q], report["replay"][q])
+    assert abs(diff["prefix_hit_rate_pp"]["difference"]) <= 2.0
+    # the control: a replay whose prefill is 10% off misses the same target, so the target
+    # is not met by luck on a case this size (measured: TTFT p50 +110% and -56%)
+    from pdscale.planner.replay.traces import read_mooncake
+
+    block = load_profile(PROFILE).prefill.block_tokens
+    trace = read_mooncake(trace_path, block_tokens=block)
+    for speed in (0.9, 1.1):
+        model = PerformanceModel(scaled_profile(load_profile(PROFILE), prefill_speed=speed))
+        off = ef.replay_figures(case, ef.replay(case, trace, profile=PROFILE, chunk_tokens=CHUNK,
+                                                model=model), trace.output_tokens)  # fmt: skip
+        missed = ef.compare(live, off)
+        assert not (missed["ttft_p50"]["within"] and missed["ttft_p90"]["within"]), (speed, missed)
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "replay TPOT p50/p90 -25%/-22% and attainment +5.5 pp vs the HTTP engines (2026-12-02, "
+    "before main's continuous-batching decode): the replay fixes a request's TPOT at the "
+    "batch it joins, while the engines' batch grows as a prefill pass releases its requests "
+    "together, slowing every running one"))
+def test_replay_predicts_tpot_and_attainment_of_one_prefill_within_target(one_prefill):
+    _, _, report, _ = one_prefill
+    diff = report["difference"]
+    for key in ("tpot_p50", "tpot_p90", "attainment_pp"):
+        assert diff[key]["within"], (key, report["live"], report["replay"])
+
+
+def _prefills_chosen(fleet, gateway: str, n: int) -> list[int]:
+    """Which of two prefills served each of ``n`` sequential requests that share a prefix."""
+    ef = bench()
+    extra = ef.engine_args(PROFILE, compression=20.0, chunk_tokens=CHUNK)
+    prefill = [fleet.start_engine("prefill", *extra) for _ in range(2)]
+    decode = [fleet.start_engine("decode", *extra)]
+    fleet.start_router(prefill, decode, "--policy", "cache_aware", "--prefill-policy",
+                       "cache_aware", "--decode-policy", "round_robin", gateway=gateway)  # fmt: skip
+    rng = random.Random(5)
+    shared = [f"s{i}" for i in range(300)]
+    chosen, before = [], [0.0, 0.0]
+    for k in range(n):
+        spec = RequestSpec(k, "p", 0.0, 300, 2, make_prompt(rng, 300, shared, 0.7))
+        (record,) = asyncio.run(run_load(fleet.router_url, [spec], timeout_seconds=30.0))
+        assert record.ok, record.error
+        after = [e.metric("sglang:num_requests_total") for e in prefill]
+        chosen.append(next(i for i in range(2) if after[i] > before[i]))
+        before = after
+    return chosen
+
+
+def test_sglang_router_picks_pd_prefills_at_random(fleet):
+    # sglang-router 0.3.2 in PD mode with --prefill-policy cache_aware finds no prefix tree
+    # for the workers' model and picks a prefill at random (its debug log: "No tree found
+    # for model ..., using random worker selection"): requests of one prefix are spread.
+    # The replay's deployed stack routes cache-aware (docs/replay.md); when this fails, the
+    # router keeps prefixes together and the replay's rule holds for it again.
+    chosen = _prefills_chosen(fleet, SGLANG_ROUTER, 10)
+    assert len(set(chosen)) == 2, chosen  # all on one by chance: 2 / 2**10
+
+
+def test_smg_keeps_a_prefix_on_one_prefill(fleet):
+    # smg 1.13 does route on its approximate tree: every request of a prefix follows the
+    # first (the match covers 70% of each prompt, over the 30% threshold)
+    chosen = _prefills_chosen(fleet, SMG, 6)
+    assert len(set(chosen)) == 1, chosen
