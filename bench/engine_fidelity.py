@@ -286,7 +286,7 @@ def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
 def table(reports: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
-    t = Table(title="engine fidelity: HTTP sim engines behind sglang-router vs the replay "
+    t = Table(title="engine fidelity: HTTP sim engines behind the real router vs the replay "
                     "(model seconds; difference = replay vs live)")  # fmt: skip
     for col in ("case", "measure", "live", "replay", "difference", "target"):
         t.add_column(col, justify="left" if col in ("case", "measure") else "right")
