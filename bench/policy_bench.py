@@ -38,8 +38,11 @@ fleet, ``--stack`` (planner/replay/run.py ``STACKS``): by default the stack user
 SGLang's batched prefill behind the router's cache-aware policy with no admission control;
 ``ideal-router`` adds predicted-TTFT routing with early rejection (the article's overload
 control, which no router performs: a what-if); ``article`` is the earlier figures' model. A
-rejected request counts as a miss, and latency quantiles are over all requests. Dynamic policies start with the fleet sized for the first warm-up window (as if the
-planner had been running before the trace); static:best is searched in hindsight.
+rejected request counts as a miss, and latency quantiles are over all requests. By default
+(``--start-from history``, as ``pdscale replay``) the trace's first warm-up is history: not
+scored, it sizes every dynamic policy's start fleet and is the planner's memory, as if the
+planner had been running before; ``hindsight`` sizes the start from the scored window's own
+first warm-up (the earlier figures). static:best is searched in hindsight on the scored window.
 Writes out/policy_bench.json (``policy_bench_STACK.json`` for another stack,
 ``..._admission_MODE.json`` with ``--decode-admission``)
 and prints the table with ratios against oracle and static:best.
@@ -60,7 +63,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
     Trace,
@@ -134,7 +137,8 @@ def trimmed(rep: dict[str, Any]) -> dict[str, Any]:
     return rep
 
 
-def matched(setup: ReplaySetup, base: str, gpu_hours: float, console: Console) -> dict[str, Any]:
+def matched(setup: ReplaySetup, base: str, gpu_hours: float, console: Console,
+            history: list[Any] | None) -> dict[str, Any]:
     """``base`` re-run with more headroom until it spends at least ``gpu_hours``.
 
     A baseline that spends less than pdscale and misses more is not a cheaper way to the same
@@ -143,12 +147,12 @@ def matched(setup: ReplaySetup, base: str, gpu_hours: float, console: Console) -
     spends at least ``gpu_hours`` (or of the smallest scale tried, if none does)."""
     t = time.perf_counter()
     lo, hi = 0.05, 1.0  # utilisation scale: lo spends the most
-    best = run_policy(setup, base, utilization_scale=lo)
+    best = run_policy(setup, base, utilization_scale=lo, history=history)
     best_scale = lo
     if best["gpu_hours"] >= gpu_hours:
         for _ in range(6):  # the scale to within 0.015
             mid = (lo + hi) / 2
-            rep = run_policy(setup, base, utilization_scale=mid)
+            rep = run_policy(setup, base, utilization_scale=mid, history=history)
             if rep["gpu_hours"] >= gpu_hours:
                 lo, best, best_scale = mid, rep, mid
             else:
@@ -222,6 +226,10 @@ def main() -> None:
                     help="the PDCluster's router is smg with prefill admission "
                          "(router.admission.prefillInflightPerWorker = PER_INSTANCE, the queue "
                          "timeout at the TTFT target), replayed as smg applies it")
+    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+                    help="history: the trace's first warm-up is unscored history that sizes the "
+                         "dynamic policies' start (as pdscale replay); hindsight: sized from the "
+                         "scored window's first warm-up (default: history)")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -249,13 +257,17 @@ def main() -> None:
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack],
                             decode_admission=args.decode_admission,
                             prefill_admission=router_admission(configured.spec))
-        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
-                      f"{trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
-                      f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s")
+        history = None
+        if args.start_from == "history":
+            setup, history = with_history(setup)
+        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
+                      f"{setup.trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
+                      f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s"
+                      + (f", after {len(history)} interval(s) of history" if history else ""))
         reps = {}
         for pol in args.policies.split(",") if args.policies else c.get("policies", POLICIES):
             t = time.perf_counter()
-            rep = trimmed(run_policy(setup, pol))
+            rep = trimmed(run_policy(setup, pol, history=history))
             reps[pol] = rep
             peak = rep["peak_instances"]
             console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "
@@ -267,10 +279,12 @@ def main() -> None:
         if args.matched and "pdscale" in reps:
             for base in ("reactive", "sla-interp"):
                 if base in reps and reps[base]["gpu_hours"] < reps["pdscale"]["gpu_hours"]:
-                    rep = matched(setup, base, reps["pdscale"]["gpu_hours"], console)
+                    rep = matched(setup, base, reps["pdscale"]["gpu_hours"], console, history)
                     reps[rep["policy"]] = rep
         results[name] = {"scale": {k: c[k] for k in ("rate_scale", "time_scale")},
-                         "ttft_slo_seconds": c["ttft"], "requests": len(trace), "trace": trace.name,
+                         "ttft_slo_seconds": c["ttft"], "requests": len(setup.trace), "trace": trace.name,
+                         "start_from": args.start_from,
+                         "history_intervals": len(history) if history is not None else 0,
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "configuration": configured.as_json(),
                          "policies": reps}

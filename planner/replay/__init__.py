@@ -7,7 +7,8 @@ operator, the command line or the test bed; the runtime planner never imports it
 - ``simulate``: :func:`simulate`, :class:`SimConfig` (the discrete-event PD fleet), built from
   its parts: ``fleet`` (instances warming, serving, draining; the event heap), ``routers``
   (one class per routing policy), ``prefix_index`` (cache hits per instance),
-  ``decode_admission`` (off / queue / shed) and ``interval_stats`` (what each interval observes).
+  ``prefill_batches`` and ``decode_batches`` (how the engines batch; decode admission off /
+  queue / shed), ``router_admission`` (smg's) and ``interval_stats`` (what each interval observes).
 - ``policies``: the policies compared in replay (pdscale, reactive, sla-interp, static, oracle).
 - ``run``: :class:`ReplaySetup` (a trace, the planner's configuration as the operator would
   run it for a PDCluster, and the simulated fleet's own knobs) and :func:`run_policy`, what

@@ -13,6 +13,7 @@ indexed by instance id, because draining waits for it and the hot path reads it 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
 
 from ..observe import Role
@@ -28,16 +29,19 @@ class Events:
 
     ``seq`` orders events of the same time and kind first-in first-out."""
 
-    #: PASS: a prefill instance's batched pass ends (:mod:`.prefill_batches`)
-    READY, ADMIT, RELEASE, PASS = 0, 1, 2, 3
+    #: PASS: a prefill instance's batched pass ends (:mod:`.prefill_batches`); DECODE: a
+    #: sequence of a decode batch finishes (:mod:`.decode_batches`)
+    READY, ADMIT, RELEASE, PASS, DECODE = 0, 1, 2, 3, 4
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, int, int]] = []
         self.seq = 0
 
-    def push(self, at: float, kind: int, payload: int) -> None:
+    def push(self, at: float, kind: int, payload: int) -> int:
+        """Schedule an event; its sequence number (which tells a superseded event apart)."""
         self.seq += 1
         heapq.heappush(self.heap, (at, kind, self.seq, payload))
+        return self.seq
 
 
 class Fleet:
@@ -59,9 +63,10 @@ class Fleet:
         self.busy: list[float] = []
         # requests routed to each instance whose prefill has not completed (a router's load)
         self.outstanding: list[int] = []
-        # decode work: heap of (finish, context tokens) per instance, and its context sum
-        self.running: list[list[tuple[float, float]]] = []
-        self.ctx_sum: list[float] = []
+        # decode work (:mod:`.decode_batches`): each instance's running batch, a heap of
+        # (finishing step, request, context offset), and the requests waiting to join it
+        self.running: list[list[tuple[float, int, float]]] = []
+        self.decode_waiting: list[deque[int]] = []
         # routable instances, ascending ids; the prefill ones also as a bitmask
         self.ready_prefill: list[int] = []
         self.prefill_mask = 0
@@ -111,7 +116,7 @@ class Fleet:
         self.outstanding.append(0)
         self.prefix.add_instance()
         self.running.append([])
-        self.ctx_sum.append(0.0)
+        self.decode_waiting.append(deque())
         if warm_seconds > 0:
             self.events.push(now + warm_seconds, Events.READY, i)
         else:
@@ -150,8 +155,9 @@ class Fleet:
             self.prefix.drop(i)
         else:
             self.ready_decode.remove(i)
-            done = max((f for f, _ in self.running[i]), default=now)
-            done = max(done, now)
+            if self.running[i] or self.decode_waiting[i]:
+                return  # its batch releases it when the last sequence finishes
+            done = now
         self.events.push(done, Events.RELEASE, i)
 
     def release(self, i: int, now: float) -> None:

@@ -16,18 +16,19 @@ Modelling choices (and why):
   profile measures. This makes the prefill side O(1) per request.
 - The prefix cache is updated when a request is admitted, not when it finishes: the queue is
   FIFO, so by the time a later request runs the earlier one has filled the cache.
-- A request's TPOT is the model's TPOT at the batch it joins (including itself). The batch
-  seen at admission samples the time-average batch, which is what sizing uses; a request whose
-  batch grows later is slightly flattered.
-- A decode instance full (batch cap or KV capacity) makes the request wait for the next
-  finishing sequence; the wait is part of its TTFT.
+- Decode is continuous batching (:mod:`.decode_batches`): each step emits a token to every
+  running sequence and takes the profile's TPOT for the batch and context running then, so a
+  joining request slows every running one. A request's TPOT is what a client measures, over
+  its whole decode, and is observed when it finishes (as the engines' histograms are).
+- A decode instance full (batch cap or KV capacity) makes the request wait in its queue for
+  finishing sequences; the wait is part of its TTFT.
 - Without admission (``decode_admission="off"``) a decode instance takes every request, so
   one short by a fraction slows every running sequence past the TPOT target (a cliff). With
   ``"queue"`` it caps its batch where the TPOT meets the target (what SGLang's
   ``--max-running-requests`` does, sized to the SLO): a request waits for enough running
-  sequences to finish. ``"shed"`` also drops it, like an early rejection, when that wait would
-  already break the TTFT target; a short decode fleet then loses only its excess, as a short
-  prefill fleet does under early rejection. No engine or router sheds so today.
+  sequences to finish. ``"shed"`` also drops a request that has waited past the TTFT target;
+  a short decode fleet then loses only its excess, as a short prefill fleet does under early
+  rejection. No engine or router sheds so today.
 - With ``prefill_admission`` (smg's, :mod:`.router_admission`) the router holds what finds
   every ready prefill instance at its cap, oldest first, and refuses it when its queue is full
   or it waited past the timeout; a slot opens when a prefill completes (the engine answers the
@@ -36,7 +37,7 @@ Modelling choices (and why):
 The parts, each testable alone: :mod:`.prefix_index` (the prefix caches and which instance
 holds which block), :mod:`.routers` (the choice of a prefill instance), :mod:`.fleet`
 (instances warming, draining and switching roles per the controller's targets, and their
-accounting), :mod:`.decode_admission` (which decode batch a request joins, and when) and
+accounting), :mod:`.decode_batches` (the decode instances' continuous batches) and
 :mod:`.interval_stats` (what the controller observes of each interval). This module wires them
 and runs the event loop.
 """
@@ -54,7 +55,7 @@ import numpy as np
 
 from ..model import PerformanceModel, Slo
 from ..observe import Observation, Role
-from .decode_admission import DECODE_ADMISSIONS, DecodeAdmission
+from .decode_batches import DECODE_ADMISSIONS, DecodeBatches
 from .fleet import READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
 from .prefill_batches import ENGINES, PrefillBatches
@@ -179,7 +180,12 @@ class _Replay:
         self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds)
         self.fleet.on_decode_ready = self._admit_waiting
         self.router = make_router(config.router, self.fleet, model, block, random.Random(config.seed))
-        self.admission = DecodeAdmission(self.fleet, model, config.decode_admission, config.slo)
+        self.decode = DecodeBatches(
+            self.fleet, self.events, model, config.decode_admission, config.slo,
+            input_tokens=trace.input_tokens, output_tokens=trace.output_tokens,
+            arrival_seconds=trace.arrival_seconds, on_start=self._decode_started,
+            on_finish=self._decode_finished, on_shed=self._decode_shed,
+        )
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
         if config.engine not in ENGINES:
             raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {config.engine!r}")
@@ -214,8 +220,8 @@ class _Replay:
         self.prompt_tokens = 0
         #: when the last request completed (its last token, or its prefill when prefill-only)
         self.last_done = 0.0
-        #: requests admitted by the router that have not started decoding (or, prefill-only,
-        #: finished prefill) yet
+        #: requests admitted by the router that have not finished decoding (or, prefill-only,
+        #: prefill) yet
         self.unfinished = 0
         #: request -> the prefill instance it was routed to, until its prefill completes
         self._routed_to: dict[int, int] = {}
@@ -281,7 +287,8 @@ class _Replay:
         assert self.controller is not None
         fleet = self.fleet
         self._run_events(now)
-        out = self.controller(self.stats.observe(now, fleet, len(self.waiting_decode),
+        waiting = len(self.waiting_decode) + self.decode.waiting()
+        out = self.controller(self.stats.observe(now, fleet, waiting,
                                                  queued_prefill=self._queued_prefill(now)))
         tp, td = out[0], out[1]
         reconcile(
@@ -291,10 +298,15 @@ class _Replay:
         self.ticks.append((now, tp, td, fleet.provisioned(Role.PREFILL), fleet.provisioned(Role.DECODE)))
 
     def _queued_prefill(self, now: float) -> int:
-        """Requests whose prefill has not started by ``now`` on a ready prefill instance."""
+        """Requests whose prefill has not started by ``now``: on a ready prefill instance, and
+        held at the router by its admission (which the live planner adds to the engines'
+        queues from ``smg_pd_prefill_admission_queued``)."""
         fleet, queued = self.fleet, 0
+        if self.admission_queue is not None:
+            self._expire_admission_queue(now)
+            queued += len(self.admission_queue.waiting)
         if self.batches is not None:
-            return sum(self.batches.queued(i) for i in fleet.ready_prefill)
+            return queued + sum(self.batches.queued(i) for i in fleet.ready_prefill)
         for i, starts in self.prefill_starts.items():
             while starts and starts[0] <= now:
                 starts.popleft()
@@ -306,8 +318,10 @@ class _Replay:
         """Run every event due at or before ``until``, in time order."""
         heap, fleet = self.events.heap, self.fleet
         while heap and heap[0][0] <= until:
-            t, kind, _, x = heapq.heappop(heap)
-            if kind == Events.ADMIT:
+            t, kind, seq, x = heapq.heappop(heap)
+            if kind == Events.DECODE:
+                self.decode.finish_due(x, t, seq)
+            elif kind == Events.ADMIT:
                 self._admit_decode(x, t)
             elif kind == Events.PASS:
                 assert self.batches is not None
@@ -419,25 +433,33 @@ class _Replay:
             self.events.push(done + self._kv_seconds(n_in), Events.ADMIT, r)
 
     def _admit_decode(self, r: int, now: float) -> None:
-        """Request ``r``'s KV arrived at ``now``: start decoding it, or let it wait for a
-        decode instance, or shed it."""
+        """Request ``r``'s KV arrived at ``now``: a decode instance takes it (into its batch or
+        its queue), or it waits for one to be ready."""
         if not self.fleet.ready_decode:
             self.waiting_decode.append(r)
             return
-        self.unfinished -= 1
-        arrival = self._arrival[r]
-        placed = self.admission.place(now, arrival, self._input[r], self._output[r])
-        if placed is None:
-            self.rejected[r] = True
-            self.stats.rejections += 1
-            return
-        start, t_tok = placed
-        self.last_done = max(self.last_done, start + self._output[r] * t_tok)
-        self.tpot[r] = t_tok
-        first = start - arrival
+        self.decode.place(r, now)
+
+    def _decode_started(self, r: int, now: float) -> None:
+        first = now - self._arrival[r]
         self.ttft[r] = first
         self.stats.ttft.append(first)
-        self.stats.tpot.append(t_tok)
+
+    def _decode_finished(self, r: int, start: float, now: float) -> None:
+        n_out = self._output[r]
+        self.unfinished -= 1
+        self.last_done = max(self.last_done, now)
+        if n_out <= 1:
+            self.tpot[r] = 0.0  # one token, from prefill: no inter-token time to miss
+            return
+        tpot = (now - start) / (n_out - 1)
+        self.tpot[r] = tpot
+        self.stats.tpot.append(tpot)
+
+    def _decode_shed(self, r: int, now: float) -> None:
+        self.unfinished -= 1
+        self.rejected[r] = True
+        self.stats.rejections += 1
 
     def _admit_waiting(self, now: float) -> None:
         """A decode instance became ready: admit what waited for one, first come first."""

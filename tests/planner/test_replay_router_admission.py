@@ -90,3 +90,21 @@ def test_bad_admission_values_are_refused(model) -> None:
     with pytest.raises(ValueError, match="article"):
         simulate(burst(1), model, SimConfig(engine="article",
                                             prefill_admission=PrefillAdmission(1)))
+
+
+def test_the_planner_sees_requests_held_at_the_router_in_the_prefill_queue(model) -> None:
+    # ten long prompts at once on one instance with cap 1: one computing, nine held at the
+    # router, none queued at the engine; the live planner reads the nine from smg's
+    # smg_pd_prefill_admission_queued and so must the replayed one
+    seen = []
+
+    def controller(obs):
+        seen.append(obs.prefill.queue_depth.value)
+        return (1, 0)
+
+    cfg = SimConfig(router="least-queue", initial_prefill=1, prefill_only=True, engine="sglang",
+                    prefill_chunk_tokens=4096, slo=Slo(ttft_seconds=600.0), interval_seconds=0.01,
+                    prefill_admission=PrefillAdmission(1, queue_size=16, queue_timeout_seconds=600))
+    tr = Trace("t", [0.0] * 10 + [0.02], [4000] * 11, [1] * 11, [(1000 + i,) for i in range(11)], BLOCK)
+    simulate(tr, model, cfg, controller)
+    assert seen[1:] == [9.0, 9.0]

@@ -11,7 +11,6 @@ from planner_replay_helpers import replay_setup
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Role
-from pdscale.planner.replay.decode_admission import DecodeAdmission
 from pdscale.planner.replay.fleet import DRAINING, READY, STOPPED, WARMING, Events, Fleet, reconcile
 from pdscale.planner.replay.interval_stats import IntervalStats
 from pdscale.planner.replay.prefix_index import PrefixIndex
@@ -146,9 +145,11 @@ def test_decode_admission_turns_the_tpot_cliff_into_a_queue_or_shed_excess(
 
     cliff, queue, shed = replay("off"), replay("queue"), replay("shed")
     assert cliff["misses"]["tpot_only"] > 0.5 * cliff["requests"]  # nearly every sequence slowed
-    # capped, no admitted sequence runs past the target: the excess waits, or is dropped
+    # capped, the excess waits or is dropped: the cap is sized at each sequence's mean context
+    # over its decode, so a batch whose sequences are late in theirs runs a little past the
+    # target at times (continuous batching), and a few requests average just over it
     for capped in (queue, shed):
-        assert capped["misses"]["tpot_only"] + capped["misses"]["both"] == 0
+        assert capped["misses"]["tpot_only"] + capped["misses"]["both"] < 0.01 * capped["requests"]
     # quantiles are over all requests: the queue rejects no more than the router did (< 1%),
     # shedding rejects more than 1%, so its p99 falls on a rejected request (null)
     assert queue["tpot_p99"] <= 0.05
@@ -246,27 +247,6 @@ def test_reconcile_switches_cancels_warm_ups_and_keeps_the_budget() -> None:
     assert fleet.state[4] == STOPPED and fleet.committed(Role.PREFILL) == [0, 1]
 
 
-def test_decode_admission_queue_waits_and_shed_drops(model: PerformanceModel) -> None:
-    slo = Slo(ttft_seconds=2.0, tpot_seconds=model.tpot_seconds(2, 1000) * 1.001)
-
-    def admission(mode: str) -> DecodeAdmission:
-        fleet = Fleet(PrefixIndex(1), Events(), switch_seconds=0.0)
-        fleet.add(Role.DECODE, 0.0, 0.0)
-        fleet.running[0][:] = [(5.0, 1000.0), (9.0, 1000.0)]
-        fleet.ctx_sum[0] = 2000.0
-        return DecodeAdmission(fleet, model, mode, slo)
-
-    # a third sequence breaks the TPOT target: "off" joins anyway, "queue" waits for the first
-    # to finish (at 5 s), "shed" drops it because that wait alone breaks the TTFT target
-    start, tpot = admission("off").place(1.0, 1.0, 1000, 0)
-    assert start == 1.0 and tpot == model.tpot_seconds(3, 1000) > slo.tpot_seconds
-    start, tpot = admission("queue").place(1.0, 1.0, 1000, 0)
-    assert start == 5.0 and tpot <= slo.tpot_seconds
-    assert admission("shed").place(1.0, 1.0, 1000, 0) is None
-    with pytest.raises(ValueError, match="decode_admission"):
-        admission("maybe")
-
-
 def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     fleet = prefill_fleet(2)
     fleet.add(Role.DECODE, 0.0, 0.0)
@@ -311,7 +291,9 @@ def test_the_run_ends_at_the_last_completion_not_at_a_warming_node(
 
     r = simulate(tr, model, SimConfig(initial_prefill=2, initial_decode=1, interval_seconds=60,
                                       slo=Slo(ttft_seconds=15)), late_growth)
-    done = np.asarray(tr.arrival_seconds) + r.ttft_seconds + r.tpot_seconds * np.asarray(tr.output_tokens)
+    # the first token comes from prefill, then one per TPOT
+    out = np.asarray(tr.output_tokens)
+    done = np.asarray(tr.arrival_seconds) + r.ttft_seconds + r.tpot_seconds * (out - 1)
     assert r.end_seconds == pytest.approx(float(np.nanmax(done)))
     assert r.end_seconds < tr.arrival_seconds[0] + 120 + model.profile.warmup.new_node_seconds
     assert r.instance_seconds["warming"] < model.profile.warmup.new_node_seconds

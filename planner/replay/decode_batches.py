@@ -1,0 +1,217 @@
+"""Decode instances that batch as SGLang and vLLM do: continuous batching, one step at a time.
+
+Every step of a decode instance emits one token to every running sequence and takes the
+profile's TPOT for the batch and context running *now*
+(:meth:`~..model.PerformanceModel.tpot_seconds`), so a request joining a batch slows every
+sequence in it from that step on, and one finishing speeds them up (SGLang's
+``event_loop_normal`` / ``run_batch``; vLLM v1's scheduler steps). A request's first token is
+the one its prefill sampled, so it needs ``output - 1`` steps here; its TPOT is what a client
+measures: (last token - first token) / (output - 1).
+
+All sequences of an instance advance in lockstep, so progress is counted in steps, not time: a
+sequence that joins at step ``S0`` needing ``n`` steps finishes at step ``S0 + n``, whatever the
+batch does meanwhile. Between two changes of the batch (a join or a finish) the batch size
+``B`` is fixed and the context grows by ``B`` tokens per step, so the step time grows linearly
+(``A + G·k`` at the k-th step) and the time to the next finish is a closed form: one event per
+join or finish, not per step.
+
+A request goes to the ready decode instance with the fewest sequences (running and waiting).
+It waits there, first come first served, while the instance is full: its batch at the
+profile's ``max_batch``, or its KV cache unable to hold the request's prompt and output (what
+SGLang's decode pre-allocation reserves, as the simulated engine does). The wait is part of
+its TTFT. Modes (``SimConfig.decode_admission``):
+
+- ``off``: nothing more; one sequence too many slows every running one (the TPOT cliff).
+- ``queue``: the batch is also capped where its TPOT would break the target (SGLang's
+  ``--max-running-requests`` sized to the SLO): the request starts once enough have finished.
+- ``shed``: as ``queue``, but a request that has waited past the TTFT target is dropped when
+  its turn comes instead of started (it has missed already; dropping it spares those behind).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+
+from ..model import PerformanceModel, Slo
+from .fleet import DRAINING, Events, Fleet
+
+DECODE_ADMISSIONS = ("off", "queue", "shed")
+#: steps short of a finish still counted as finished (float error of the closed form)
+_STEP_EPS = 1e-6
+
+
+class DecodeBatches:
+    """Continuous batches on the fleet's decode instances.
+
+    ``fleet.running[i]`` is instance ``i``'s batch as a heap of (finishing step, request,
+    context offset); ``fleet.decode_waiting[i]`` its queue. Callbacks: ``on_start(r, t)`` when
+    request ``r`` gets its first token, ``on_finish(r, start, t)`` when it gets its last,
+    ``on_shed(r, t)`` when it is dropped."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        events: Events,
+        model: PerformanceModel,
+        mode: str,
+        slo: Slo,
+        *,
+        input_tokens: Sequence[int],
+        output_tokens: Sequence[int],
+        arrival_seconds: Sequence[float],
+        on_start: Callable[[int, float], None],
+        on_finish: Callable[[int, float, float], None],
+        on_shed: Callable[[int, float], None],
+    ) -> None:
+        if mode not in DECODE_ADMISSIONS:
+            raise ValueError(f"decode_admission must be one of {DECODE_ADMISSIONS}, got {mode!r}")
+        self.fleet, self.events, self.model = fleet, events, model
+        self.capped, self.shed = mode != "off", mode == "shed"
+        self.slo_ttft, self.slo_tpot = slo.ttft_seconds, slo.tpot_seconds
+        d = model.profile.decode
+        self.max_batch, self.kv_capacity_tokens = d.max_batch, d.kv_capacity_tokens
+        self._input, self._output, self._arrival = input_tokens, output_tokens, arrival_seconds
+        self.on_start, self.on_finish, self.on_shed = on_start, on_finish, on_shed
+        # per instance (dicts: instances join the fleet as the run goes)
+        #: steps run by ``_at[i]``, and that time
+        self._steps: dict[int, float] = {}
+        self._at: dict[int, float] = {}
+        #: sum over the batch of (context at join - step at join): the batch's context is
+        #: this + B x steps, updated in O(1) per join and finish
+        self._ctx_offset: dict[int, float] = {}
+        #: the batch's sum of mean contexts over each sequence's decode (the cap's sizing)
+        self._mean_context: dict[int, float] = {}
+        #: KV tokens reserved by the batch (prompt + output of each running sequence)
+        self._reserved: dict[int, int] = {}
+        #: the sequence number of instance i's one live finish event (older ones are stale)
+        self._event: dict[int, int] = {}
+        self._started: dict[int, float] = {}
+
+    # -- routing ------------------------------------------------------------------------------
+    def least_loaded(self) -> int:
+        """The ready decode instance with the fewest sequences, running and waiting (the
+        lowest id of a tie)."""
+        fleet = self.fleet
+        return min(fleet.ready_decode, key=lambda i: len(fleet.running[i]) + len(fleet.decode_waiting[i]))
+
+    def place(self, r: int, now: float) -> None:
+        """Request ``r``'s KV arrived at ``now``: join the least loaded ready instance's batch,
+        or wait in its queue. Needs a ready decode instance."""
+        i = self.least_loaded()
+        waiting = self.fleet.decode_waiting[i]
+        if waiting or not self._fits(i, r, now):
+            waiting.append(r)
+            return
+        self._join(i, r, now)
+
+    # -- the batch ----------------------------------------------------------------------------
+    def _context(self, i: int) -> float:
+        return self._ctx_offset.get(i, 0.0) + len(self.fleet.running[i]) * self._steps.get(i, 0.0)
+
+    def _fits(self, i: int, r: int, now: float) -> bool:
+        batch = self.fleet.running[i]
+        b = len(batch)
+        if b == 0:
+            return True  # an empty instance takes anything (else a long request waits forever)
+        if b >= self.max_batch:
+            return False
+        n_in, n_out = int(self._input[r]), int(self._output[r])
+        if self._reserved.get(i, 0) + n_in + n_out > self.kv_capacity_tokens:
+            return False
+        if self.capped:
+            # sized as the planner sizes a batch: by each sequence's mean context over its
+            # decode (prompt + half its output), not the context now, which grows
+            ctx = self._mean_context.get(i, 0.0) + n_in + n_out / 2.0
+            return self.model.tpot_seconds(b + 1, ctx / (b + 1)) <= self.slo_tpot
+        return True
+
+    def _advance(self, i: int, now: float) -> None:
+        """Count the steps instance ``i`` ran up to ``now`` (its batch unchanged since)."""
+        at = self._at.get(i, now)
+        self._at[i] = now
+        b = len(self.fleet.running[i])
+        if b == 0 or now <= at:
+            return
+        a, g = self._step_time(i)
+        dt = now - at
+        # steps k in dt: a·k + g·k(k-1)/2 = dt
+        lin = a - g / 2.0
+        k = dt / a if g <= 0 else (-lin + math.sqrt(lin * lin + 2.0 * g * dt)) / g
+        self._steps[i] = self._steps.get(i, 0.0) + k
+
+    def _step_time(self, i: int) -> tuple[float, float]:
+        """(the next step's seconds, its growth per step) of instance ``i``'s batch now: the
+        context grows by the batch size each step and the model is linear in it."""
+        b = len(self.fleet.running[i])
+        ctx = self._context(i)
+        a = self.model.tpot_seconds(b, ctx / b)
+        return a, self.model.tpot_seconds(b, (ctx + b) / b) - a
+
+    def _join(self, i: int, r: int, now: float) -> None:
+        self._advance(i, now)
+        n_in, n_out = int(self._input[r]), int(self._output[r])
+        self.on_start(r, now)
+        if n_out <= 1:  # its only token came from prefill
+            self.on_finish(r, now, now)
+            return
+        self._started[r] = now
+        s = self._steps.get(i, 0.0)
+        heapq.heappush(self.fleet.running[i], (s + n_out - 1, r, n_in + 1 - s))
+        self._ctx_offset[i] = self._ctx_offset.get(i, 0.0) + n_in + 1 - s
+        self._reserved[i] = self._reserved.get(i, 0) + n_in + n_out
+        self._mean_context[i] = self._mean_context.get(i, 0.0) + n_in + n_out / 2.0
+        self._schedule(i, now)
+
+    def _schedule(self, i: int, now: float) -> None:
+        """Put instance ``i``'s next finish on the event heap (its earlier one goes stale)."""
+        batch = self.fleet.running[i]
+        if not batch:
+            self._event.pop(i, None)
+            return
+        n = max(batch[0][0] - self._steps.get(i, 0.0), 0.0)
+        a, g = self._step_time(i)
+        # the inverse of _advance's count: n steps take a·n + g·n(n-1)/2
+        self._event[i] = self.events.push(now + a * n + g * n * (n - 1.0) / 2.0, Events.DECODE, i)
+
+    def finish_due(self, i: int, now: float, seq: int) -> None:
+        """A finish event of instance ``i`` at ``now`` (ignored when stale): the sequences done
+        leave the batch, then what waits joins while it fits."""
+        if self._event.get(i) != seq:
+            return
+        self._advance(i, now)
+        batch, s = self.fleet.running[i], self._steps[i]
+        while batch and batch[0][0] <= s + _STEP_EPS:
+            _, r, offset = heapq.heappop(batch)
+            self._ctx_offset[i] -= offset
+            n_in, n_out = int(self._input[r]), int(self._output[r])
+            self._reserved[i] -= n_in + n_out
+            self._mean_context[i] -= n_in + n_out / 2.0
+            self.on_finish(r, self._started.pop(r), now)
+        if not batch:  # an empty batch restarts its sums (no float drift over a long run)
+            self._steps[i] = self._ctx_offset[i] = self._mean_context[i] = 0.0
+        self._admit_waiting(i, now)
+        self._schedule(i, now)
+        fleet = self.fleet
+        if fleet.state[i] == DRAINING and not batch and not fleet.decode_waiting[i]:
+            self.events.push(now, Events.RELEASE, i)
+
+    def _admit_waiting(self, i: int, now: float) -> None:
+        waiting = self.fleet.decode_waiting[i]
+        while waiting:
+            r = waiting[0]
+            if self.shed and now - float(self._arrival[r]) > self.slo_ttft:
+                waiting.popleft()
+                self.on_shed(r, now)
+                continue
+            if not self._fits(i, r, now):
+                return
+            waiting.popleft()
+            self._join(i, r, now)
+
+    def waiting(self) -> int:
+        """Requests waiting in the decode instances' queues."""
+        return sum(len(w) for w in self.fleet.decode_waiting)
+
+

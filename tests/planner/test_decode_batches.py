@@ -1,0 +1,153 @@
+"""The replay's decode instances batch continuously (planner/replay/decode_batches.py): one
+rule per test, each checked against a step-by-step count of the same batch."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+
+from pdscale.planner.model import PerformanceModel, Slo
+from pdscale.planner.observe import Role
+from pdscale.planner.profile import load_profile
+from pdscale.planner.replay.decode_batches import DecodeBatches
+from pdscale.planner.replay.fleet import DRAINING, STOPPED, Events, Fleet
+from pdscale.planner.replay.prefix_index import PrefixIndex
+
+
+class Run:
+    """One decode instance (or ``n``) driven by hand: requests given as (input, output)."""
+
+    def __init__(self, model: PerformanceModel, requests: list[tuple[int, int]], *, mode: str = "off",
+                 slo: Slo | None = None, instances: int = 1, arrivals: list[float] | None = None) -> None:
+        self.events = Events()
+        self.fleet = Fleet(PrefixIndex(1), self.events, switch_seconds=0.0)
+        for _ in range(instances):
+            self.fleet.add(Role.DECODE, 0.0, 0.0)
+        self.started: dict[int, float] = {}
+        self.finished: dict[int, float] = {}
+        self.shed: list[int] = []
+        self.decode = DecodeBatches(
+            self.fleet, self.events, model, mode, slo or Slo(ttft_seconds=2.0, tpot_seconds=0.05),
+            input_tokens=[i for i, _ in requests], output_tokens=[o for _, o in requests],
+            arrival_seconds=arrivals or [0.0] * len(requests),
+            on_start=lambda r, t: self.started.__setitem__(r, t),
+            on_finish=lambda r, start, t: self.finished.__setitem__(r, t),
+            on_shed=lambda r, t: self.shed.append(r),
+        )
+
+    def until(self, t: float) -> None:
+        """Run the events due by ``t``."""
+        heap = self.events.heap
+        while heap and heap[0][0] <= t:
+            at, kind, seq, x = heapq.heappop(heap)
+            if kind == Events.DECODE:
+                self.decode.finish_due(x, at, seq)
+            elif kind == Events.RELEASE:
+                self.fleet.release(x, at)
+
+
+def stepped(model: PerformanceModel, contexts: list[int], steps: int) -> float:
+    """Seconds for ``steps`` steps of a batch of sequences at these contexts, step by step (each
+    step adds a token to each)."""
+    total, ctx = 0.0, list(contexts)
+    for _ in range(steps):
+        total += model.tpot_seconds(len(ctx), sum(ctx) / len(ctx))
+        ctx = [c + 1 for c in ctx]
+    return total
+
+
+@pytest.fixture(scope="module")
+def model() -> PerformanceModel:
+    return PerformanceModel(load_profile())
+
+
+def test_a_sequence_alone_takes_the_sum_of_its_steps(model: PerformanceModel) -> None:
+    run = Run(model, [(2000, 301)])
+    run.decode.place(0, 1.0)
+    assert run.started == {0: 1.0}
+    run.until(1e9)
+    # the first token came from prefill: 300 steps, each at the context then (prompt + tokens)
+    assert run.finished[0] == pytest.approx(1.0 + stepped(model, [2001], 300), rel=1e-9)
+
+
+def test_a_joining_request_slows_every_running_one(model: PerformanceModel) -> None:
+    alone = Run(model, [(2000, 301)])
+    alone.decode.place(0, 0.0)
+    alone.until(1e9)
+    joined = Run(model, [(2000, 301), (4000, 1001)])
+    joined.decode.place(0, 0.0)
+    half = stepped(model, [2001], 150)
+    joined.until(half)
+    joined.decode.place(1, half)  # joins after 150 of the first one's 300 steps
+    joined.until(1e9)
+    # the rest of the first one's steps run at a batch of two (their contexts then)
+    expected = half + stepped(model, [2151, 4001], 150)
+    assert joined.finished[0] == pytest.approx(expected, rel=1e-6)
+    assert joined.finished[0] > alone.finished[0]
+    # the second runs at two until the first leaves, then alone (speeds up)
+    rest = stepped(model, [4151], 850)
+    assert joined.finished[1] == pytest.approx(expected + rest, rel=1e-6)
+
+
+def test_a_full_instance_makes_a_request_wait_for_room(model: PerformanceModel) -> None:
+    kv = model.profile.decode.kv_capacity_tokens
+    d = model.profile.decode
+    tight = PerformanceModel(model.profile.model_copy(update={"decode": d.model_copy(update={"max_batch": 2})}))
+    run = Run(tight, [(100, 11), (100, 21), (100, 5)])
+    for r in range(3):
+        run.decode.place(r, 0.0)
+    assert list(run.started) == [0, 1] and list(run.fleet.decode_waiting[0]) == [2]
+    run.until(1e9)
+    assert run.started[2] == pytest.approx(run.finished[0])  # the first to leave makes room
+    # KV capacity: a request whose prompt and output do not fit beside the batch waits too
+    run = Run(model, [(kv // 2, 11), (kv // 2 + 10, 11)])
+    run.decode.place(0, 0.0)
+    run.decode.place(1, 0.0)
+    assert list(run.started) == [0]
+    run.until(1e9)
+    assert run.started[1] == pytest.approx(run.finished[0])
+
+
+def test_decode_admission_queue_waits_and_shed_drops(model: PerformanceModel) -> None:
+    # two of these meet the target at their mean contexts (prompt + half the output), a third not
+    slo = Slo(ttft_seconds=0.5, tpot_seconds=model.tpot_seconds(2, 1200) * 1.001)
+
+    def three(mode: str) -> Run:
+        run = Run(model, [(1000, 50), (1000, 400), (1000, 20)], mode=mode, slo=slo)
+        for r in range(3):
+            run.decode.place(r, 0.0)
+        return run
+
+    cliff = three("off")  # everyone joins: every sequence runs past the target for a while
+    assert len(cliff.started) == 3
+    queued = three("queue")  # the third waits for the first to finish
+    assert list(queued.started) == [0, 1]
+    queued.until(1e9)
+    assert queued.started[2] == pytest.approx(queued.finished[0])
+    assert queued.finished[0] == pytest.approx(stepped(model, [1001, 1001], 49), rel=1e-6)
+    # "shed": the third waited past the TTFT target by the time room opened, and is dropped
+    shed = three("shed")
+    shed.until(1e9)
+    assert queued.finished[0] > slo.ttft_seconds and shed.shed == [2] and 2 not in shed.started
+    with pytest.raises(ValueError, match="decode_admission must be one of"):
+        three("maybe")
+
+
+def test_requests_go_to_the_least_loaded_instance_and_a_drain_waits_for_its_batch(
+        model: PerformanceModel) -> None:
+    run = Run(model, [(1000, 100)] * 3, instances=2)
+    for r in range(3):
+        run.decode.place(r, 0.0)
+    assert [len(b) for b in run.fleet.running] == [2, 1]
+    run.fleet.start_drain(0, 0.5, None)
+    assert run.fleet.state[0] == DRAINING
+    run.until(1e9)
+    # released when its last sequence finished, not before
+    assert run.fleet.state[0] == STOPPED and run.fleet.since[0] == pytest.approx(max(run.finished[0], run.finished[1]))
+
+
+def test_a_one_token_output_finishes_at_its_start(model: PerformanceModel) -> None:
+    run = Run(model, [(1000, 1)])
+    run.decode.place(0, 3.0)
+    assert run.finished == {0: 3.0} and not run.fleet.running[0]
