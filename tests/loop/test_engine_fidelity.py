@@ -55,37 +55,37 @@ def one_prefill(tmp_path_factory):
     return ef, case, report, tmp / "recording" / "trace.jsonl"
 
 
-def test_replay_predicts_ttft_and_prefix_hits_of_one_prefill_within_target(one_prefill):
-    ef, case, report, trace_path = one_prefill
+TARGETS = ("attainment_pp", "ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+
+
+def test_replay_predicts_one_prefill_within_every_target(one_prefill):
+    # measured 2026-12-02 (after main's continuous-batching decode): attainment 43.4% both,
+    # TTFT p50/p90 -2%/-1%, TPOT p50/p90 +3%/+3%; before it, TPOT -25%/-22% and +5.5 pp
+    _, _, report, _ = one_prefill
     live, diff = report["live"], report["difference"]
     assert live["failed"] == 0
-    for q in ("ttft_p50", "ttft_p90"):
-        assert diff[q]["within"], (q, live[q], report["replay"][q])
+    for key in TARGETS:
+        assert diff[key]["within"], (key, live, report["replay"])
     assert abs(diff["prefix_hit_rate_pp"]["difference"]) <= 2.0
-    # the control: a replay whose prefill is 10% off misses the same target, so the target
-    # is not met by luck on a case this size (measured: TTFT p50 +110% and -56%)
+
+
+@pytest.mark.parametrize("prefill_speed, decode_speed", [(0.9, 1.0), (1.1, 1.0), (1.0, 0.8), (1.0, 1.25)])
+def test_a_replay_of_a_fleet_off_by_a_little_misses_a_target(one_prefill, prefill_speed, decode_speed):
+    # the control: the same recording replayed on a fleet 10% off at prefill or 20-25% off at
+    # decode misses at least one target, so the targets are not met by luck on a case this
+    # size (measured: prefill x0.9 -> TTFT p50 +110%; decode x1.25 -> attainment +4.9 pp, its
+    # TPOT still within 10%: the TPOT check alone is weak on the fast side)
     from pdscale.planner.replay.traces import read_mooncake
 
-    block = load_profile(PROFILE).prefill.block_tokens
-    trace = read_mooncake(trace_path, block_tokens=block)
-    for speed in (0.9, 1.1):
-        model = PerformanceModel(scaled_profile(load_profile(PROFILE), prefill_speed=speed))
-        off = ef.replay_figures(case, ef.replay(case, trace, profile=PROFILE, chunk_tokens=CHUNK,
-                                                model=model), trace.output_tokens)  # fmt: skip
-        missed = ef.compare(live, off)
-        assert not (missed["ttft_p50"]["within"] and missed["ttft_p90"]["within"]), (speed, missed)
-
-
-@pytest.mark.xfail(strict=False, reason=(
-    "replay TPOT p50/p90 -25%/-22% and attainment +5.5 pp vs the HTTP engines (2026-12-02, "
-    "before main's continuous-batching decode): the replay fixes a request's TPOT at the "
-    "batch it joins, while the engines' batch grows as a prefill pass releases its requests "
-    "together, slowing every running one"))
-def test_replay_predicts_tpot_and_attainment_of_one_prefill_within_target(one_prefill):
-    _, _, report, _ = one_prefill
-    diff = report["difference"]
-    for key in ("tpot_p50", "tpot_p90", "attainment_pp"):
-        assert diff[key]["within"], (key, report["live"], report["replay"])
+    ef, case, report, trace_path = one_prefill
+    profile = load_profile(PROFILE)
+    trace = read_mooncake(trace_path, block_tokens=profile.prefill.block_tokens)
+    model = PerformanceModel(scaled_profile(profile, prefill_speed=prefill_speed,
+                                            decode_speed=decode_speed))  # fmt: skip
+    off = ef.replay_figures(case, ef.replay(case, trace, profile=PROFILE, chunk_tokens=CHUNK,
+                                            model=model), trace.output_tokens)  # fmt: skip
+    missed = ef.compare(report["live"], off)
+    assert not all(missed[key]["within"] for key in TARGETS), missed
 
 
 def _prefills_chosen(fleet, gateway: str, n: int) -> list[int]:
