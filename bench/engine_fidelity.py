@@ -36,6 +36,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -132,7 +133,7 @@ class Live:
 
 def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression: float,
              chunk_tokens: int, workdir: Path, gateway: str = "sglang-router",
-             log=print) -> Live:  # type: ignore[no-untyped-def]
+             log: Callable[[str], object] = print) -> Live:
     """Send ``specs`` through the real router (``gateway``: sglang-router, what a PDCluster
     runs by default, or smg) to a fixed fleet of simulated engines."""
     h = loop_harness()
@@ -246,7 +247,7 @@ def compare(live: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any]:
 
 def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
              workdir: Path, recording: Path, gateway: str = "sglang-router",
-             log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+             log: Callable[[str], object] = print) -> dict[str, Any]:
     """One case, live then replayed; the report's entry for it. The recording (trace.jsonl,
     requests.jsonl: what the client saw, model seconds) goes under ``recording``; the
     processes' logs under ``workdir``."""
@@ -261,6 +262,11 @@ def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
     result = replay(case, trace, profile=profile, chunk_tokens=chunk_tokens)
     live_f = live_figures(case, live)
     replay_f = replay_figures(case, result, trace.output_tokens)
+    # the first request finds every instance idle in both: what is left is the HTTP path
+    # (router, bootstrap handshake, streaming), in model seconds
+    first = min(live.records, key=lambda r: (r.sent_seconds, r.index))
+    if first.ttft_seconds is not None:
+        live_f["first_request_ttft_over_replay"] = first.ttft_seconds - float(result.ttft_seconds[0])
     # the replay under its other routers: the spread is what the routing model alone moves
     by_router = {}
     for router in OTHER_ROUTERS:
@@ -305,6 +311,10 @@ def table(reports: list[dict[str, Any]]) -> Any:
         h = diff.get("prefix_hit_rate_pp")
         t.add_row("", "prefix hit rate", _p(live["prefix_hit_rate"]), _p(rp["prefix_hit_rate"]),
                   f"{h['difference']:+.1f} pp" if h else "-", "")
+        gap = live.get("first_request_ttft_over_replay")
+        if gap is not None:
+            t.add_row("", "first request's TTFT over the replay's (HTTP path)",
+                      f"{gap * 1000:.0f} ms", "", "", "")
         t.add_row("", "requests / failed", f"{live['requests']} / {live['failed']}",
                   f"{rp['requests']} / {rp['failed']}", "", "")
         for router, other in rep["replay_by_router"].items():
