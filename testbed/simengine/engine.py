@@ -532,16 +532,21 @@ class SimEngine:
         return int(info["input_tokens"]), int(info["cached_tokens"])
 
     async def _decode_loop(self) -> None:
-        # continuous batching: every step emits one token to every running sequence, and a
-        # step takes TPOT(batch, mean context). Deadlines, not sleeps, so error doesn't add up.
+        # continuous batching: every step emits one token to every sequence it started with,
+        # and a step takes TPOT(batch, mean context). A sequence that joins while a step runs
+        # waits for the next one, as SGLang's scheduler merges new requests into the running
+        # batch between forward passes (event_loop_normal: get_next_batch_to_run, then
+        # run_batch); before, it got a token at the end of the step already running.
+        # Deadlines, not sleeps, so error doesn't add up.
         next_step = time.monotonic()
         while True:
             if not self._batch:
                 self._batch_changed.clear()
                 await self._batch_changed.wait()
                 next_step = time.monotonic()
-            batch = len(self._batch)
-            mean_context = sum(s.context_tokens for s in self._batch) / batch
+            members = list(self._batch)
+            batch = len(members)
+            mean_context = sum(s.context_tokens for s in members) / batch
             step = self.wall(self.timing.tpot_seconds(batch, mean_context))
             now = time.monotonic()
             next_step = max(next_step, now - step) + step
@@ -550,7 +555,10 @@ class SimEngine:
             self._decode_steps += 1
             if self._decode_steps % self.config.decode_log_interval == 0:
                 self.log_stats()  # SGLang's log_decode_stats, every decode-log-interval steps
-            for seq in list(self._batch):
+            running = {id(seq) for seq in self._batch}
+            for seq in members:
+                if id(seq) not in running:
+                    continue  # left while the step ran (its request went away)
                 seq.remaining -= 1
                 seq.context_tokens += 1
                 seq.tokens.put_nowait(stamp)

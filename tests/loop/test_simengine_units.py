@@ -323,3 +323,35 @@ def test_a_prompt_cached_whole_still_computes_its_last_token():
 
     assert asyncio.run(scenario()) == [0, 1023]
     assert seen == [1024, 1]
+
+
+def test_a_sequence_joining_a_running_step_gets_its_next_token_a_full_step_later():
+    # SGLang merges a new request into the running batch between forward passes: one that
+    # joins while a step runs waits for that step to end, then takes a whole step. A decode
+    # step of 50 ms; B joins 25 ms into A's second step, so B's second token comes with A's
+    # third step (75 ms after its first), not with the step that was running (25 ms)
+    import asyncio
+
+    from pdscale.testbed.simengine import EngineConfig, SimEngine
+
+    timing = LinearTiming(prefill_tokens_per_second=1e9, prefill_overhead_seconds=0.0,
+                          decode_step_seconds=0.05, decode_per_sequence_seconds=0.0)  # fmt: skip
+
+    async def scenario() -> list[float]:
+        engine = SimEngine(EngineConfig("decode", "127.0.0.1", 0), timing)
+        await engine.start()
+        try:
+            async def stamps(n_out: int) -> list[float]:
+                return [t async for _, t, _ in engine.decode({}, ["w"], n_out)]
+
+            a = asyncio.create_task(stamps(6))
+            await asyncio.sleep(0.075)
+            b = await stamps(3)
+            await a
+            return b
+        finally:
+            await engine.close()
+
+    b = asyncio.run(scenario())
+    assert 0.065 <= b[1] - b[0] < 0.11, b
+    assert 0.04 <= b[2] - b[1] < 0.07, b
