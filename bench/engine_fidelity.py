@@ -298,7 +298,7 @@ def table(reports: list[dict[str, Any]]) -> Any:
         t.add_column(col, justify="left" if col in ("case", "measure") else "right")
     for rep in reports:
         live, rp, diff = rep["live"], rep["replay"], rep["difference"]
-        name = f"{rep['case']['name']} ({rep['gateway']})"
+        name = f"{rep.get('run', rep['case']['name'])} ({rep['gateway']})"
         a = diff.get("attainment_pp")
         t.add_row(name, f"attainment (TTFT <= {rep['case']['slo_ttft_seconds']:g} s, TPOT <= "
                   f"{rep['case']['slo_tpot_seconds']:g} s)", f"{live['attainment']:.1%}",
@@ -351,18 +351,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="prefill pass budget, the engines' --chunked-prefill-size and the replay's")
     p.add_argument("--gateway", choices=("sglang-router", "smg"), default="sglang-router",
                    help="the router program (router.gateway; default: a PDCluster's default)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="live runs per case (the same load): how much a live figure moves alone")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     err = Console(stderr=True)
     chosen = [c for c in CASES if args.only is None or c.name in args.only.split(",")]
     reports = []
     for case in chosen:
-        with tempfile.TemporaryDirectory(prefix=f"fidelity-{case.name}-") as tmp:
-            reports.append(run_case(case, profile=args.profile, compression=args.time_compression,
-                                    chunk_tokens=args.chunk_tokens, workdir=Path(tmp),
-                                    recording=args.out.with_suffix("") / case.name,
-                                    gateway=args.gateway,
-                                    log=err.print))  # fmt: skip
+        for k in range(args.repeat):
+            run = case.name if args.repeat == 1 else f"{case.name}-{k + 1}"
+            with tempfile.TemporaryDirectory(prefix=f"fidelity-{run}-") as tmp:
+                reports.append(run_case(case, profile=args.profile,
+                                        compression=args.time_compression,
+                                        chunk_tokens=args.chunk_tokens, workdir=Path(tmp),
+                                        recording=args.out.with_suffix("") / run,
+                                        gateway=args.gateway, log=err.print))  # fmt: skip
+            reports[-1]["run"] = run
     Console(width=150).print(table(reports))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(reports, indent=1))
