@@ -307,8 +307,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ideal-router = predicted-TTFT routing with early rejection (a "
                              "what-if); article = the article's model (default: deployed)")
     parser.add_argument("--router", default=None,
-                        choices=["random", "least-queue", "cache-aware", "predicted-ttft"],
-                        help="overrides the stack's router")
+                        choices=["random", "round-robin", "power-of-two", "least-queue",
+                                 "cache-aware", "predicted-ttft"],
+                        help="the prefill routing (default: the stack's; on the deployed stack, "
+                             "the spec's router.prefillPolicy)")
+    parser.add_argument("--decode-router", default=None,
+                        choices=["round-robin", "random", "power-of-two", "cache-aware",
+                                 "least-loaded"],
+                        help="the decode routing (default: the stack's; on the deployed stack, "
+                             "the spec's router.decodePolicy)")
     parser.add_argument("--early-rejection", action="store_true", default=None,
                         help="the router rejects a request whose predicted TTFT breaks the "
                              "target (overrides the stack's admission)")
@@ -319,6 +326,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "planner drops its decode hedge (default: off)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
+
+
+#: a PDCluster's routing policy -> the replay's router of that name (planner/replay/routers.py
+#: for prefill, decode_batches.py for decode)
+_ROUTING = {"CacheAware": "cache-aware", "RoundRobin": "round-robin",
+            "PowerOfTwo": "power-of-two", "Random": "random"}
+
+
+def routing(spec: PDClusterSpec) -> dict[str, str]:
+    """The replay's ``router`` and ``decode_router`` for the policies the spec's router is
+    rendered with (``router.prefillPolicy``, ``router.decodePolicy``); the deployed stack's
+    defaults for a spec of defaults."""
+    from pdscale.planner.replay.run import STACKS
+
+    if getattr(spec, "router", None) is None:
+        return {k: STACKS["deployed"][k] for k in ("router", "decode_router")}
+    return {"router": _ROUTING[spec.router.prefill_policy.value],
+            "decode_router": _ROUTING[spec.router.decode_policy.value]}
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
@@ -395,12 +420,30 @@ def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any
     return setup, None
 
 
+def _setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
+    """The replay's fleet: the stack named, routed and admitted as the spec's router is
+    rendered on the deployed stack (the what-if stacks keep their own), flags overriding."""
+    from pdscale.planner.replay.run import STACKS, ReplaySetup
+
+    stack = STACKS[args.stack]
+    deployed = args.stack == "deployed"
+    routes = routing(configured.spec) if deployed else stack
+    return ReplaySetup(
+        trace=trace, planner=configured.config, engine=stack["engine"],
+        router=args.router or routes["router"],
+        decode_router=args.decode_router or routes["decode_router"],
+        early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
+        decode_admission=args.decode_admission, fleet_model=truth,
+        prefill_admission=router_admission(configured.spec) if deployed else None,
+    )
+
+
 def run_trace(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+    from pdscale.planner.replay.run import run_policy
     from pdscale.planner.replay.traces import TraceError
 
     console = Console(stderr=True)
@@ -419,16 +462,7 @@ def run_trace(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    stack = STACKS[args.stack]
-    setup = ReplaySetup(
-        trace=trace, planner=config, engine=stack["engine"],
-        router=args.router or stack["router"],
-        early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
-        decode_admission=args.decode_admission, fleet_model=truth,
-        # the router the spec renders sheds what it renders (smg's admission), on the
-        # deployed stack; the what-if stacks keep their own admission
-        prefill_admission=router_admission(configured.spec) if args.stack == "deployed" else None,
-    )
+    setup = _setup(args, trace, configured, truth)
     setup, history = _start(args, setup, console)
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
@@ -463,6 +497,7 @@ def run_trace(args: argparse.Namespace) -> int:
     report["time_scale"] = args.time_scale
     report["configuration"] = configured.as_json()
     report["stack"] = {"name": args.stack, "engine": setup.engine, "router": setup.router,
+                       "decode_router": setup.decode_router,
                        "early_rejection": setup.early_rejection,
                        "prefill_admission": (None if setup.prefill_admission is None
                                              else dataclasses.asdict(setup.prefill_admission))}

@@ -1,10 +1,10 @@
 """Discrete-event simulator of a PD fleet, used for replay and for the routing seed.
 
 Requests arrive from a :class:`~.traces.Trace`. The router picks a ready prefill instance
-(``random``, ``least-queue``, ``cache-aware``, ``predicted-ttft``; optional early rejection)
-which computes the uncached part of the prompt FIFO (prefix cache per instance, LRU over the
-trace's block ids); the KV cache moves to the least-loaded ready decode instance, which runs
-the request in a continuous batch at the profile's TPOT for the batch it joins. A controller
+(:data:`~.routers.ROUTERS`; optional early rejection) which computes the uncached part of the
+prompt in batched passes (prefix cache per instance, LRU over the trace's block ids); the KV
+cache moves to the decode instance the router picks (:data:`~.decode_batches.DECODE_ROUTERS`),
+which runs the request in its continuous batch. A controller
 is called every interval with an :class:`~.observe.Observation` and returns target counts;
 instances then warm up, drain and switch roles as the profile says, and every second they hold
 a node is accounted.
@@ -55,7 +55,7 @@ import numpy as np
 
 from ..model import PerformanceModel, Slo
 from ..observe import Observation, Role
-from .decode_batches import DECODE_ADMISSIONS, DecodeBatches
+from .decode_batches import DECODE_ADMISSIONS, DECODE_ROUTERS, DecodeBatches
 from .fleet import READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
 from .prefill_batches import ENGINES, PrefillBatches
@@ -64,7 +64,7 @@ from .router_admission import AdmissionQueue, PrefillAdmission
 from .routers import ROUTERS, make_router
 from .traces import Trace
 
-__all__ = ["DECODE_ADMISSIONS", "ENGINES", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
+__all__ = ["DECODE_ADMISSIONS", "DECODE_ROUTERS", "ENGINES", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
 
 #: controller(observation) -> (prefill target, decode target), counts of ready + warming;
 #: a controller may add (switch_to_prefill, switch_to_decode): how many of the changes must be
@@ -77,6 +77,9 @@ class SimConfig:
     """Knobs of one simulation run (times in seconds)."""
 
     router: str = "predicted-ttft"
+    #: how the router picks a decode instance (:data:`.decode_batches.DECODE_ROUTERS`):
+    #: "least-loaded" is an ideal; a PDCluster renders "round-robin" by default
+    decode_router: str = "least-loaded"
     #: what the router sheds: False is what sglang-router, smg and vllm-router do by default
     #: (nothing); True drops a request whose predicted TTFT breaks the target (the article's
     #: ideal admission router, a what-if)
@@ -185,6 +188,8 @@ class _Replay:
             input_tokens=trace.input_tokens, output_tokens=trace.output_tokens,
             arrival_seconds=trace.arrival_seconds, on_start=self._decode_started,
             on_finish=self._decode_finished, on_shed=self._decode_shed,
+            router=config.decode_router, rng=random.Random(config.seed + 1),
+            blocks=trace.hash_ids, block_tokens=block,
         )
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
         if config.engine not in ENGINES:

@@ -99,7 +99,9 @@ def test_the_deployed_stack_sheds_nothing_and_the_ideal_router_is_a_what_if(
 
     assert ReplaySetup.__dataclass_fields__["early_rejection"].default is False
     assert ReplaySetup.__dataclass_fields__["router"].default == "cache-aware"
-    assert STACKS["deployed"] == {"engine": "sglang", "router": "cache-aware", "early_rejection": False}
+    assert ReplaySetup.__dataclass_fields__["decode_router"].default == "round-robin"
+    assert STACKS["deployed"] == {"engine": "sglang", "router": "cache-aware",
+                                  "decode_router": "round-robin", "early_rejection": False}
     # 40 prompts of 8,000 tokens a second on one instance: far past what it computes
     n = 400
     tr = Trace("over", [i / 40 for i in range(n)], [8000] * n, [1] * n, [()] * n, BLOCK)
