@@ -60,11 +60,11 @@ class RoundRobinRouter:
 class PowerOfTwoRouter:
     """``power_of_two``: two distinct workers drawn at random, the less loaded one (the first
     of a tie) takes it (sgl-router ``src/policies/power_of_two.rs``); the load is the router's
-    count of requests it sent there that are still in prefill (as for cache-aware)."""
+    count of its requests there in flight end to end (as for cache-aware)."""
 
     def __init__(self, fleet: Fleet, rng: random.Random) -> None:
         self.ready = fleet.ready_prefill
-        self.load = fleet.outstanding
+        self.load = fleet.inflight
         self.rng = rng
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
@@ -114,9 +114,10 @@ class CacheAwareRouter:
     request; otherwise the instance with the longest prefix match takes it if the match
     covers more than 30% of the prompt, else the instance whose prefix tree is smallest.
 
-    Two approximations: the router's load is the requests it sent to an instance whose
-    prefill has not completed (it counts in-flight requests), and its approximate radix tree
-    is read as the instances' own caches (a conversation's next turn arrives after the last
+    The router's load of a worker is its requests in flight end to end (its load guard in
+    ``pd_router.rs`` is held until the response ends, decode included), as
+    ``Fleet.inflight`` counts them. One approximation: its approximate radix tree is read as
+    the instances' own caches (a conversation's next turn arrives after the last
     reply, by when both agree). Ties go to the shorter queue."""
 
     def __init__(
@@ -130,7 +131,7 @@ class CacheAwareRouter:
     ) -> None:
         self.ready = fleet.ready_prefill
         self.busy = fleet.busy
-        self.load = fleet.outstanding
+        self.load = fleet.inflight
         self.caches = fleet.prefix.caches
         self.block_tokens = block_tokens
         self.cache_threshold = cache_threshold

@@ -230,6 +230,8 @@ class _Replay:
         self.unfinished = 0
         #: request -> the prefill instance it was routed to, until its prefill completes
         self._routed_to: dict[int, int] = {}
+        #: request -> its prefill instance, until it completes end to end (the router's load)
+        self._prefill_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
@@ -408,6 +410,8 @@ class _Replay:
         # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done
         fleet.outstanding[i] += 1
+        fleet.inflight[i] += 1
+        self._prefill_of[r] = i
         self._routed_to[r] = i
         self.unfinished += 1
         if self.batches is not None:
@@ -429,6 +433,7 @@ class _Replay:
         self.hit_tokens += hit_tok
         stats.hit_tokens += hit_tok
         if self.config.prefill_only:
+            self._completed(r)
             t = self._arrival[r]
             self.ttft[r] = done - t
             stats.ttft.append(done - t)
@@ -450,8 +455,13 @@ class _Replay:
         self.ttft[r] = first
         self.stats.ttft.append(first)
 
+    def _completed(self, r: int) -> None:
+        """Request ``r``'s response ended (served or dropped): the router's load drops."""
+        self.fleet.inflight[self._prefill_of.pop(r)] -= 1
+
     def _decode_finished(self, r: int, start: float, now: float) -> None:
         n_out = self._output[r]
+        self._completed(r)
         self.unfinished -= 1
         self.last_done = max(self.last_done, now)
         if n_out <= 1:
@@ -462,6 +472,7 @@ class _Replay:
         self.stats.tpot.append(tpot)
 
     def _decode_shed(self, r: int, now: float) -> None:
+        self._completed(r)
         self.unfinished -= 1
         self.rejected[r] = True
         self.stats.rejections += 1

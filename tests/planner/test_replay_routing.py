@@ -38,12 +38,46 @@ def test_prefill_round_robin_cycles_over_the_ready_list_as_it_is_now(model: Perf
 
 def test_power_of_two_takes_the_less_loaded_of_two_drawn(model: PerformanceModel) -> None:
     fleet = fleet_of(Role.PREFILL, 3)
-    fleet.outstanding[:] = [5, 0, 9]
+    fleet.inflight[:] = [5, 0, 9]
     p2 = make_router("power-of-two", fleet, model, 512, random.Random(1))
     picks = Counter(p2.choose(0.0, 100, {}) for _ in range(3000))
     # 1 wins every draw it is in (2 of 3 pairs), 0 the pair {0, 2}, 2 never
     assert picks[2] == 0 and picks[1] == pytest.approx(2000, rel=0.1)
     assert picks[0] == pytest.approx(1000, rel=0.15)
+
+
+def test_the_routers_load_is_a_workers_requests_in_flight_end_to_end(model: PerformanceModel) -> None:
+    """sgl-router's worker load is held until the response ends (its load guard in
+    pd_router.rs): a prefill instance whose requests have all left prefill but still decode
+    counts them, and cache-aware balances on that."""
+    from pdscale.planner.replay.simulate import SimConfig, _Replay
+    from pdscale.planner.replay.traces import Trace
+
+    n = 70  # short prompts with long outputs: out of prefill in a second, decoding for minutes
+    tr = Trace("t", [0.001 * i for i in range(n)] + [9.0], [600] * n + [600], [2000] * (n + 1),
+               [(1000 + i,) for i in range(n + 1)], 512)
+    cfg = SimConfig(router="cache-aware", initial_prefill=2, initial_decode=4, engine="sglang",
+                    slo=Slo(ttft_seconds=60.0), decode_router="round-robin", interval_seconds=5.0)
+    seen: list[tuple[int, int]] = []
+
+    def controller(obs):
+        seen.append((sum(replay.fleet.outstanding), sum(replay.fleet.inflight)))
+        return (2, 4)
+
+    replay = _Replay(tr, model, cfg, controller)
+    replay.run(None)
+    assert seen[1] == (0, n)  # at 5 s: none in prefill, all in flight
+    assert replay.fleet.inflight == [0] * len(replay.fleet.inflight)  # every response ended
+    # the choice: cached on 0, but 0 has 70 in flight and 1 none (past both thresholds)
+    prefix = tuple(range(1, 9))
+    fleet = fleet_of(Role.PREFILL, 2)
+    fleet.prefix.insert(0, prefix)
+    ca = make_router("cache-aware", fleet, model, 512, random.Random(1))
+    hits = fleet.prefix.hits((*prefix, 99), fleet.prefill_mask)
+    fleet.inflight[:] = [70, 0]
+    assert ca.choose(5.0, 4200, hits) == 1
+    fleet.inflight[:] = [3, 0]
+    assert ca.choose(5.0, 4200, hits) == 0
 
 
 def decode_batches(model: PerformanceModel, n: int, router: str, blocks: list[tuple[int, ...]]) -> DecodeBatches:
