@@ -10,6 +10,11 @@ online calibration's time factors applied, read from the cluster ($KUBECONFIG):
 
     pdscale profile export NAMESPACE/NAME -o calibrated.yaml
 
+``run`` measures a PD deployment with aiperf and fits what it measured
+(:mod:`pdscale.profile_run`):
+
+    pdscale profile run --url http://localhost:30000 --model my-model -o mine.yaml
+
 Exit status 2 when a file cannot be read or the points cannot determine a profile (the message
 names the file, the line and the field).
 """
@@ -30,7 +35,7 @@ if TYPE_CHECKING:  # scipy behind these: building the command line must not impo
     from pdscale.planner.profile import Profile
     from pdscale.planner.profile_fit import FittedProfile
 
-HELP = "fit a performance profile to benchmark results"
+HELP = "fit a performance profile to benchmark results, or measure one with aiperf"
 #: the readers' names (pdscale.planner.profile_fit.READERS, checked by a test): listed here so
 #: that building the command line does not import scipy
 FORMATS = ("aiperf", "dynamo-npz", "guidellm", "inference-perf", "sglang", "vllm")
