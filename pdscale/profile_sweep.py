@@ -53,8 +53,11 @@ class Grid:
     prefill_lengths: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
     #: requests per prompt length (repeats average the noise out of the curvature)
     prefill_requests: int = 8
-    #: output tokens of a prefill request: few, the row measures time to first token
-    prefill_output_tokens: int = 8
+    #: output tokens of a prefill request: the row measures time to first token, but its
+    #: requests are batch-1 decode points too, and a short one reads fast (through the
+    #: sglang-router, 8 tokens read 15-19% under the model's step, 64 within 2%: the closed
+    #: loop, tests/planner/test_profile_run_closed.py); 32 keeps that to a few percent
+    prefill_output_tokens: int = 32
     #: input lengths of the decode rows: the per-context cost needs at least two
     decode_contexts: tuple[int, ...] = (256, 2048, 8192)
     #: concurrencies of each decode row, growing (the row stops once the batch is covered)

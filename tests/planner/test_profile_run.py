@@ -69,7 +69,7 @@ def test_the_default_grid_is_prefill_alone_then_concurrency_per_context():
     assert [r.stage for r in plan] == [PREFILL, DECODE, DECODE, DECODE]
     prefill = plan[0].runs
     assert [r.input_tokens for r in prefill] == [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-    assert {(r.concurrency, r.requests, r.output_tokens) for r in prefill} == {(1, 8, 8)}
+    assert {(r.concurrency, r.requests, r.output_tokens) for r in prefill} == {(1, 8, 32)}
     assert [row.runs[0].input_tokens for row in plan[1:]] == [256, 2048, 8192]
     assert [(r.concurrency, r.requests) for r in plan[1].runs][:3] == [(2, 6), (8, 24), (16, 48)]
     assert plan[1].runs[0].name == "decode-isl256-c2"
@@ -77,7 +77,7 @@ def test_the_default_grid_is_prefill_alone_then_concurrency_per_context():
 
 def test_runs_longer_than_the_models_context_are_left_out():
     plan = rows(Grid(), max_context_tokens=8192)
-    assert max(r.input_tokens for r in plan[0].runs) == 4096  # 8192 + 8 output tokens is over
+    assert max(r.input_tokens for r in plan[0].runs) == 4096  # 8192 + 32 output tokens is over
     assert [row.runs[0].input_tokens for row in plan[1:]] == [256, 2048]
     with pytest.raises(SweepError, match="no run fits the model's context of 100 tokens"):
         rows(Grid(), max_context_tokens=100)
