@@ -185,12 +185,12 @@ def _cluster(args: argparse.Namespace) -> Any:
     return pdcluster_target(docs[0], args.namespace, args.tokenizer)
 
 
-def settings(args: argparse.Namespace) -> Settings:
+def settings(args: argparse.Namespace, cluster: Any = None) -> Settings:
+    """The flags, with the defaults of ``cluster`` (the ClusterTarget of ``-f``) filled in."""
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import ProfileError, load_profile
     from pdscale.profile_sweep import Grid, Target
 
-    cluster = _cluster(args)
     url = args.url or (cluster.target.url if cluster else None)
     model = args.model or (cluster.target.model if cluster else None)
     if not url:
@@ -229,12 +229,12 @@ def render_job(args: argparse.Namespace) -> int:
     if not args.configmap:
         raise Refused("--configmap: required with --render-job (where the Job writes the profile)")
     cluster = _cluster(args)
-    s = settings(args)
+    s = settings(args, cluster)
     rows(s.grid, s.max_context_tokens)  # refuse a grid now, not in the pod
     arguments = sweep_arguments(s.target, s.grid, ttft_seconds=s.slo.ttft_seconds,
                                 tpot_seconds=s.slo.tpot_seconds, base=s.base_name,
                                 max_context_tokens=s.max_context_tokens,
-                                aiperf_args=args.aiperf_arg)
+                                run_timeout_seconds=args.run_timeout, aiperf_args=args.aiperf_arg)
     if args.name:
         arguments += ["--name", args.name]
     job = JobSettings(image=args.job_image, configmap=args.configmap,
@@ -253,7 +253,7 @@ def sweep_command(args: argparse.Namespace) -> int:
         raise Refused("-o/--output: required (the profile YAML to write)")
     if args.apply_configmap and not args.configmap:
         raise Refused("--apply-configmap: needs --configmap NAME")
-    s = settings(args)
+    s = settings(args, _cluster(args))
     aiperf = find_aiperf(args.aiperf, os.environ, shutil.which)
     plan = rows(s.grid, s.max_context_tokens)
     workdir = args.workdir or args.output.with_name(args.output.stem + "-runs")
@@ -448,11 +448,13 @@ def finish(args: argparse.Namespace, s: Settings, record: SweepRecord, files: Se
     text = write_profile(args.output, HEADER, document)
     print(fitted_summary(args.output, result))
     if args.configmap:
-        status = max(status, write_configmap(args, s.namespace, text))
+        status = max(status, write_configmap(args, s.namespace, text,
+                                             complete=record.failed is None))
     return status
 
 
-def write_configmap(args: argparse.Namespace, namespace: str | None, text: str) -> int:
+def write_configmap(args: argparse.Namespace, namespace: str | None, text: str, *,
+                    complete: bool) -> int:
     from pdscale.profile_sweep import SweepError, profile_configmap
     from pdscale.render import dump
 
@@ -465,7 +467,11 @@ def write_configmap(args: argparse.Namespace, namespace: str | None, text: str) 
     path = args.configmap_output or args.output.with_name(args.output.stem + "-configmap.yaml")
     path.write_text(dump([manifest]), encoding="utf-8")
     print(f"wrote {path}: ConfigMap {args.configmap} (kubectl apply -f {path})")
-    if args.apply_configmap:
+    if args.apply_configmap and not complete:
+        # a profile from part of the grid is written, never put in front of a running planner
+        print(f"pdscale profile run: ConfigMap {args.configmap} not applied: the sweep did not "
+              f"finish (apply {path} yourself if this profile will do)", file=sys.stderr)
+    elif args.apply_configmap:
         return apply_configmap(manifest)
     return 0
 

@@ -426,6 +426,7 @@ JOB_WORKDIR = "/work"
 
 def sweep_arguments(target: Target, grid: Grid, *, ttft_seconds: float, tpot_seconds: float,
                     base: str | None, max_context_tokens: int | None,
+                    run_timeout_seconds: float | None = None,
                     aiperf_args: Sequence[str] = ()) -> list[str]:
     """``pdscale profile run``'s flags for this sweep (the Job runs the same command)."""
     out = ["--url", target.url, "--model", target.model, "--endpoint-type", target.endpoint_type]
@@ -443,6 +444,8 @@ def sweep_arguments(target: Target, grid: Grid, *, ttft_seconds: float, tpot_sec
         out += ["--base", base]
     if max_context_tokens is not None:
         out += ["--max-context-tokens", str(max_context_tokens)]
+    if run_timeout_seconds is not None:
+        out += ["--run-timeout", f"{run_timeout_seconds:g}"]
     for arg in aiperf_args:
         out.append(f"--aiperf-arg={arg}")
     return out

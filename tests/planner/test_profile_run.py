@@ -341,8 +341,13 @@ def test_a_sweep_stops_each_row_where_covered_and_fits_the_truth(tmp_path, fake_
 def test_a_failed_run_stops_the_sweep_with_its_stderr_and_keeps_what_finished(
         tmp_path, fake_aiperf, capsys, monkeypatch):
     monkeypatch.setenv("FAKE_AIPERF_FAIL_AT_ISL", "1500")
-    assert main(_sweep(tmp_path, fake_aiperf)) == 2
+    monkeypatch.setattr("pdscale.profile_run.apply_configmap", lambda manifest: pytest.fail(
+        "a profile from part of the grid went to the cluster"))
+    assert main(_sweep(tmp_path, fake_aiperf, "--configmap", "p", "--namespace", "team-a",
+                       "--apply-configmap")) == 2
     err = capsys.readouterr().err
+    assert "ConfigMap p not applied: the sweep did not finish" in err
+    assert (tmp_path / "out-configmap.yaml").is_file()
     assert "[10/13] decode-isl1500-c2 FAILED: aiperf exited 1" in err
     assert "aiperf: error: connection refused" in err
     assert "the profile is fitted from the 9 runs that finished" in err
