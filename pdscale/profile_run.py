@@ -217,6 +217,7 @@ def settings(args: argparse.Namespace, cluster: Any = None) -> Settings:
 
 
 def render_job(args: argparse.Namespace) -> int:
+    from pdscale.planner.profile import shipped_profiles
     from pdscale.profile_sweep import JobSettings, rows, sweep_arguments, sweep_job
     from pdscale.render import dump
 
@@ -231,6 +232,9 @@ def render_job(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     s = settings(args, cluster)
     rows(s.grid, s.max_context_tokens)  # refuse a grid now, not in the pod
+    if s.base_name and s.base_name not in shipped_profiles():
+        raise Refused(f"--base {s.base_name}: the Job's pod cannot read a file of this machine; "
+                      f"name a shipped profile ({', '.join(shipped_profiles())})")
     arguments = sweep_arguments(s.target, s.grid, ttft_seconds=s.slo.ttft_seconds,
                                 tpot_seconds=s.slo.tpot_seconds, base=s.base_name,
                                 max_context_tokens=s.max_context_tokens,

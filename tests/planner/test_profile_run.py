@@ -286,6 +286,11 @@ def test_render_job_prints_the_manifests_and_needs_an_image(tmp_path, capsys):
     assert main(["profile", "run", "-f", str(spec), "--render-job", "--configmap", "p",
                  "--job-image", "reg/x:1"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    local = tmp_path / "base.yaml"
+    local.write_text(yaml.safe_dump(TRUTH.model_dump(mode="json")))
+    assert main(["profile", "run", "-f", str(spec), "--render-job", "--configmap", "p",
+                 "--job-image", "reg/x:1", "--base", str(local)]) == 2
+    assert "the Job's pod cannot read a file of this machine" in capsys.readouterr().err
     assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "Job"]
     command = docs[-1]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--slo-ttft") + 1] == "1.5"
