@@ -58,7 +58,7 @@ def _thin(rows: list[list[float | None]]) -> list[list[float | None]]:
     return [rows[int(i * step)] for i in range(MAX_POINTS_KEPT)]
 
 
-def _prefill_compute_points(benchmarks: Sequence[Benchmark], base: Profile,
+def prefill_compute_points(benchmarks: Sequence[Benchmark], base: Profile,
                             kv_transfer_in_ttft: bool | None) -> tuple[list[PrefillPoint], int]:
     """The prefill points as compute time: the TTFT less the base's KV hand-off where the TTFT
     includes it (the model adds the hand-off itself, so fitting it into the prefill would count
@@ -123,7 +123,7 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
     implies (a benchmark client through a PD router: yes; Dynamo's profiler: no).
     Raises :class:`FitError` when the files hold no point of either role."""
     slo = slo or Slo()
-    prefill_pts, dropped = _prefill_compute_points(benchmarks, base, kv_transfer_in_ttft)
+    prefill_pts, dropped = prefill_compute_points(benchmarks, base, kv_transfer_in_ttft)
     decode_pts = [p for b in benchmarks for p in b.decode]
     if not prefill_pts and not decode_pts:
         raise FitError("no prefill and no decode point in " + ", ".join(b.source for b in benchmarks))

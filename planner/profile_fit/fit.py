@@ -188,26 +188,39 @@ def fit_decode(points: Sequence[DecodePoint], base: Profile) -> RoleFit:
     return RoleFit(terms, _residuals(y, prediction))
 
 
-def coverage_warnings(profile: Profile, decode: Sequence[DecodePoint], prefill: Sequence[PrefillPoint],
-                      slo: Slo) -> list[str]:
-    """Where the fitted profile is an extrapolation of the points in the SLO region."""
-    warnings = []
-    model = PerformanceModel(profile)
-    if decode:
-        context = float(np.median([p.mean_context_tokens for p in decode]))
-        at_slo = model.decode_batch_at_slo(slo.tpot_seconds, context)
-        top = max(p.batch for p in decode)
-        if at_slo > 0 and top < SLO_COVERAGE * at_slo:
-            warnings.append(
-                f"no decode batch near the TPOT target: the fitted profile runs {at_slo} sequences "
+def decode_coverage(profile: Profile, decode: Sequence[DecodePoint], slo: Slo) -> str | None:
+    """Why the decode points stop short of the SLO region, or None when they reach it: the
+    largest batch measured is under :data:`SLO_COVERAGE` of the batch ``profile`` runs at the
+    TPOT target, at the points' median context (no point: None, nothing to judge)."""
+    if not decode:
+        return None
+    context = float(np.median([p.mean_context_tokens for p in decode]))
+    at_slo = PerformanceModel(profile).decode_batch_at_slo(slo.tpot_seconds, context)
+    top = max(p.batch for p in decode)
+    if at_slo > 0 and top < SLO_COVERAGE * at_slo:
+        return (f"no decode batch near the TPOT target: the fitted profile runs {at_slo} sequences "
                 f"at {slo.tpot_seconds * 1000:g} ms (context {context:.0f} tokens), the points reach "
                 f"{top:.1f}; the batch at the SLO is extrapolated")
-    if prefill:
-        top_ttft = max(p.ttft_seconds for p in prefill)
-        if top_ttft < SLO_COVERAGE * slo.ttft_seconds:
-            longest = max(p.input_tokens for p in prefill)
-            warnings.append(
-                f"no prefill near the TTFT target: the longest prompt measured ({longest:.0f} "
+    return None
+
+
+def prefill_coverage(prefill: Sequence[PrefillPoint], slo: Slo) -> str | None:
+    """Why the prefill points stop short of the SLO region, or None when they reach it: the
+    longest prefill measured took under :data:`SLO_COVERAGE` of the TTFT target."""
+    if not prefill:
+        return None
+    top_ttft = max(p.ttft_seconds for p in prefill)
+    if top_ttft < SLO_COVERAGE * slo.ttft_seconds:
+        longest = max(p.input_tokens for p in prefill)
+        return (f"no prefill near the TTFT target: the longest prompt measured ({longest:.0f} "
                 f"tokens) took {top_ttft:.3f} s of a {slo.ttft_seconds:g} s target; longer "
                 "prompts are extrapolated")
-    return warnings
+    return None
+
+
+def coverage_warnings(profile: Profile, decode: Sequence[DecodePoint], prefill: Sequence[PrefillPoint],
+                      slo: Slo) -> list[str]:
+    """Where the fitted profile is an extrapolation of the points in the SLO region (the rule
+    ``pdscale profile run`` also stops its grids by)."""
+    found = (decode_coverage(profile, decode, slo), prefill_coverage(prefill, slo))
+    return [w for w in found if w is not None]
