@@ -8,11 +8,21 @@ its provenance. ``pdscale profile fit`` is the command.
 """
 
 from .document import FittedProfile, fit_profile
-from .fit import FitError, RoleFit, TermFit, coverage_warnings, fit_decode, fit_prefill
+from .fit import (
+    MAX_RMS_RESIDUAL,
+    FitError,
+    RoleFit,
+    TermFit,
+    coverage_warnings,
+    fit_decode,
+    fit_prefill,
+    form_warnings,
+)
 from .points import Benchmark, BenchmarkError, DecodePoint, PrefillPoint, RequestRecord
 from .read import READERS, detect_format, read_benchmark
 
 __all__ = [
+    "MAX_RMS_RESIDUAL",
     "READERS",
     "Benchmark",
     "BenchmarkError",
@@ -28,5 +38,6 @@ __all__ = [
     "fit_decode",
     "fit_prefill",
     "fit_profile",
+    "form_warnings",
     "read_benchmark",
 ]
