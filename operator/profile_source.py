@@ -228,7 +228,12 @@ def export_profile(kube: Kube, namespace: str, name: str, *, now: float,
         No such PDCluster, a spec that does not parse, or a profile that cannot be used (the
         problem the operator reports in ``status.planner.profile``)."""
     from .planner_memory import PlannerMemory, memory_problem
-    from .planning import calibration_for_profile, history_from_json, profile_identity, remembered_profile
+    from .planning import (
+        calibration_for_profile,
+        history_from_json,
+        profile_identity,
+        remembered_profile,
+    )
 
     body = kube.get("PDCluster", namespace, name)
     if body is None:
