@@ -38,8 +38,8 @@ MAX_CURVATURE_STDERR = 1.0
 SLO_COVERAGE = 0.8
 #: a role whose RMS relative residual is above this: the model's form cannot follow its points
 #: (warned, and recorded in the provenance). Measured (bench/profile_error_bench.py, 3%
-#: lognormal noise): a form that holds leaves 1.7-2.6% on Dynamo's grids and 2.4-3.5% on
-#: per-request records; a prefill that doubles its cost past 16k tokens leaves 12-13%. The real
+#: lognormal noise): a form that holds leaves 1.7-2.6% on Dynamo's grids and 3.2-3.5% on
+#: per-request records; a prefill that doubles its cost past 16k tokens leaves 12.4%. The real
 #: client through a router (docs/profiles.md) left 11-12% on TTFT: flagged, and rightly, its
 #: overhead came out 100-150% off. The largest residual is not bounded: with hundreds of
 #: per-request points it follows the noise's tail (20% at 3% noise with the right form).
