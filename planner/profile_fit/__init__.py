@@ -9,6 +9,7 @@ its provenance. ``pdscale profile fit`` is the command.
 
 from .document import FittedProfile, fit_profile, prefill_compute_points
 from .fit import (
+    MAX_RMS_RESIDUAL,
     FitError,
     RoleFit,
     TermFit,
@@ -16,12 +17,14 @@ from .fit import (
     decode_coverage,
     fit_decode,
     fit_prefill,
+    form_warnings,
     prefill_coverage,
 )
 from .points import Benchmark, BenchmarkError, DecodePoint, PrefillPoint, RequestRecord
 from .read import READERS, detect_format, read_benchmark
 
 __all__ = [
+    "MAX_RMS_RESIDUAL",
     "READERS",
     "Benchmark",
     "BenchmarkError",
@@ -38,6 +41,7 @@ __all__ = [
     "fit_decode",
     "fit_prefill",
     "fit_profile",
+    "form_warnings",
     "prefill_compute_points",
     "prefill_coverage",
     "read_benchmark",

@@ -10,7 +10,15 @@ from typing import Any
 
 from ..model import PerformanceModel, Slo
 from ..profile import Profile, parse_profile
-from .fit import FitError, RoleFit, coverage_warnings, fit_decode, fit_prefill
+from .fit import (
+    MAX_RMS_RESIDUAL,
+    FitError,
+    RoleFit,
+    coverage_warnings,
+    fit_decode,
+    fit_prefill,
+    form_warnings,
+)
 from .points import Benchmark, DecodePoint, PrefillPoint
 
 #: points kept in the provenance per role (evenly thinned beyond): enough to re-fit or plot,
@@ -48,7 +56,9 @@ def _residuals(fit: RoleFit | None) -> dict[str, Any] | None:
         return None
     r = fit.residuals
     return {"points": r.points, "rms_relative": _round(r.rms_relative, 4),
-            "max_relative": _round(r.max_relative, 4), "rms_seconds": _round(r.rms_seconds, 4)}
+            "max_relative": _round(r.max_relative, 4), "rms_seconds": _round(r.rms_seconds, 4),
+            # False: the RMS is over MAX_RMS_RESIDUAL, the form cannot follow the points
+            "form_follows": r.rms_relative <= MAX_RMS_RESIDUAL}
 
 
 def _thin(rows: list[list[float | None]]) -> list[list[float | None]]:
@@ -101,6 +111,8 @@ def _provenance(benchmarks: Sequence[Benchmark], prefill: RoleFit | None, decode
         "kept_from_base": [*not_identified, "kv_transfer", "warmup", "prefill.prefix_cache_tokens",
                            "prefill.block_tokens"],
         "residuals": {"prefill_compute": _residuals(prefill), "decode_itl": _residuals(decode)},
+        # a role above it is warned: the model's form cannot follow its points
+        "residual_bound": {"rms_relative": MAX_RMS_RESIDUAL},
         "warnings": list(warnings),
         "points": {
             # prefill: the TTFT less the KV hand-off where the source's TTFT included it
@@ -152,6 +164,7 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
         kv_term = {"value": min(capacities), "identified": True,
                    "note": "measured by the profiler (max_kv_tokens)"}
     fitted = parse_profile(data, source="the fitted profile")
+    warnings += form_warnings({"prefill": prefill, "decode": decode})
     warnings += coverage_warnings(fitted, decode_pts, prefill_pts, slo)
 
     data["provenance"] = _provenance(
