@@ -216,6 +216,15 @@ def recorded_figures(aggregates: Sequence[IntervalAggregate]) -> dict[str, float
                                     zip(requests, aggregates, strict=True)) / prompt) if prompt else 0.0}
 
 
+def paired_difference(whatif: Sequence[dict[str, Any]],
+                      spec: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per figure, the what-if minus the spec on the same rebuilt trace, spread over the
+    traces: narrower than the two ranges apart, since both ran the same requests."""
+    diffs = [{f: (w[f] - s[f] if w.get(f) is not None and s.get(f) is not None else None)
+              for f in FIGURES} for w, s in zip(whatif, spec, strict=True)]
+    return spread(diffs)
+
+
 def spread(reports: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Per figure: mean, min and max over the ensemble (a figure None in any member, such as a
     quantile that falls on a rejected request, is None in ``unknown_in``)."""
@@ -232,10 +241,12 @@ def spread(reports: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | Non
 def simulate_specs(aggregates: Sequence[IntervalAggregate], specs: dict[str, Callable[[Any], Any]],
                    ensemble: Ensemble, *, max_input_tokens: int | None,
                    progress: Callable[[str], None]) -> dict[str, Any]:
-    """Every spec (name -> setup builder) over every ensemble member: the reports' spread per
-    spec, and each member's figures."""
+    """Every spec (name -> setup builder; the first is the base) over every ensemble member:
+    the reports' spread per spec, each member's figures, and for the others their difference
+    from the base on the same traces."""
     out: dict[str, Any] = {}
     members = ensemble.members()
+    base: list[dict[str, Any]] = []
     for name, make_setup in specs.items():
         reports = []
         for i, (seed, sigma) in enumerate(members, 1):
@@ -246,6 +257,10 @@ def simulate_specs(aggregates: Sequence[IntervalAggregate], specs: dict[str, Cal
                      "members": [{k: r.get(k) for k in ("seed", "length_sigma", "requests",
                                                         *FIGURES, "rebuilt")}
                                  for r in reports]}
+        if base:
+            out[name]["minus_base"] = paired_difference(reports, base)
+        else:
+            base = reports
     return out
 
 
@@ -302,11 +317,11 @@ def replace_args(args: Any) -> Any:
     return argparse.Namespace(**{k: getattr(args, k, v) for k, v in defaults.items()})
 
 
-def _cell(s: dict[str, float | None]) -> str:
-    if s["mean"] is None:
+def _cell(s: dict[str, float | None], *, signed: bool = False) -> str:
+    if s["mean"] is None or s["min"] is None or s["max"] is None:
         return "-"
-    lo, hi = s["min"], s["max"]
-    text = f"{s['mean']:.4g} ({lo:.4g} to {hi:.4g})"
+    f = "+.4g" if signed else ".4g"
+    text = f"{s['mean']:{f}} ({s['min']:{f}} to {s['max']:{f}})"
     return text + (f" ({s['unknown_in']:.0f} unknown)" if s["unknown_in"] else "")
 
 
@@ -325,6 +340,7 @@ def _print(result: dict[str, Any], config: Any, whatif: Any | None) -> None:
     table.add_column("spec, simulated", justify="right")
     if whatif is not None:
         table.add_column("what-if, simulated", justify="right")
+        table.add_column("what-if - spec, same traces", justify="right")
     live = result["live"]
     labels = {"slo_attainment": "SLO attainment", "ttft_at_percentile": f"TTFT {pct} (s)",
               "tpot_at_percentile": f"TPOT {pct} (s)", "gpu_hours": "GPU-hours (provisioned)",
@@ -335,6 +351,7 @@ def _print(result: dict[str, Any], config: Any, whatif: Any | None) -> None:
                _cell(result["spec"]["spread"][figure])]
         if whatif is not None:
             row.append(_cell(result["what-if"]["spread"][figure]))
+            row.append(_cell(result["what-if"]["minus_base"][figure], signed=True))
         table.add_row(*row)
     Console().print(table)
 

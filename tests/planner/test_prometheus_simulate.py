@@ -139,6 +139,7 @@ def test_the_command_simulates_the_spec_and_a_tighter_what_if_side_by_side(monke
                                                                           tmp_path):
     fake = _FakePrometheus()
     monkeypatch.setattr(prometheus, "prometheus_client", lambda url, timeout_seconds=10.0: fake)
+    monkeypatch.setenv("COLUMNS", "200")  # the table's headers on one line
     out = tmp_path / "sim.json"
     start, end = fake.T0, fake.T0 + 600
     code = main(["replay", "--prometheus", "http://fake", "--pdcluster", "ns/demo",
@@ -160,6 +161,9 @@ def test_the_command_simulates_the_spec_and_a_tighter_what_if_side_by_side(monke
     assert report["live"]["mean_instances"] is None  # no live decisions recorded
     base, tight = report["spec"]["spread"], report["what-if"]["spread"]
     assert tight["mean_instances"]["mean"] > base["mean_instances"]["mean"]
+    # on every rebuilt trace, not only on average
+    assert report["what-if"]["minus_base"]["mean_instances"]["min"] > 0
+    assert "what-if - spec, same traces" in captured.out
     assert 0 < base["gpu_hours"]["min"] <= base["gpu_hours"]["max"]
     assert base["prefix_hit_rate"]["max"] <= 0.31
 
