@@ -34,12 +34,9 @@ FIGURES = ("slo_attainment", "ttft_at_percentile", "tpot_at_percentile", "gpu_ho
            "mean_instances", "prefix_hit_rate")
 #: what a rebuilt trace does not hold, said with every simulated figure
 NOT_COVERED = ("a rebuilt trace: Poisson arrivals at each interval's mean rate (no bursts "
-               "within an interval), lognormal lengths from the interval's means only (the "
-               "spread assumed, varied below), no conversation structure beyond the prefix hit "
+               "within an interval), lognormal lengths from the interval's means only (their "
+               "spread assumed: varied over --length-sigmas), no conversation structure beyond the prefix hit "
                "rate; the fleet is the profile's, not the live one's engines")
-#: the readings a rebuilt trace needs, by the aggregate field they give
-_NEEDED = {"rate_rps": "rate_rps", "mean_input_tokens": "mean_input_tokens",
-           "mean_output_tokens": "mean_output_tokens", "prefix_hit_rate": "prefix_hit_rate"}
 
 
 def _fill(values: list[float | None], times: Sequence[float], name: str,
@@ -272,7 +269,7 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     from rich.console import Console
 
     from pdscale.operator.names import base_name
-    from pdscale.replay import _setup
+    from pdscale.replay import fleet_setup
 
     console = Console(stderr=True)
     config = configured.config
@@ -284,11 +281,11 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     live = {**live, **read_live_figures(client, engine=engine, namespace=namespace,
                                         pdcluster=base_name(name), percentile=config.slo.percentile,
                                         start=start, end=end)}
-    # the what-if's routing and admission are its spec's; the fleet is the planner's profile
-    flags = replace_args(args)
-    specs = {"spec": lambda trace: _setup(flags, trace, configured, None)}
+    # each spec routes and admits as its router renders; the fleet runs the planner's profile
+    flags = replay_flags(args)
+    specs = {"spec": lambda trace: fleet_setup(flags, trace, configured, None)}
     if whatif is not None:
-        specs["what-if"] = lambda trace: _setup(flags, trace, whatif, None)
+        specs["what-if"] = lambda trace: fleet_setup(flags, trace, whatif, None)
     ensemble = Ensemble(tuple(range(args.simulate_seeds)), tuple(args.length_sigmas))
     max_input = getattr(configured.spec.model, "max_context_length_tokens", None)
     result = simulate_specs(aggregates, specs, ensemble, max_input_tokens=max_input,
@@ -308,8 +305,9 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     return result
 
 
-def replace_args(args: Any) -> Any:
-    """The replay flags ``_setup`` reads, defaulted where the prometheus path has none."""
+def replay_flags(args: Any) -> Any:
+    """The replay flags ``fleet_setup`` reads (stack, routers, admission), defaulted where a
+    caller's namespace lacks them."""
     import argparse
 
     defaults = {"stack": "deployed", "router": None, "decode_router": None,

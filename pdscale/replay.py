@@ -444,7 +444,7 @@ def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any
     return setup, None
 
 
-def _setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
+def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
     """The replay's fleet: the stack named, routed and admitted as the spec's router is
     rendered on the deployed stack (the what-if stacks keep their own), flags overriding."""
     from pdscale.planner.replay.run import STACKS, ReplaySetup
@@ -486,7 +486,7 @@ def run_trace(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    setup = _setup(args, trace, configured, truth)
+    setup = fleet_setup(args, trace, configured, truth)
     setup, history = _start(args, setup, console)
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
