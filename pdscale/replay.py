@@ -47,6 +47,17 @@ def _milliseconds(seconds: float) -> int:
     return ms
 
 
+def _sigmas(text: str) -> tuple[float, ...]:
+    """``--length-sigmas``: comma-separated non-negative numbers."""
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers such as 0.5,1.0, got {text!r}") from None
+    if not values or any(not 0.0 <= v < 10.0 for v in values):
+        raise argparse.ArgumentTypeError(f"each spread must be in [0, 10), got {text!r}")
+    return values
+
+
 @dataclass(frozen=True)
 class SpecFlag:
     """A flag that overrides PDCluster spec fields for the replay."""
@@ -270,6 +281,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of a trace: re-run the planner on what it read from this "
                              "Prometheus over --start..--end, next to the live decisions; with "
                              "spec flags, also the what-if's decisions and instance-hours")
+    parser.add_argument("--simulate", action="store_true",
+                        help="--prometheus: also rebuild a trace from the recorded rates, mean "
+                             "lengths and prefix hit rates and replay it on the simulator for "
+                             "the spec and the what-if (attainment, latencies, GPU-hours), over "
+                             "--simulate-seeds x --length-sigmas traces (docs/replay.md)")
+    parser.add_argument("--simulate-seeds", type=int, default=3, metavar="N",
+                        help="--simulate: rebuilt traces per length spread (default 3)")
+    parser.add_argument("--length-sigmas", type=_sigmas, default=(0.5, 1.0), metavar="S,S",
+                        help="--simulate: the lengths' lognormal log-space spreads tried, "
+                             "comma-separated (default 0.5,1.0)")
     parser.add_argument("--pdcluster", metavar="NS/NAME", help="the PDCluster replayed (--prometheus)")
     parser.add_argument("--start", help="--prometheus: range start, Unix seconds or RFC 3339")
     parser.add_argument("--end", help="--prometheus: range end, Unix seconds or RFC 3339")
@@ -385,6 +406,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if args.prometheus:
         return _run_prometheus(args, console)
+    if args.simulate:
+        console.print("[red]error:[/red] --simulate replays a range read with --prometheus")
+        return 2
     if not (args.trace or args.synthetic) or not args.policy:
         console.print("[red]error:[/red] --trace (or --synthetic) and --policy are needed (or --prometheus)")
         return 2
@@ -420,7 +444,7 @@ def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any
     return setup, None
 
 
-def _setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
+def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
     """The replay's fleet: the stack named, routed and admitted as the spec's router is
     rendered on the deployed stack (the what-if stacks keep their own), flags overriding."""
     from pdscale.planner.replay.run import STACKS, ReplaySetup
@@ -462,7 +486,7 @@ def run_trace(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    setup = _setup(args, trace, configured, truth)
+    setup = fleet_setup(args, trace, configured, truth)
     setup, history = _start(args, setup, console)
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
@@ -548,6 +572,9 @@ def _run_prometheus(args: argparse.Namespace, console: Any) -> int:
 
     if not (args.pdcluster and args.start and args.end):
         console.print("[red]error:[/red] --prometheus needs --pdcluster NS/NAME, --start and --end")
+        return 2
+    if args.simulate and args.simulate_seeds < 1:
+        console.print("[red]error:[/red] --simulate-seeds: at least 1")
         return 2
     try:
         if args.spec_file:
