@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
 from pdscale.planner.replay.traces import load_trace, read_mooncake, synthesize_from_rates
 from pdscale.replay import configure, read_spec
 
@@ -65,15 +65,16 @@ def load_case(c: dict[str, Any]) -> Any:
                       lengths_from=c.get("lengths"))
 
 
-def run_one(setup: ReplaySetup, policy: str) -> dict[str, Any]:
+def run_one(setup: ReplaySetup, policy: str, history: list[Any] | None = None) -> dict[str, Any]:
     """``dynamo`` re-sizes every interval, as ours; ``dynamo@180s`` (any whole seconds) at its
-    own default cadence, a what-if."""
+    own default cadence, a what-if. ``history`` sizes every dynamic policy's start alike."""
     if policy == "dynamo":
-        return policy_bench.trimmed(dynamo_policy.run_dynamo(setup))
+        return policy_bench.trimmed(dynamo_policy.run_dynamo(setup, history=history))
     if policy.startswith("dynamo@"):
         seconds = int(policy.removeprefix("dynamo@").removesuffix("s"))
-        return policy_bench.trimmed(dynamo_policy.run_dynamo(setup, throughput_interval_seconds=seconds))
-    return policy_bench.trimmed(run_policy(setup, policy))
+        return policy_bench.trimmed(dynamo_policy.run_dynamo(
+            setup, throughput_interval_seconds=seconds, history=history))
+    return policy_bench.trimmed(run_policy(setup, policy, history=history))
 
 
 def table(results: dict[str, Any], stack: str) -> Table:
@@ -120,6 +121,10 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--stack", choices=list(STACKS), default="deployed")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+                    help="history: the first warm-up is unscored history sizing every dynamic "
+                         "policy's start, as in policy_bench (default); hindsight: the scored "
+                         "window's own first warm-up")
     ap.add_argument("--combine", type=Path, nargs="+", default=None,
                     help="run nothing: merge the cases of these JSON files (runs split across "
                          "processes, same setup) into --out and print the one table")
@@ -137,15 +142,20 @@ def main() -> None:
         configured = configure(spec, spec_source=f"file {policy_bench.PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": None})
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack])
-        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
-                      f"{trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s")
+        history = None
+        if args.start_from == "history":
+            setup, history = with_history(setup)
+        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
+                      f"{setup.trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s, start "
+                      f"from {args.start_from}")
         reps: dict[str, Any] = {}
-        results[name] = {"trace": trace.name, "requests": len(trace), "ttft_slo_seconds": c["ttft"],
+        results[name] = {"trace": trace.name, "requests": len(setup.trace), "ttft_slo_seconds": c["ttft"],
+                         "start_from": args.start_from,
                          "scale": {k: c.get(k) for k in ("rate_scale", "time_scale")},
                          "configuration": configured.as_json(), "policies": reps}
         for pol in args.policies.split(","):
             t = time.perf_counter()
-            rep = run_one(setup, pol)
+            rep = run_one(setup, pol, history)
             rep["wall_seconds"] = round(time.perf_counter() - t, 1)
             reps[rep["policy"]] = rep
             console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "

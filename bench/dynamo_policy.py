@@ -342,15 +342,17 @@ def start_session(setup: ReplaySetup, client: DriverClient, throughput_interval_
 
 
 def run_dynamo(setup: ReplaySetup, *, venv: Path | None = None, client: DriverClient | None = None,
-               throughput_interval_seconds: int | None = None) -> dict[str, Any]:
+               throughput_interval_seconds: int | None = None,
+               history: list[Any] | None = None) -> dict[str, Any]:
     """Replay ``setup.trace`` under Dynamo's planner: the report ``run_policy`` gives, plus the
-    inputs Dynamo got and its decisions with their reasons."""
+    inputs Dynamo got and its decisions with their reasons. ``history``: the loads before the
+    trace (``run.with_history``), which size its start fleet as they size ours."""
     started = time.perf_counter()
     client = client or DriverClient.start(venv)
     try:
         init, ready = start_session(setup, client, throughput_interval_seconds)
         ctl = DynamoController(client, setup.interval_seconds, ready["first_tick_seconds"])
-        start = initial_fleet(setup)
+        start = initial_fleet(setup, history)
         result = simulate_fleet(setup, start, ctl, None)
     finally:
         client.close()

@@ -13,8 +13,8 @@ Issue 15's fidelity check. For each case (a FIXED fleet and a load), the harness
 3. writes that recording as a Mooncake trace (``testbed/demo_replay.trace_rows``: arrival =
    when the client sent it, on the model's clock) and replays it with
    ``planner/replay/simulate.py`` on the same profile and fixed fleet, the deployed stack's
-   engine model ("sglang") with the same chunk size, cache-aware routing, no early rejection
-   and no decode admission,
+   engine model ("sglang") with the same chunk size and routers (cache-aware prefill,
+   round-robin decode), no early rejection and no decode admission,
 4. compares attainment under the case's SLO, TTFT and TPOT p50/p90 and the prefix hit rate.
 
 Everything is in model seconds: the live latencies are multiplied back by the time
@@ -44,6 +44,7 @@ from typing import Any
 
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import load_profile
+from pdscale.planner.replay.run import STACKS
 from pdscale.planner.replay.simulate import SimConfig, SimResult, simulate
 from pdscale.planner.replay.traces import Trace, read_mooncake
 from pdscale.testbed.demo_replay import trace_rows, write_jsonl
@@ -178,13 +179,17 @@ def recorded_trace(specs: list[RequestSpec], records: list[RequestRecord], *, bl
 
 
 def replay(case: Case, trace: Trace, *, profile: str, chunk_tokens: int,
-           router: str = "cache-aware", model: PerformanceModel | None = None,
+           router: str | None = None, model: PerformanceModel | None = None,
            seed: int = 1) -> SimResult:
-    """The same recording through the replay: the deployed stack on the case's fixed fleet
-    (``router`` other than cache-aware: how much of a difference is the routing's; ``model``
-    other than the profile's: a control that must miss the targets)."""
+    """The same recording through the replay: the deployed stack (its prefill and decode
+    routers, as a PDCluster renders them by default) on the case's fixed fleet. ``router``
+    replaces the prefill router (how much of a difference is the routing's); ``model`` the
+    profile's (a control that must miss the targets)."""
     model = model or PerformanceModel(load_profile(profile))
-    config = SimConfig(router=router, early_rejection=False, engine="sglang",
+    deployed = STACKS["deployed"]
+    config = SimConfig(router=router or deployed["router"],
+                       decode_router=deployed["decode_router"],
+                       early_rejection=False, engine="sglang",
                        prefill_chunk_tokens=chunk_tokens, slo=slo(case),
                        initial_prefill=case.prefill, initial_decode=case.decode,
                        decode_admission="off", start_ready=True, seed=seed)  # fmt: skip

@@ -37,7 +37,7 @@ from rich.table import Table
 
 from pdscale.planner.model import PerformanceModel
 from pdscale.planner.profile import scaled_profile
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
 from pdscale.planner.replay.traces import Trace, load_trace
 from pdscale.replay import configure, read_spec
 
@@ -70,8 +70,10 @@ def first_minutes(trace: Trace, minutes: float | None) -> Trace:
                  trace.output_tokens[:n], trace.hash_ids[:n], trace.block_tokens)
 
 
-def run_fleet(setup: ReplaySetup, speeds: tuple[float, float], console: Console) -> dict[str, Any]:
-    """The three rows for one fleet: wrong belief, right belief, oracle."""
+def run_fleet(setup: ReplaySetup, speeds: tuple[float, float], console: Console,
+              history: list[Any] | None = None) -> dict[str, Any]:
+    """The three rows for one fleet: wrong belief, right belief, oracle (``history`` sizes
+    each start, as ``run.with_history``)."""
     truth = PerformanceModel(scaled_profile(setup.model.profile, prefill_speed=speeds[0],
                                             decode_speed=speeds[1]))
     wrong = replace(setup, fleet_model=truth)
@@ -81,7 +83,7 @@ def run_fleet(setup: ReplaySetup, speeds: tuple[float, float], console: Console)
             ("oracle", wrong, "oracle")]
     for label, s, policy in runs[1:] if speeds == (1.0, 1.0) else runs:
         t = time.perf_counter()
-        rep = trimmed(run_policy(s, policy))
+        rep = trimmed(run_policy(s, policy, history=history))
         rep.pop("decisions", None)
         rows[label] = rep
         console.print(f"    {label:>26}: attainment {rep['slo_attainment']:.4f}, "
@@ -135,6 +137,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=None, help="replay only the first N minutes")
     ap.add_argument("--stack", choices=list(STACKS), default="deployed")
     ap.add_argument("--out", default=str(OUT / "model_error_bench.json"))
+    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+                    help="history: the first warm-up is unscored history sizing the start, as in "
+                         "policy_bench (default); hindsight: the scored window's first warm-up")
     args = ap.parse_args()
     console = Console(width=170)
     spec = read_spec(str(PDCLUSTER))
@@ -147,13 +152,18 @@ def main() -> None:
         configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"]})
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack])
-        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(trace):,} requests over "
-                      f"{trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s")
+        history = None
+        if args.start_from == "history":
+            setup, history = with_history(setup)
+        console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
+                      f"{setup.trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s, start "
+                      f"from {args.start_from}")
         fleets = {}
         for fleet in args.fleets.split(","):
             console.print(f"  fleet {fleet} (prefill x{FLEETS[fleet][0]:g}, decode x{FLEETS[fleet][1]:g})")
-            fleets[fleet] = run_fleet(setup, FLEETS[fleet], console)
-        results[name] = {"trace": trace.name, "requests": len(trace), "minutes": args.minutes,
+            fleets[fleet] = run_fleet(setup, FLEETS[fleet], console, history)
+        results[name] = {"trace": trace.name, "requests": len(setup.trace), "minutes": args.minutes,
+                         "start_from": args.start_from,
                          "stack": args.stack, "ttft_slo_seconds": c["ttft"],
                          "speeds": {f: FLEETS[f] for f in fleets}, "fleets": fleets}
     print_table(results, console, f"model error, stack {args.stack}"

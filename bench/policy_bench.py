@@ -72,7 +72,7 @@ from pdscale.planner.replay.traces import (
     read_rate_series,
     synthesize_from_rates,
 )
-from pdscale.replay import configure, read_spec, router_admission
+from pdscale.replay import configure, read_spec, router_admission, routing
 
 SHARED = Path("/work/shared/traces")
 #: the PDCluster whose planner configuration every case runs
@@ -254,7 +254,9 @@ def main() -> None:
                                lengths_from=c.get("lengths"))
         configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
-        setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack],
+        # the deployed stack routes as the PDCluster renders its router; what-ifs their own way
+        stack = {**STACKS[args.stack], **(routing(configured.spec) if args.stack == "deployed" else {})}
+        setup = ReplaySetup(trace=trace, planner=configured.config, **stack,
                             decode_admission=args.decode_admission,
                             prefill_admission=router_admission(configured.spec))
         history = None
@@ -288,10 +290,10 @@ def main() -> None:
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "configuration": configured.as_json(),
                          "policies": reps}
-    stack = STACKS[args.stack]
     table = Table(title=f"policies side by side, stack {args.stack} (node budget {setup.nodes}, "
-                        f"TPOT SLO 50 ms, {stack['engine']} prefill, {stack['router']} routing, "
-                        + ("early rejection" if stack["early_rejection"]
+                        f"TPOT SLO 50 ms, {setup.engine} prefill, {setup.router} prefill routing, "
+                        f"{setup.decode_router} decode routing, "
+                        + ("early rejection" if setup.early_rejection
                            else f"smg admission {args.smg_admission} per prefill, queue timeout "
                                 "at the TTFT target" if args.smg_admission is not None
                            else "no admission")

@@ -45,7 +45,15 @@ from .kube import Kube
 from .names import Owner
 from .pdcluster import PDClusterSpec, PlannerMode
 from .planner_memory import PlannerMemory, memory_problem
-from .planning import history_from_json, history_keep, history_to_json, planner_config
+from .planning import (
+    calibration_for_profile,
+    history_from_json,
+    history_keep,
+    history_to_json,
+    planner_config,
+    profile_identity,
+    remembered_profile,
+)
 from .profile_source import ProfileSources, report_profile
 from .reconcile import reconcile_current
 from .status import overdue_pods, profile_status
@@ -180,6 +188,11 @@ class PlannerLoop:
             report_profile(self.kube, body, profile_status(None, resolved.source, None,
                                                            resolved.problem), resolved)
             return previous
+        # what was learned against another profile is not carried over to this one
+        identity = profile_identity(resolved.profile)
+        history, reset = calibration_for_profile(history, remembered_profile(stored), identity)
+        if reset is not None:
+            self.report.calibration_reset(body, reset)
         started = time.monotonic()
         config = planner_config(spec, resolved.profile)
         snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
@@ -189,7 +202,8 @@ class PlannerLoop:
             role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds),
         )
         decision, history = step(obs, config=config, history=history, now=now)
-        if not self.memory.save(owner_of(body), history_to_json(history, now, history_keep(config))):
+        if not self.memory.save(owner_of(body), history_to_json(history, now, history_keep(config),
+                                                                profile=identity)):
             return previous  # another writer's newer memory stands; the next tick plans on it
         self.report.plan_seconds(ns, name, time.monotonic() - started)
         self.report.decision(body, spec, decision, previous, snapshot, obs)

@@ -7,9 +7,10 @@ The loop that calls these (read pods and metrics, plan, act) is in ``planner_loo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from pdscale.planner.config import PlannerConfig, build_config
@@ -159,15 +160,65 @@ def decision_event(decision: Decision, previous: Decision | None) -> tuple[str, 
 
 # -- the planner's memory, as JSON -------------------------------------------------------------
 def history_to_json(history: History, last_plan_at_seconds: float | None,
-                    keep: int = HISTORY_KEEP) -> str:
+                    keep: int = HISTORY_KEEP, *, profile: str | None = None) -> str:
+    """The memory as stored; ``profile`` is :func:`profile_identity` of the profile its
+    calibration was learned against (None: not known)."""
     # the burst peak too: the scale-down window holds what the highest recent burst needs
     loads = [None if x is None else [x.rate_rps, x.mean_input_tokens, x.mean_output_tokens,
                                      x.prefix_hit_rate, x.peak_rate_rps] for x in history.loads[-keep:]]
     decisions = [_decision_dict(d) for d in history.decisions[-keep:]]
     cal = None if history.calibration is None else asdict(history.calibration)
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
-                       "loads": loads, "decisions": decisions, "calibration": cal},
+                       "loads": loads, "decisions": decisions, "calibration": cal,
+                       "profile": profile},
                       separators=(",", ":"))
+
+
+def profile_identity(profile: Profile) -> str:
+    """What a calibration is learned against: the profile's name and a digest of every field
+    the planner reads (its provenance left out), ``NAME@sha256:HEX16``.
+
+    The numbers, not where they came from: a ConfigMap edited without touching the profile
+    (a label, the provenance) keeps its identity although its resourceVersion moves, while a
+    re-fitted file under the same name, another shipped profile, or a shipped profile whose
+    numbers a new release changed, each get a new one."""
+    numbers = json.dumps(profile.model_dump(mode="json", exclude={"provenance"}), sort_keys=True)
+    return f"{profile.name}@sha256:{hashlib.sha256(numbers.encode()).hexdigest()[:16]}"
+
+
+def remembered_profile(text: str | None) -> str | None:
+    """The :func:`profile_identity` a stored memory's calibration was learned against; None
+    when it records none (written before identities were kept) or cannot be read."""
+    try:
+        found = json.loads(text or "").get("profile")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return found if isinstance(found, str) and found else None
+
+
+def calibration_for_profile(history: History, remembered: str | None, current: str
+                            ) -> tuple[History, str | None]:
+    """The memory to plan from with the profile ``current`` (pure): the learned compute factors
+    and headrooms are dropped when they were learned against another profile, and the second
+    value says why (for the log and an Event); None when they are kept.
+
+    They are corrections of one profile's predictions (observed over predicted), so against
+    another profile they correct the wrong thing: a fleet learned 25% slower than a slow
+    profile would be planned 25% slower than a fitted one that already says so. The loads and
+    decisions stay: they are the traffic and the fleet, whatever the profile.
+
+    A memory that records no profile (written before identities were kept) is kept as it is:
+    it was learned against the profile its PDCluster named then, which an operator upgrade
+    alone does not change, and each headroom step was learned from SLO misses that a reset
+    would pay again. Its next save records the identity, so a later change is caught."""
+    if remembered is None or remembered == current or history.calibration is None:
+        return history, None
+    cal = history.calibration
+    why = (f"the profile changed ({remembered} -> {current}): the calibration learned against "
+           f"the old one is reset (was prefill time x{cal.prefill_factor:.3g}, decode time "
+           f"x{cal.decode_factor:.3g}, headroom prefill x{cal.prefill_headroom:.3g} decode "
+           f"x{cal.decode_headroom:.3g}, {cal.samples} samples)")
+    return replace(history, calibration=None), why
 
 
 def history_from_json(text: str | None) -> tuple[History, float | None]:

@@ -228,7 +228,12 @@ def export_profile(kube: Kube, namespace: str, name: str, *, now: float,
         No such PDCluster, a spec that does not parse, or a profile that cannot be used (the
         problem the operator reports in ``status.planner.profile``)."""
     from .planner_memory import PlannerMemory, memory_problem
-    from .planning import history_from_json
+    from .planning import (
+        calibration_for_profile,
+        history_from_json,
+        profile_identity,
+        remembered_profile,
+    )
 
     body = kube.get("PDCluster", namespace, name)
     if body is None:
@@ -245,5 +250,8 @@ def export_profile(kube: Kube, namespace: str, name: str, *, now: float,
     if stored is not None and memory_problem(stored, now) is not None:
         stored = None  # as the planner does: a memory unfit to plan from teaches nothing
     history, _ = history_from_json(stored)
+    # as the planner would: a calibration learned against another profile is not applied
+    history, _ = calibration_for_profile(history, remembered_profile(stored),
+                                         profile_identity(resolved.profile))
     return calibrated_profile(resolved.profile, history.calibration,
                               source=resolved.source, exported_at=exported_at)

@@ -180,6 +180,12 @@ class Reporter:
                                           f"planner memory ignored, starting from an empty one: "
                                           f"{problem}"), now_rfc3339())
 
+    def calibration_reset(self, body: dict[str, Any], why: str) -> None:
+        """The profile changed under a learned calibration: planning starts from the profile's."""
+        meta = body["metadata"]
+        log.info("planner of %s/%s: %s", meta["namespace"], meta["name"], why)
+        post_event(self.kube, body, Event("Normal", "PlannerCalibrationReset", why), now_rfc3339())
+
     def drain_started(self, body: dict[str, Any], role: Role, pod: str) -> None:
         post_event(self.kube, body, Event("Normal", "DrainStarted",
                                           f"{role} pod {pod}: out of the router, draining"), now_rfc3339())

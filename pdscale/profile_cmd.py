@@ -10,6 +10,11 @@ online calibration's time factors applied, read from the cluster ($KUBECONFIG):
 
     pdscale profile export NAMESPACE/NAME -o calibrated.yaml
 
+``run`` measures a PD deployment with aiperf and fits what it measured
+(:mod:`pdscale.profile_run`):
+
+    pdscale profile run --url http://localhost:30000 --model my-model -o mine.yaml
+
 Exit status 2 when a file cannot be read or the points cannot determine a profile (the message
 names the file, the line and the field).
 """
@@ -19,9 +24,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-HELP = "fit a performance profile to benchmark results"
+from pdscale import profile_run
+
+if TYPE_CHECKING:  # scipy behind these: building the command line must not import it
+    from pdscale.planner.model import Slo
+    from pdscale.planner.profile import Profile
+    from pdscale.planner.profile_fit import FittedProfile
+
+HELP = "fit a performance profile to benchmark results, or measure one with aiperf"
 #: the readers' names (pdscale.planner.profile_fit.READERS, checked by a test): listed here so
 #: that building the command line does not import scipy
 FORMATS = ("aiperf", "dynamo-npz", "guidellm", "inference-perf", "sglang", "vllm")
@@ -68,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "the headrooms, which are not terms). Reads the cluster through $KUBECONFIG.")
     export.add_argument("pdcluster", metavar="NAMESPACE/NAME", help="the PDCluster")
     export.add_argument("-o", "--output", required=True, type=Path, help="profile YAML to write")
+    profile_run.add_arguments(actions)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return fit(args)
     if args.profile_command == "export":
         return export(args)
+    if args.profile_command == "run":
+        return profile_run.run(args)
     return 2
 
 
@@ -119,11 +136,9 @@ def export(args: argparse.Namespace) -> int:
 
 
 def fit(args: argparse.Namespace) -> int:
-    import yaml
-
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import ProfileError, load_profile
-    from pdscale.planner.profile_fit import BenchmarkError, FitError, fit_profile, read_benchmark
+    from pdscale.planner.profile_fit import BenchmarkError, FitError
 
     def refuse(message: str) -> int:
         print(f"pdscale profile fit: error: {message}", file=sys.stderr)
@@ -134,23 +149,51 @@ def fit(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         return refuse(str(exc))
     try:
-        benchmarks = [read_benchmark(path, args.format) for path in args.files]
-        name = args.name or args.output.stem
-        result = fit_profile(benchmarks, base, name=name, base_name=args.base,
-                             fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                             slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot),
-                             kv_transfer_in_ttft=args.kv_transfer_in_ttft)
+        result = fit_files(args.files, base, name=args.name or args.output.stem,
+                           base_name=args.base, fmt=args.format,
+                           slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot),
+                           kv_transfer_in_ttft=args.kv_transfer_in_ttft)
     except (BenchmarkError, FitError, ProfileError) as exc:
         return refuse(str(exc))
     for warning in result.warnings:
         print(f"pdscale profile fit: warning: {warning}", file=sys.stderr)
-    text = HEADER + yaml.safe_dump(result.document, sort_keys=False, width=100)
-    args.output.write_text(text, encoding="utf-8")
-    load_profile(args.output)  # what we write must load where profiles are read
+    write_profile(args.output, HEADER, result.document)
+    print(fitted_summary(args.output, result))
+    return 0
+
+
+def fit_files(files: Sequence[Path], base: Profile, *, name: str, base_name: str | None,
+              fmt: str | None, slo: Slo, kv_transfer_in_ttft: bool | None) -> FittedProfile:
+    """Read every benchmark file and fit (``profile fit``, and ``profile run`` on its runs):
+    raises BenchmarkError, FitError or ProfileError, each naming what it refuses."""
+    from pdscale.planner.profile_fit import fit_profile, read_benchmark
+
+    benchmarks = [read_benchmark(path, fmt) for path in files]
+    return fit_profile(benchmarks, base, name=name, base_name=base_name,
+                       fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                       slo=slo, kv_transfer_in_ttft=kv_transfer_in_ttft)
+
+
+def profile_text(header: str, document: dict[str, Any]) -> str:
+    import yaml
+
+    return header + yaml.safe_dump(document, sort_keys=False, width=100)
+
+
+def write_profile(path: Path, header: str, document: dict[str, Any]) -> str:
+    """Write a fitted profile; returns the text written (it loads where profiles are read)."""
+    from pdscale.planner.profile import load_profile
+
+    text = profile_text(header, document)
+    path.write_text(text, encoding="utf-8")
+    load_profile(path)  # what we write must load where profiles are read
+    return text
+
+
+def fitted_summary(path: Path, result: FittedProfile) -> str:
     p, d = result.profile.prefill, result.profile.decode
     residuals = result.document["provenance"]["residuals"]
-    print(f"wrote {args.output}: prefill {p.tokens_per_second:.6g} tokens/s, doubling "
-          f"{p.attention_doubling_tokens}, overhead {p.overhead_seconds:.4g} s; decode step "
-          f"{d.step_seconds:.4g} s + {d.per_sequence_seconds:.4g} s/sequence + "
-          f"{d.per_context_token_seconds:.4g} s/context token; residuals {residuals}")
-    return 0
+    return (f"wrote {path}: prefill {p.tokens_per_second:.6g} tokens/s, doubling "
+            f"{p.attention_doubling_tokens}, overhead {p.overhead_seconds:.4g} s; decode step "
+            f"{d.step_seconds:.4g} s + {d.per_sequence_seconds:.4g} s/sequence + "
+            f"{d.per_context_token_seconds:.4g} s/context token; residuals {residuals}")

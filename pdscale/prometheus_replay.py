@@ -385,10 +385,49 @@ def run(args: Any, configured: Any, whatif: Any | None) -> int:
         caveats.extend(alt.caveats)
         _print_whatif(base, alt, whatif, configured.config.interval_seconds, end)
         caveats.append("what-if: re-planned on the live fleet's readings and role states; the "
-                       "latencies the what-if fleet would have had are not predicted here (that "
-                       "needs a synthetic trace replayed on the simulator)")
+                       "latencies the what-if fleet would have had are not predicted here ("
+                       + ("the simulated table predicts them on a rebuilt trace)"
+                          if getattr(args, "simulate", False) else "--simulate predicts them "
+                          "on a trace rebuilt from the recording)"))
     for line in dict.fromkeys(caveats):  # the same reason once
         console.print(f"note: {line}")
+    if getattr(args, "simulate", False):
+        return _simulate(args, configured, whatif, client, namespace, name, start, end, base)
+    return 0
+
+
+def _simulate(args: Any, configured: Any, whatif: Any | None, client: QueryClient,
+              namespace: str, name: str, start: float, end: float, base: Replayed) -> int:
+    """``--simulate``: the rebuilt trace on the simulator (``prometheus_simulate``), the live
+    run's decided instances beside it; ``--json`` writes the re-plan's match and the lot."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from pdscale import prometheus_simulate
+    from pdscale.planner.replay.traces import TraceError
+
+    known = [(t.at_seconds, t.live) for t in base.ticks if t.live is not None]
+    live = {"mean_instances": prometheus_simulate.mean_decided_instances(
+        [t for t, _ in known], [c for _, c in known if c is not None],
+        float(configured.spec.planner.interval_seconds))}
+    try:
+        result = prometheus_simulate.run(args, configured, whatif, client=client,
+                                         namespace=namespace, name=name, start=start, end=end,
+                                         live=live)
+    except (TraceError, ValueError) as exc:
+        Console(stderr=True).print(f"[red]error:[/red] --simulate: {exc}")
+        return 2
+    if args.json_out:
+        agreed, total = matches(base.decisions, base.ticks)
+        report = {"pdcluster": f"{namespace}/{name}", "start": start, "end": end,
+                  "replan": {"matched": agreed, "with_live_counts": total,
+                             "decisions": [describe(d) for d in base.decisions]},
+                  "simulate": result}
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        Console(stderr=True).print(f"wrote {args.json_out}")
     return 0
 
 

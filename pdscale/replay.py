@@ -47,6 +47,17 @@ def _milliseconds(seconds: float) -> int:
     return ms
 
 
+def _sigmas(text: str) -> tuple[float, ...]:
+    """``--length-sigmas``: comma-separated non-negative numbers."""
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers such as 0.5,1.0, got {text!r}") from None
+    if not values or any(not 0.0 <= v < 10.0 for v in values):
+        raise argparse.ArgumentTypeError(f"each spread must be in [0, 10), got {text!r}")
+    return values
+
+
 @dataclass(frozen=True)
 class SpecFlag:
     """A flag that overrides PDCluster spec fields for the replay."""
@@ -270,6 +281,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of a trace: re-run the planner on what it read from this "
                              "Prometheus over --start..--end, next to the live decisions; with "
                              "spec flags, also the what-if's decisions and instance-hours")
+    parser.add_argument("--simulate", action="store_true",
+                        help="--prometheus: also rebuild a trace from the recorded rates, mean "
+                             "lengths and prefix hit rates and replay it on the simulator for "
+                             "the spec and the what-if (attainment, latencies, GPU-hours), over "
+                             "--simulate-seeds x --length-sigmas traces (docs/replay.md)")
+    parser.add_argument("--simulate-seeds", type=int, default=3, metavar="N",
+                        help="--simulate: rebuilt traces per length spread (default 3)")
+    parser.add_argument("--length-sigmas", type=_sigmas, default=(0.5, 1.0), metavar="S,S",
+                        help="--simulate: the lengths' lognormal log-space spreads tried, "
+                             "comma-separated (default 0.5,1.0)")
     parser.add_argument("--pdcluster", metavar="NS/NAME", help="the PDCluster replayed (--prometheus)")
     parser.add_argument("--start", help="--prometheus: range start, Unix seconds or RFC 3339")
     parser.add_argument("--end", help="--prometheus: range end, Unix seconds or RFC 3339")
@@ -307,8 +328,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ideal-router = predicted-TTFT routing with early rejection (a "
                              "what-if); article = the article's model (default: deployed)")
     parser.add_argument("--router", default=None,
-                        choices=["random", "least-queue", "cache-aware", "predicted-ttft"],
-                        help="overrides the stack's router")
+                        choices=["random", "round-robin", "power-of-two", "least-queue",
+                                 "cache-aware", "predicted-ttft"],
+                        help="the prefill routing (default: the stack's; on the deployed stack, "
+                             "the spec's router.prefillPolicy)")
+    parser.add_argument("--decode-router", default=None,
+                        choices=["round-robin", "random", "power-of-two", "cache-aware",
+                                 "least-loaded"],
+                        help="the decode routing (default: the stack's; on the deployed stack, "
+                             "the spec's router.decodePolicy)")
     parser.add_argument("--early-rejection", action="store_true", default=None,
                         help="the router rejects a request whose predicted TTFT breaks the "
                              "target (overrides the stack's admission)")
@@ -319,6 +347,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "planner drops its decode hedge (default: off)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
+
+
+#: a PDCluster's routing policy -> the replay's router of that name (planner/replay/routers.py
+#: for prefill, decode_batches.py for decode)
+_ROUTING = {"CacheAware": "cache-aware", "RoundRobin": "round-robin",
+            "PowerOfTwo": "power-of-two", "Random": "random"}
+
+
+def routing(spec: PDClusterSpec) -> dict[str, str]:
+    """The replay's ``router`` and ``decode_router`` for the policies the spec's router is
+    rendered with (``router.prefillPolicy``, ``router.decodePolicy``); the deployed stack's
+    defaults for a spec of defaults."""
+    from pdscale.planner.replay.run import STACKS
+
+    if getattr(spec, "router", None) is None:
+        return {k: STACKS["deployed"][k] for k in ("router", "decode_router")}
+    return {"router": _ROUTING[spec.router.prefill_policy.value],
+            "decode_router": _ROUTING[spec.router.decode_policy.value]}
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
@@ -360,6 +406,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if args.prometheus:
         return _run_prometheus(args, console)
+    if args.simulate:
+        console.print("[red]error:[/red] --simulate replays a range read with --prometheus")
+        return 2
     if not (args.trace or args.synthetic) or not args.policy:
         console.print("[red]error:[/red] --trace (or --synthetic) and --policy are needed (or --prometheus)")
         return 2
@@ -395,12 +444,30 @@ def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any
     return setup, None
 
 
+def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
+    """The replay's fleet: the stack named, routed and admitted as the spec's router is
+    rendered on the deployed stack (the what-if stacks keep their own), flags overriding."""
+    from pdscale.planner.replay.run import STACKS, ReplaySetup
+
+    stack = STACKS[args.stack]
+    deployed = args.stack == "deployed"
+    routes = routing(configured.spec) if deployed else stack
+    return ReplaySetup(
+        trace=trace, planner=configured.config, engine=stack["engine"],
+        router=args.router or routes["router"],
+        decode_router=args.decode_router or routes["decode_router"],
+        early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
+        decode_admission=args.decode_admission, fleet_model=truth,
+        prefill_admission=router_admission(configured.spec) if deployed else None,
+    )
+
+
 def run_trace(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
+    from pdscale.planner.replay.run import run_policy
     from pdscale.planner.replay.traces import TraceError
 
     console = Console(stderr=True)
@@ -419,16 +486,7 @@ def run_trace(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    stack = STACKS[args.stack]
-    setup = ReplaySetup(
-        trace=trace, planner=config, engine=stack["engine"],
-        router=args.router or stack["router"],
-        early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
-        decode_admission=args.decode_admission, fleet_model=truth,
-        # the router the spec renders sheds what it renders (smg's admission), on the
-        # deployed stack; the what-if stacks keep their own admission
-        prefill_admission=router_admission(configured.spec) if args.stack == "deployed" else None,
-    )
+    setup = fleet_setup(args, trace, configured, truth)
     setup, history = _start(args, setup, console)
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
@@ -463,6 +521,7 @@ def run_trace(args: argparse.Namespace) -> int:
     report["time_scale"] = args.time_scale
     report["configuration"] = configured.as_json()
     report["stack"] = {"name": args.stack, "engine": setup.engine, "router": setup.router,
+                       "decode_router": setup.decode_router,
                        "early_rejection": setup.early_rejection,
                        "prefill_admission": (None if setup.prefill_admission is None
                                              else dataclasses.asdict(setup.prefill_admission))}
@@ -513,6 +572,9 @@ def _run_prometheus(args: argparse.Namespace, console: Any) -> int:
 
     if not (args.pdcluster and args.start and args.end):
         console.print("[red]error:[/red] --prometheus needs --pdcluster NS/NAME, --start and --end")
+        return 2
+    if args.simulate and args.simulate_seeds < 1:
+        console.print("[red]error:[/red] --simulate-seeds: at least 1")
         return 2
     try:
         if args.spec_file:

@@ -39,12 +39,6 @@ AGREEMENT_TARGET = 0.9
 #: calls the live loop late: a point or two is what chance alignment gives
 LAG_GAIN = 0.1
 MIN_INTERVALS_GAINED = 2
-#: the replay's routers nearest to the live router's prefill policy (spec.router.prefillPolicy);
-#: the replay has no round robin or power of two, and least-queue is what both approximate
-REPLAY_ROUTER = {"CacheAware": "cache-aware", "Random": "random", "RoundRobin": "least-queue",
-                 "PowerOfTwo": "least-queue"}
-
-
 # -------------------------------------------------------------------- recording
 def trace_rows(specs: Sequence[RequestSpec], records: Iterable[RequestRecord], *,
                block_tokens: int) -> list[dict[str, Any]]:
@@ -107,26 +101,26 @@ def replay_recording(pdcluster: Path, trace: Path,
     ``pdcluster`` (the operator's mapping, as ``pdscale replay -f``) under each policy.
 
     The trace is read with the profile's block size (``pdscale replay --trace`` reads Mooncake
-    files as 512-token blocks). ``router`` is one of the replay's routers; None: the one
-    nearest the live prefill policy (:data:`REPLAY_ROUTER`)."""
+    files as 512-token blocks). ``router`` is one of the replay's prefill routers; None: the
+    spec's, as its router is rendered (decode too: ``pdscale.replay.routing``)."""
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
-    from pdscale.replay import configure, read_spec
+    from pdscale.replay import configure, read_spec, routing
 
     configured = configure(read_spec(str(pdcluster)), spec_source=f"file {pdcluster}")
     config = configured.config
     recorded = read_mooncake(trace, block_tokens=config.model.profile.prefill.block_tokens)
-    router = router or REPLAY_ROUTER[configured.spec.router.prefill_policy.value]
-    setup = ReplaySetup(trace=recorded, planner=config, router=router)
+    routes = routing(configured.spec)
+    router = router or routes["router"]
+    setup = ReplaySetup(trace=recorded, planner=config, router=router,
+                        decode_router=routes["decode_router"])
     return {policy: run_policy(setup, policy) | {"router": router} for policy in policies}
 
 
 def router_sensitivity(pdcluster: Path, trace: Path) -> dict[str, dict[str, float]]:
     """pdscale's and the oracle's replayed attainment under each of the replay's routers.
 
-    None of them is SGLang's cache-aware policy, which routes on a prefix match only above a
-    match-rate threshold and to the shortest queue when loads part: the spread says how much
-    of a replayed figure is the router model's."""
+    The spread says how much of a replayed figure is the router model's."""
     from pdscale.planner.replay.routers import ROUTERS
 
     out = {}

@@ -7,12 +7,24 @@ fits the model's parametric terms to them (pure); :mod:`.document` makes the pro
 its provenance. ``pdscale profile fit`` is the command.
 """
 
-from .document import FittedProfile, fit_profile
-from .fit import FitError, RoleFit, TermFit, coverage_warnings, fit_decode, fit_prefill
+from .document import FittedProfile, fit_profile, prefill_compute_points
+from .fit import (
+    MAX_RMS_RESIDUAL,
+    FitError,
+    RoleFit,
+    TermFit,
+    coverage_warnings,
+    decode_coverage,
+    fit_decode,
+    fit_prefill,
+    form_warnings,
+    prefill_coverage,
+)
 from .points import Benchmark, BenchmarkError, DecodePoint, PrefillPoint, RequestRecord
 from .read import READERS, detect_format, read_benchmark
 
 __all__ = [
+    "MAX_RMS_RESIDUAL",
     "READERS",
     "Benchmark",
     "BenchmarkError",
@@ -24,9 +36,13 @@ __all__ = [
     "RoleFit",
     "TermFit",
     "coverage_warnings",
+    "decode_coverage",
     "detect_format",
     "fit_decode",
     "fit_prefill",
     "fit_profile",
+    "form_warnings",
+    "prefill_compute_points",
+    "prefill_coverage",
     "read_benchmark",
 ]

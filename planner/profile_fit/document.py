@@ -10,7 +10,15 @@ from typing import Any
 
 from ..model import PerformanceModel, Slo
 from ..profile import Profile, parse_profile
-from .fit import FitError, RoleFit, coverage_warnings, fit_decode, fit_prefill
+from .fit import (
+    MAX_RMS_RESIDUAL,
+    FitError,
+    RoleFit,
+    coverage_warnings,
+    fit_decode,
+    fit_prefill,
+    form_warnings,
+)
 from .points import Benchmark, DecodePoint, PrefillPoint
 
 #: points kept in the provenance per role (evenly thinned beyond): enough to re-fit or plot,
@@ -48,7 +56,9 @@ def _residuals(fit: RoleFit | None) -> dict[str, Any] | None:
         return None
     r = fit.residuals
     return {"points": r.points, "rms_relative": _round(r.rms_relative, 4),
-            "max_relative": _round(r.max_relative, 4), "rms_seconds": _round(r.rms_seconds, 4)}
+            "max_relative": _round(r.max_relative, 4), "rms_seconds": _round(r.rms_seconds, 4),
+            # False: the RMS is over MAX_RMS_RESIDUAL, the form cannot follow the points
+            "form_follows": r.rms_relative <= MAX_RMS_RESIDUAL}
 
 
 def _thin(rows: list[list[float | None]]) -> list[list[float | None]]:
@@ -58,7 +68,7 @@ def _thin(rows: list[list[float | None]]) -> list[list[float | None]]:
     return [rows[int(i * step)] for i in range(MAX_POINTS_KEPT)]
 
 
-def _prefill_compute_points(benchmarks: Sequence[Benchmark], base: Profile,
+def prefill_compute_points(benchmarks: Sequence[Benchmark], base: Profile,
                             kv_transfer_in_ttft: bool | None) -> tuple[list[PrefillPoint], int]:
     """The prefill points as compute time: the TTFT less the base's KV hand-off where the TTFT
     includes it (the model adds the hand-off itself, so fitting it into the prefill would count
@@ -101,6 +111,8 @@ def _provenance(benchmarks: Sequence[Benchmark], prefill: RoleFit | None, decode
         "kept_from_base": [*not_identified, "kv_transfer", "warmup", "prefill.prefix_cache_tokens",
                            "prefill.block_tokens"],
         "residuals": {"prefill_compute": _residuals(prefill), "decode_itl": _residuals(decode)},
+        # a role above it is warned: the model's form cannot follow its points
+        "residual_bound": {"rms_relative": MAX_RMS_RESIDUAL},
         "warnings": list(warnings),
         "points": {
             # prefill: the TTFT less the KV hand-off where the source's TTFT included it
@@ -123,7 +135,7 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
     implies (a benchmark client through a PD router: yes; Dynamo's profiler: no).
     Raises :class:`FitError` when the files hold no point of either role."""
     slo = slo or Slo()
-    prefill_pts, dropped = _prefill_compute_points(benchmarks, base, kv_transfer_in_ttft)
+    prefill_pts, dropped = prefill_compute_points(benchmarks, base, kv_transfer_in_ttft)
     decode_pts = [p for b in benchmarks for p in b.decode]
     if not prefill_pts and not decode_pts:
         raise FitError("no prefill and no decode point in " + ", ".join(b.source for b in benchmarks))
@@ -152,6 +164,7 @@ def fit_profile(benchmarks: Sequence[Benchmark], base: Profile, *, name: str, fi
         kv_term = {"value": min(capacities), "identified": True,
                    "note": "measured by the profiler (max_kv_tokens)"}
     fitted = parse_profile(data, source="the fitted profile")
+    warnings += form_warnings({"prefill": prefill, "decode": decode})
     warnings += coverage_warnings(fitted, decode_pts, prefill_pts, slo)
 
     data["provenance"] = _provenance(

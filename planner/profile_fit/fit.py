@@ -36,6 +36,14 @@ MAX_CURVATURE_STDERR = 1.0
 #: the fitted points must reach this share of the batch the fitted model predicts at the TPOT
 #: target, else the batch at the SLO is an extrapolation (warned)
 SLO_COVERAGE = 0.8
+#: a role whose RMS relative residual is above this: the model's form cannot follow its points
+#: (warned, and recorded in the provenance). Measured (bench/profile_error_bench.py, 3%
+#: lognormal noise): a form that holds leaves 1.7-2.6% on Dynamo's grids and 3.2-3.5% on
+#: per-request records; a prefill that doubles its cost past 16k tokens leaves 12.4%. The real
+#: client through a router (docs/profiles.md) left 11-12% on TTFT: flagged, and rightly, its
+#: overhead came out 100-150% off. The largest residual is not bounded: with hundreds of
+#: per-request points it follows the noise's tail (20% at 3% noise with the right form).
+MAX_RMS_RESIDUAL = 0.10
 
 
 class FitError(ValueError):
@@ -188,26 +196,57 @@ def fit_decode(points: Sequence[DecodePoint], base: Profile) -> RoleFit:
     return RoleFit(terms, _residuals(y, prediction))
 
 
-def coverage_warnings(profile: Profile, decode: Sequence[DecodePoint], prefill: Sequence[PrefillPoint],
-                      slo: Slo) -> list[str]:
-    """Where the fitted profile is an extrapolation of the points in the SLO region."""
-    warnings = []
-    model = PerformanceModel(profile)
-    if decode:
-        context = float(np.median([p.mean_context_tokens for p in decode]))
-        at_slo = model.decode_batch_at_slo(slo.tpot_seconds, context)
-        top = max(p.batch for p in decode)
-        if at_slo > 0 and top < SLO_COVERAGE * at_slo:
-            warnings.append(
-                f"no decode batch near the TPOT target: the fitted profile runs {at_slo} sequences "
+def decode_coverage(profile: Profile, decode: Sequence[DecodePoint], slo: Slo) -> str | None:
+    """Why the decode points stop short of the SLO region, or None when they reach it: the
+    largest batch measured is under :data:`SLO_COVERAGE` of the batch ``profile`` runs at the
+    TPOT target, at the points' median context (no point: None, nothing to judge)."""
+    if not decode:
+        return None
+    context = float(np.median([p.mean_context_tokens for p in decode]))
+    at_slo = PerformanceModel(profile).decode_batch_at_slo(slo.tpot_seconds, context)
+    top = max(p.batch for p in decode)
+    if at_slo > 0 and top < SLO_COVERAGE * at_slo:
+        return (f"no decode batch near the TPOT target: the fitted profile runs {at_slo} sequences "
                 f"at {slo.tpot_seconds * 1000:g} ms (context {context:.0f} tokens), the points reach "
                 f"{top:.1f}; the batch at the SLO is extrapolated")
-    if prefill:
-        top_ttft = max(p.ttft_seconds for p in prefill)
-        if top_ttft < SLO_COVERAGE * slo.ttft_seconds:
-            longest = max(p.input_tokens for p in prefill)
-            warnings.append(
-                f"no prefill near the TTFT target: the longest prompt measured ({longest:.0f} "
+    return None
+
+
+def prefill_coverage(prefill: Sequence[PrefillPoint], slo: Slo) -> str | None:
+    """Why the prefill points stop short of the SLO region, or None when they reach it: the
+    longest prefill measured took under :data:`SLO_COVERAGE` of the TTFT target."""
+    if not prefill:
+        return None
+    top_ttft = max(p.ttft_seconds for p in prefill)
+    if top_ttft < SLO_COVERAGE * slo.ttft_seconds:
+        longest = max(p.input_tokens for p in prefill)
+        return (f"no prefill near the TTFT target: the longest prompt measured ({longest:.0f} "
                 f"tokens) took {top_ttft:.3f} s of a {slo.ttft_seconds:g} s target; longer "
                 "prompts are extrapolated")
+    return None
+
+
+def coverage_warnings(profile: Profile, decode: Sequence[DecodePoint], prefill: Sequence[PrefillPoint],
+                      slo: Slo) -> list[str]:
+    """Where the fitted profile is an extrapolation of the points in the SLO region (the rule
+    ``pdscale profile run`` also stops its grids by)."""
+    found = (decode_coverage(profile, decode, slo), prefill_coverage(prefill, slo))
+    return [w for w in found if w is not None]
+
+
+def form_warnings(fits: dict[str, RoleFit | None]) -> list[str]:
+    """A warning per role whose residuals exceed :data:`MAX_RMS_RESIDUAL`: the model's form
+    (``overhead + (n + n^2/2L)/R``; ``step + B (per_sequence + C per_context)``) cannot follow
+    those points, so the planner would plan with a curve that misses them."""
+    forms = {"prefill": "overhead + (n + n^2/2L)/R", "decode": "step + B x (per_sequence + C x per_context)"}
+    warnings = []
+    for role, fit in fits.items():
+        if fit is None or fit.residuals.rms_relative <= MAX_RMS_RESIDUAL:
+            continue
+        r = fit.residuals
+        warnings.append(
+            f"{role}: the model's form ({forms[role]}) cannot follow the points: RMS relative "
+            f"residual {r.rms_relative:.1%} (largest {r.max_relative:.1%}) over {r.points} points, "
+            f"above the {MAX_RMS_RESIDUAL:.0%} bound; the planner would plan with a curve that "
+            "misses them (a step or knee? see provenance.points)")
     return warnings

@@ -15,8 +15,13 @@ batch does meanwhile. Between two changes of the batch (a join or a finish) the 
 (``A + G·k`` at the k-th step) and the time to the next finish is a closed form: one event per
 join or finish, not per step.
 
-A request goes to the ready decode instance with the fewest sequences (running and waiting).
-It waits there, first come first served, while the instance is full: its batch at the
+The router chooses the decode instance (``SimConfig.decode_router``, the PDCluster's
+``router.decodePolicy``): ``round-robin`` (what a PDCluster renders by default), ``random``,
+``power-of-two`` or ``cache-aware`` as sgl-router's policies do for prefill
+(:mod:`.routers`), with a decode instance's load the router's count of its requests there
+(running and waiting) and the router's prefix tree for decode kept as "the instance each
+block was last sent to"; or ``least-loaded`` (the fewest sequences, an ideal what-if). It
+waits there, first come first served, while the instance is full: its batch at the
 profile's ``max_batch``, or its KV cache unable to hold the request's prompt and output (what
 SGLang's decode pre-allocation reserves, as the simulated engine does). The wait is part of
 its TTFT. Modes (``SimConfig.decode_admission``):
@@ -32,12 +37,14 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable, Sequence
 
 from ..model import PerformanceModel, Slo
 from .fleet import DRAINING, Events, Fleet
 
 DECODE_ADMISSIONS = ("off", "queue", "shed")
+DECODE_ROUTERS = ("round-robin", "random", "power-of-two", "cache-aware", "least-loaded")
 #: steps short of a finish still counted as finished (float error of the closed form)
 _STEP_EPS = 1e-6
 
@@ -64,9 +71,23 @@ class DecodeBatches:
         on_start: Callable[[int, float], None],
         on_finish: Callable[[int, float, float], None],
         on_shed: Callable[[int, float], None],
+        router: str = "least-loaded",
+        rng: random.Random | None = None,
+        blocks: Sequence[tuple[int, ...]] = (),
+        block_tokens: int = 512,
     ) -> None:
         if mode not in DECODE_ADMISSIONS:
             raise ValueError(f"decode_admission must be one of {DECODE_ADMISSIONS}, got {mode!r}")
+        if router not in DECODE_ROUTERS:
+            raise ValueError(f"decode_router must be one of {DECODE_ROUTERS}, got {router!r}")
+        self.router = router
+        self.rng = rng or random.Random(1)
+        self._count = 0  # round robin's counter
+        self._blocks, self.block_tokens = blocks, block_tokens
+        #: cache-aware: block id -> the decode instance it was last sent to, and how many
+        #: blocks each instance holds so (its tree's size)
+        self._owner: dict[int, int] = {}
+        self._tree_blocks: dict[int, int] = {}
         self.fleet, self.events, self.model = fleet, events, model
         self.capped, self.shed = mode != "off", mode == "shed"
         self.slo_ttft, self.slo_tpot = slo.ttft_seconds, slo.tpot_seconds
@@ -90,16 +111,59 @@ class DecodeBatches:
         self._started: dict[int, float] = {}
 
     # -- routing ------------------------------------------------------------------------------
-    def least_loaded(self) -> int:
-        """The ready decode instance with the fewest sequences, running and waiting (the
-        lowest id of a tie)."""
-        fleet = self.fleet
-        return min(fleet.ready_decode, key=lambda i: len(fleet.running[i]) + len(fleet.decode_waiting[i]))
+    def load(self, i: int) -> int:
+        """Requests on decode instance ``i``, running and waiting (what the router counts)."""
+        return len(self.fleet.running[i]) + len(self.fleet.decode_waiting[i])
+
+    def choose(self, r: int) -> int:
+        """The ready decode instance the router sends request ``r`` to."""
+        ready, load = self.fleet.ready_decode, self.load
+        if len(ready) == 1:
+            return ready[0]
+        if self.router == "round-robin":
+            self._count += 1
+            return ready[(self._count - 1) % len(ready)]
+        if self.router == "random":
+            return ready[self.rng.randrange(len(ready))]
+        if self.router == "power-of-two":
+            a, b = self.rng.sample(ready, 2)
+            return a if load(a) <= load(b) else b
+        if self.router == "cache-aware":
+            return self._cache_aware(r)
+        return min(ready, key=load)
+
+    def _cache_aware(self, r: int) -> int:
+        """sgl-router's cache_aware thresholds (:class:`.routers.CacheAwareRouter`) over the
+        decode instances, then the record of where each block was last sent."""
+        ready, load, owner = self.fleet.ready_decode, self.load, self._owner
+        lo = min(ready, key=load)
+        hi = max(load(j) for j in ready)
+        blocks = self._blocks[r]
+        if hi - load(lo) > 64 and hi > load(lo) * 1.5:
+            chosen = lo
+        else:
+            first = owner.get(blocks[0]) if blocks else None
+            matched = 0
+            while matched < len(blocks) and owner.get(blocks[matched]) == first:
+                matched += 1
+            if (first is not None and first in ready
+                    and matched * self.block_tokens > 0.3 * int(self._input[r])):
+                chosen = first
+            else:
+                chosen = min(ready, key=lambda j: (self._tree_blocks.get(j, 0), load(j)))
+        trees = self._tree_blocks
+        for b in blocks:
+            old = owner.get(b)
+            if old is not None:
+                trees[old] -= 1
+            owner[b] = chosen
+            trees[chosen] = trees.get(chosen, 0) + 1
+        return chosen
 
     def place(self, r: int, now: float) -> None:
-        """Request ``r``'s KV arrived at ``now``: join the least loaded ready instance's batch,
-        or wait in its queue. Needs a ready decode instance."""
-        i = self.least_loaded()
+        """Request ``r``'s KV arrived at ``now``: join the chosen ready instance's batch, or
+        wait in its queue. Needs a ready decode instance."""
+        i = self.choose(r)
         waiting = self.fleet.decode_waiting[i]
         if waiting or not self._fits(i, r, now):
             waiting.append(r)

@@ -61,8 +61,13 @@ class Fleet:
         self.role_changes = 0
         # prefill work: when each instance's FIFO queue runs empty
         self.busy: list[float] = []
-        # requests routed to each instance whose prefill has not completed (a router's load)
+        # requests routed to each instance whose prefill has not completed (what smg's prefill
+        # admission caps)
         self.outstanding: list[int] = []
+        # requests routed to each prefill instance that have not completed end to end: the
+        # router's load of a worker (sgl-router's load guard is held until the response ends,
+        # decode included)
+        self.inflight: list[int] = []
         # decode work (:mod:`.decode_batches`): each instance's running batch, a heap of
         # (finishing step, request, context offset), and the requests waiting to join it
         self.running: list[list[tuple[float, int, float]]] = []
@@ -114,6 +119,7 @@ class Fleet:
         self.switch_to.append(None)
         self.busy.append(now + warm_seconds)
         self.outstanding.append(0)
+        self.inflight.append(0)
         self.prefix.add_instance()
         self.running.append([])
         self.decode_waiting.append(deque())

@@ -15,7 +15,8 @@ from typing import Protocol
 from ..model import PerformanceModel
 from .fleet import Fleet
 
-ROUTERS = ("random", "least-queue", "cache-aware", "article-cache-aware", "predicted-ttft")
+ROUTERS = ("random", "round-robin", "power-of-two", "least-queue", "cache-aware",
+           "article-cache-aware", "predicted-ttft")
 
 
 class Router(Protocol):
@@ -38,6 +39,41 @@ class RandomRouter:
                ready: list[int] | None = None) -> int:
         ready = ready or self.ready
         return ready[self.rng.randrange(len(ready))]
+
+
+class RoundRobinRouter:
+    """sglang-router's (and smg's, vllm-router's) ``round_robin``: a counter over the healthy
+    workers, ``count % len(healthy)`` (sgl-router ``src/policies/round_robin.rs``); the
+    list shifts under the counter as workers come and go, as the router's does."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.ready = fleet.ready_prefill
+        self.count = 0
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
+        ready = ready or self.ready
+        self.count += 1
+        return ready[(self.count - 1) % len(ready)]
+
+
+class PowerOfTwoRouter:
+    """``power_of_two``: two distinct workers drawn at random, the less loaded one (the first
+    of a tie) takes it (sgl-router ``src/policies/power_of_two.rs``); the load is the router's
+    count of its requests there in flight end to end (as for cache-aware)."""
+
+    def __init__(self, fleet: Fleet, rng: random.Random) -> None:
+        self.ready = fleet.ready_prefill
+        self.load = fleet.inflight
+        self.rng = rng
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None) -> int:
+        ready = ready or self.ready
+        if len(ready) == 1:
+            return ready[0]
+        a, b = self.rng.sample(ready, 2)
+        return a if self.load[a] <= self.load[b] else b
 
 
 class LeastQueueRouter:
@@ -78,9 +114,10 @@ class CacheAwareRouter:
     request; otherwise the instance with the longest prefix match takes it if the match
     covers more than 30% of the prompt, else the instance whose prefix tree is smallest.
 
-    Two approximations: the router's load is the requests it sent to an instance whose
-    prefill has not completed (it counts in-flight requests), and its approximate radix tree
-    is read as the instances' own caches (a conversation's next turn arrives after the last
+    The router's load of a worker is its requests in flight end to end (its load guard in
+    ``pd_router.rs`` is held until the response ends, decode included), as
+    ``Fleet.inflight`` counts them. One approximation: its approximate radix tree is read as
+    the instances' own caches (a conversation's next turn arrives after the last
     reply, by when both agree). Ties go to the shorter queue."""
 
     def __init__(
@@ -94,7 +131,7 @@ class CacheAwareRouter:
     ) -> None:
         self.ready = fleet.ready_prefill
         self.busy = fleet.busy
-        self.load = fleet.outstanding
+        self.load = fleet.inflight
         self.caches = fleet.prefix.caches
         self.block_tokens = block_tokens
         self.cache_threshold = cache_threshold
@@ -156,6 +193,10 @@ def make_router(
     """The router called ``name`` (one of :data:`ROUTERS`) over ``fleet``."""
     if name == "random":
         return RandomRouter(fleet, rng)
+    if name == "round-robin":
+        return RoundRobinRouter(fleet)
+    if name == "power-of-two":
+        return PowerOfTwoRouter(fleet, rng)
     if name == "least-queue":
         return LeastQueueRouter(fleet)
     if name == "cache-aware":

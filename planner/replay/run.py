@@ -48,6 +48,8 @@ class ReplaySetup:
     planner: PlannerConfig
     #: the prefill routing a PDCluster renders by default (router.prefillPolicy CacheAware)
     router: str = "cache-aware"
+    #: the decode routing a PDCluster renders by default (router.decodePolicy RoundRobin)
+    decode_router: str = "round-robin"
     #: False: what sglang-router, smg and vllm-router do by default (shed nothing); True: the
     #: ideal admission router's early rejection at the predicted TTFT (a what-if)
     early_rejection: bool = False
@@ -101,14 +103,18 @@ class ReplaySetup:
 
 
 #: the fleets a replay can stand for, by name: the stack users deploy (SGLang's batched
-#: prefill behind the router's default cache-aware policy, which sheds nothing), the same
-#: engines behind an ideal admission router (predicted-TTFT routing, early rejection at the
-#: TTFT target: a what-if, no router does it), and the global-scheduling article's model
+#: prefill and continuous decode behind the router's default policies, cache-aware for
+#: prefill and round robin for decode, which shed nothing), the same engines behind an ideal
+#: admission router (predicted-TTFT routing, early rejection at the TTFT target, decode to the
+#: least loaded: a what-if, no router does it), and the global-scheduling article's model
 #: (one prefill at a time, exact predictions, early rejection: the seed reproduction's)
 STACKS: dict[str, dict[str, Any]] = {
-    "deployed": {"engine": "sglang", "router": "cache-aware", "early_rejection": False},
-    "ideal-router": {"engine": "sglang", "router": "predicted-ttft", "early_rejection": True},
-    "article": {"engine": "article", "router": "predicted-ttft", "early_rejection": True},
+    "deployed": {"engine": "sglang", "router": "cache-aware", "decode_router": "round-robin",
+                 "early_rejection": False},
+    "ideal-router": {"engine": "sglang", "router": "predicted-ttft", "decode_router": "least-loaded",
+                     "early_rejection": True},
+    "article": {"engine": "article", "router": "predicted-ttft", "decode_router": "least-loaded",
+                "early_rejection": True},
 }
 
 
@@ -205,7 +211,8 @@ def simulate_fleet(
     """Simulate ``setup`` from ``start`` = (prefill, decode) instances; ``controller`` None keeps
     the fleet fixed, ``prefill_only`` skips decode (a prefill-side probe)."""
     cfg = SimConfig(
-        router=setup.router, early_rejection=setup.early_rejection, slo=setup.slo,
+        router=setup.router, decode_router=setup.decode_router,
+        early_rejection=setup.early_rejection, slo=setup.slo,
         decode_admission=setup.decode_admission, engine=setup.engine,
         prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
         interval_seconds=setup.interval_seconds, initial_prefill=start[0],

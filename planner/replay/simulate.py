@@ -1,10 +1,10 @@
 """Discrete-event simulator of a PD fleet, used for replay and for the routing seed.
 
 Requests arrive from a :class:`~.traces.Trace`. The router picks a ready prefill instance
-(``random``, ``least-queue``, ``cache-aware``, ``predicted-ttft``; optional early rejection)
-which computes the uncached part of the prompt FIFO (prefix cache per instance, LRU over the
-trace's block ids); the KV cache moves to the least-loaded ready decode instance, which runs
-the request in a continuous batch at the profile's TPOT for the batch it joins. A controller
+(:data:`~.routers.ROUTERS`; optional early rejection) which computes the uncached part of the
+prompt in batched passes (prefix cache per instance, LRU over the trace's block ids); the KV
+cache moves to the decode instance the router picks (:data:`~.decode_batches.DECODE_ROUTERS`),
+which runs the request in its continuous batch. A controller
 is called every interval with an :class:`~.observe.Observation` and returns target counts;
 instances then warm up, drain and switch roles as the profile says, and every second they hold
 a node is accounted.
@@ -55,7 +55,7 @@ import numpy as np
 
 from ..model import PerformanceModel, Slo
 from ..observe import Observation, Role
-from .decode_batches import DECODE_ADMISSIONS, DecodeBatches
+from .decode_batches import DECODE_ADMISSIONS, DECODE_ROUTERS, DecodeBatches
 from .fleet import READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
 from .prefill_batches import ENGINES, PrefillBatches
@@ -64,7 +64,7 @@ from .router_admission import AdmissionQueue, PrefillAdmission
 from .routers import ROUTERS, make_router
 from .traces import Trace
 
-__all__ = ["DECODE_ADMISSIONS", "ENGINES", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
+__all__ = ["DECODE_ADMISSIONS", "DECODE_ROUTERS", "ENGINES", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
 
 #: controller(observation) -> (prefill target, decode target), counts of ready + warming;
 #: a controller may add (switch_to_prefill, switch_to_decode): how many of the changes must be
@@ -77,6 +77,9 @@ class SimConfig:
     """Knobs of one simulation run (times in seconds)."""
 
     router: str = "predicted-ttft"
+    #: how the router picks a decode instance (:data:`.decode_batches.DECODE_ROUTERS`):
+    #: "least-loaded" is an ideal; a PDCluster renders "round-robin" by default
+    decode_router: str = "least-loaded"
     #: what the router sheds: False is what sglang-router, smg and vllm-router do by default
     #: (nothing); True drops a request whose predicted TTFT breaks the target (the article's
     #: ideal admission router, a what-if)
@@ -185,6 +188,8 @@ class _Replay:
             input_tokens=trace.input_tokens, output_tokens=trace.output_tokens,
             arrival_seconds=trace.arrival_seconds, on_start=self._decode_started,
             on_finish=self._decode_finished, on_shed=self._decode_shed,
+            router=config.decode_router, rng=random.Random(config.seed + 1),
+            blocks=trace.hash_ids, block_tokens=block,
         )
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
         if config.engine not in ENGINES:
@@ -225,6 +230,8 @@ class _Replay:
         self.unfinished = 0
         #: request -> the prefill instance it was routed to, until its prefill completes
         self._routed_to: dict[int, int] = {}
+        #: request -> its prefill instance, until it completes end to end (the router's load)
+        self._prefill_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
@@ -403,6 +410,8 @@ class _Replay:
         # the router's estimate of when the instance runs empty (what it ranks and predicts by)
         fleet.busy[i] = done
         fleet.outstanding[i] += 1
+        fleet.inflight[i] += 1
+        self._prefill_of[r] = i
         self._routed_to[r] = i
         self.unfinished += 1
         if self.batches is not None:
@@ -424,6 +433,7 @@ class _Replay:
         self.hit_tokens += hit_tok
         stats.hit_tokens += hit_tok
         if self.config.prefill_only:
+            self._completed(r)
             t = self._arrival[r]
             self.ttft[r] = done - t
             stats.ttft.append(done - t)
@@ -445,8 +455,13 @@ class _Replay:
         self.ttft[r] = first
         self.stats.ttft.append(first)
 
+    def _completed(self, r: int) -> None:
+        """Request ``r``'s response ended (served or dropped): the router's load drops."""
+        self.fleet.inflight[self._prefill_of.pop(r)] -= 1
+
     def _decode_finished(self, r: int, start: float, now: float) -> None:
         n_out = self._output[r]
+        self._completed(r)
         self.unfinished -= 1
         self.last_done = max(self.last_done, now)
         if n_out <= 1:
@@ -457,6 +472,7 @@ class _Replay:
         self.stats.tpot.append(tpot)
 
     def _decode_shed(self, r: int, now: float) -> None:
+        self._completed(r)
         self.unfinished -= 1
         self.rejected[r] = True
         self.stats.rejections += 1

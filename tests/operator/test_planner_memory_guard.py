@@ -1,6 +1,7 @@
 """The planner's memory is not trusted as read, and a write never clobbers a newer one: the
 validation (pure), the loop starting afresh with a Warning Event, and the resourceVersion
-precondition on the write (a 409 leaves the newer memory and is retried next tick)."""
+precondition on the write (a 409 leaves the newer memory and is retried next tick); a
+calibration learned against another profile reset, with an Event."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pdscale.operator import names
 from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory
 from pdscale.operator.planner_loop import PlannerLoop
 from pdscale.operator.planner_memory import MAX_CLOCK_SKEW_SECONDS, PlannerMemory, memory_problem
-from pdscale.operator.planning import history_to_json
+from pdscale.operator.planning import history_from_json, history_to_json, remembered_profile
 from pdscale.planner.decision import Decision
+from pdscale.planner.model import Calibration
 from pdscale.planner.solve import History
 
 OWNER = names.Owner(name="demo", namespace=NS, uid="uid-1")
@@ -163,3 +165,31 @@ def test_a_tick_that_loses_the_write_race_does_not_fail_and_plans_on_the_newer_m
     loop.tick_all()  # no exception escapes
     stored = versioned.get("ConfigMap", NS, "demo-planner")["data"][PLANNER_MEMORY_KEY]
     assert stored == _good(NOW)
+
+
+# -- a new profile: what was learned against the old one is reset, and said ---------------------
+def _reset(kube: FakeKube) -> list[dict]:
+    return [e for e in kube.events if e["reason"] == "PlannerCalibrationReset"]
+
+
+def test_a_calibration_learned_against_another_profile_is_reset_with_an_event():
+    kube, lists = _cluster("Recommend")
+    learned = Calibration(prefill_factor=1.4, decode_factor=0.8, prefill_headroom=1.5, samples=30)
+    old = "deepseek-fp8-8xh200-sglang@sha256:0123456789abcdef"
+    _memory(kube, history_to_json(History(decisions=(_decision(),), calibration=learned),
+                                  None, profile=old))
+    PlannerLoop(kube, worker_lists=lists).tick_all()
+    [event] = _reset(kube)
+    assert event["type"] == "Normal" and old in event["message"] and "x1.5" in event["message"]
+    stored = kube.get("ConfigMap", NS, "demo-planner")["data"][PLANNER_MEMORY_KEY]
+    history, _ = history_from_json(stored)
+    assert history.calibration != learned  # planned from the profile's own numbers
+    assert history.decisions[0] == _decision()  # the fleet's past is kept
+    current = remembered_profile(stored)
+    assert current is not None and current != old
+    # the same profile on the next tick: nothing to reset, no second Event
+    _memory(kube, history_to_json(History(calibration=learned), None, profile=current))
+    PlannerLoop(kube, worker_lists=lists).tick_all()
+    assert len(_reset(kube)) == 1
+    assert history_from_json(kube.get("ConfigMap", NS, "demo-planner")["data"][PLANNER_MEMORY_KEY]
+                             )[0].calibration is not None

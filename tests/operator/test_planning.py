@@ -10,16 +10,20 @@ import yaml
 
 from pdscale.operator.pdcluster import PDClusterSpec, PlannerMode
 from pdscale.operator.planning import (
+    calibration_for_profile,
     decision_event,
     decision_status,
     history_from_json,
     history_keep,
     history_to_json,
     planner_config,
+    profile_identity,
+    remembered_profile,
 )
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load
 from pdscale.planner.observe import Observation, Reading, RoleState
+from pdscale.planner.profile import shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History, plan
 
@@ -153,3 +157,39 @@ def test_the_configuration_reads_exactly_the_listed_spec_fields():
                 name: _moved(value, section, name)})})
             moved = planner_config(other) != base
             assert moved == ((section, name) in PLANNER_SPEC_FIELDS), f"{section}.{name}"
+
+
+# -- the calibration belongs to the profile it was learned against -----------------------------
+def test_a_profile_is_identified_by_its_numbers_not_by_where_they_came_from():
+    base = shipped_profile()
+    same = profile_identity(base)
+    assert same.startswith(f"{base.name}@sha256:")
+    assert profile_identity(base.model_copy(update={"provenance": {"fitted_at": "later"}})) == same
+    refit = base.model_copy(update={"prefill": base.prefill.model_copy(update={"tokens_per_second": 24_000})})
+    assert profile_identity(refit) != same  # a re-fitted file under the same name
+    assert profile_identity(shipped_profile("demo-sim")) != same  # another shipped profile
+
+
+def test_a_calibration_learned_against_another_profile_is_dropped_and_the_rest_kept():
+    learned = Calibration(prefill_factor=1.3, decode_factor=0.9, decode_headroom=1.4, samples=12)
+    h = History(loads=(Load(10, 2000, 500, 0.6),), decisions=(decision(),), calibration=learned)
+    stored = history_to_json(h, 60.0, profile="a@sha256:1")
+    assert remembered_profile(stored) == "a@sha256:1"
+    back, _ = history_from_json(stored)
+    kept, why = calibration_for_profile(back, remembered_profile(stored), "a@sha256:1")
+    assert why is None and kept.calibration == learned
+    reset, why = calibration_for_profile(back, remembered_profile(stored), "b@sha256:2")
+    assert reset.calibration is None and reset.loads == back.loads and reset.decisions == back.decisions
+    assert why is not None and "a@sha256:1 -> b@sha256:2" in why and "x1.4" in why and "12 samples" in why
+
+
+def test_an_older_memory_without_a_profile_keeps_its_calibration():
+    # written before the identity was kept: learned against the profile the PDCluster named
+    # then, which an operator upgrade does not change; the next save records the identity
+    old = ('{"version":1,"lastPlanAtSeconds":5,"loads":[],"decisions":[],'
+           '"calibration":{"prefill_factor":1.2,"decode_factor":1.0,"samples":3}}')
+    assert remembered_profile(old) is None
+    history, _ = history_from_json(old)
+    kept, why = calibration_for_profile(history, remembered_profile(old), "x@sha256:0")
+    assert why is None and kept.calibration == Calibration(prefill_factor=1.2, samples=3)
+    assert remembered_profile("{not json") is None and remembered_profile(None) is None

@@ -298,6 +298,14 @@ def test_export_reads_the_pdcluster_its_configmap_and_its_memory():
     assert exported.provenance["calibration"]["exported_from"] == "ConfigMap my-profile@7"
     with pytest.raises(ProfileError, match=f"no PDCluster {NS}/other"):
         export_profile(kube, NS, "other", now=10.0, exported_at="t")  # type: ignore[arg-type]
+    # a memory learned against another profile: its calibration is not applied, as the
+    # planner would not plan with it
+    other = history_to_json(History(calibration=Calibration(decode_factor=2.0, samples=1)), 0.0,
+                            profile="another@sha256:0000000000000000")
+    kube.objects[("ConfigMap", NS, planner_memory_name("pdc"))]["data"][PLANNER_MEMORY_KEY] = other
+    exported = export_profile(kube, NS, "pdc", now=10.0, exported_at="t")  # type: ignore[arg-type]
+    assert exported.decode.step_seconds == pytest.approx(source.decode.step_seconds)
+    assert exported.provenance["calibration"]["decode_factor"] == 1.0
 
 
 def test_the_export_command_wants_namespace_and_name(tmp_path, capsys):

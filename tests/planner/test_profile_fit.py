@@ -15,6 +15,7 @@ from pdscale.main import main
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import Profile, load_profile, shipped_profile
 from pdscale.planner.profile_fit import (
+    MAX_RMS_RESIDUAL,
     READERS,
     Benchmark,
     BenchmarkError,
@@ -144,6 +145,35 @@ def test_points_short_of_the_tpot_target_are_warned():
     covered = fit_profile([Benchmark("a", "t", tuple(prefill), tuple(wide))], TRUTH, name="x",
                           fitted_at="-", slo=slo)
     assert not any("TPOT" in w for w in covered.warnings)
+
+
+def test_a_prefill_with_a_step_the_form_cannot_follow_is_warned_and_recorded(tmp_path, capsys):
+    # A prefill that takes twice the model's time past 8k tokens (a kernel or memory regime
+    # change): no overhead + (n + n^2/2L)/R follows it, and the fit must say so, naming the role
+    arrays = dynamo_arrays(TRUTH, noise=0.01)
+    arrays["prefill_ttft"] = np.where(arrays["prefill_isl"] > 8_000, 2.0, 1.0) * arrays["prefill_ttft"]
+    npz = save(tmp_path / "raw_data.npz", arrays)
+    out = tmp_path / "knee.yaml"
+    assert main(["profile", "fit", str(npz), "--base", "demo-sim", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: prefill: the model's form" in err and "cannot follow the points" in err
+    prov = load_profile(out).provenance
+    assert prov is not None
+    rms = prov["residuals"]["prefill_compute"]["rms_relative"]
+    assert rms > MAX_RMS_RESIDUAL and f"{rms:.1%}" in err
+    assert prov["residuals"]["prefill_compute"]["form_follows"] is False
+    assert prov["residuals"]["decode_itl"]["form_follows"] is True  # decode was fine
+    assert prov["residual_bound"] == {"rms_relative": MAX_RMS_RESIDUAL}
+    assert any(w.startswith("prefill: the model's form") for w in prov["warnings"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noise_on_a_form_that_holds_is_not_called_a_misfit(tmp_path, seed):
+    result = fit_profile([read_benchmark(save(tmp_path / "d.npz", dynamo_arrays(TRUTH, noise=0.03,
+                                                                                 seed=seed)))],
+                         BASE, name="f", fitted_at="-")
+    assert not any("cannot follow" in w for w in result.warnings)
+    assert all(r["form_follows"] for r in result.document["provenance"]["residuals"].values())
 
 
 # -- refusals of the .npz reader ----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Replay from Prometheus against a real one: a live planning loop reads SGLang-named engines
 through Prometheus at its plan times and exports its decisions and role states through the
 operator's gauges (scraped by the same Prometheus); the replay over the run's time range reads
-them back and reproduces every live decision exactly, and a tighter TTFT target asks for more.
+them back and reproduces every live decision exactly, and a tighter TTFT target asks for more,
+re-planned on the live readings and simulated on a trace rebuilt from them alike.
 
 The live loop is the operator's planning tick (``planner_loop._plan_if_due``: read at now,
 join the fleet's role states, ``step``, ``Reporter.decision``) driven here at a 10 s interval,
@@ -10,6 +11,7 @@ are what the operator would have counted from pods)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -26,6 +28,7 @@ from pdscale.planner.prometheus import (
 )
 from pdscale.planner.solve import History, step
 from pdscale.prometheus_replay import instance_hours, matches, read_recording, replay_range
+from pdscale.prometheus_simulate import mean_decided_instances
 from pdscale.replay import configure
 from pdscale.testbed.shape_change_engines import start_engines
 
@@ -36,7 +39,7 @@ EXAMPLE = ROOT / "examples" / "demo-sim.yaml"
 SWITCH_SECONDS = 60.0  # the load's shape changes this long after the engines start
 
 
-def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys):
+def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys, tmp_path):
     engines = start_engines(SWITCH_SECONDS)
     servers = list(engines.values())
     for role, server in engines.items():
@@ -107,6 +110,27 @@ def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys):
         out = " ".join(capsys.readouterr().err.split())
         assert f"replayed = live in {len(live)} of {len(live)} decisions" in out
         assert "instance-hours decided: what-if" in out and "not predicted" in out
+
+        # and simulated: a trace rebuilt from the same readings, replayed on the simulator for
+        # the spec and the what-if, says the tighter target needs more instances too
+        report = tmp_path / "simulated.json"
+        assert main(["replay", "--prometheus", prometheus.url, "--pdcluster", f"ns/{NAME}",
+                     "--start", f"{start:.3f}", "--end", f"{end:.3f}",
+                     "-f", str(EXAMPLE), "--slo-ttft", "3", "--simulate", "--json", str(report)]) == 0
+        out = " ".join(capsys.readouterr().err.split())
+        assert f"replayed = live in {len(live)} of {len(live)} decisions" in out
+        assert "rebuilt traces against the recording" in out and "lognormal lengths" in out
+        simulated = json.loads(report.read_text())
+        assert simulated["replan"]["matched"] == simulated["replan"]["with_live_counts"] == len(live)
+        sim = simulated["simulate"]
+        assert len(sim["spec"]["members"]) == len(sim["what-if"]["members"]) == 6  # 3 seeds x 2
+        assert sim["live"]["mean_instances"] == pytest.approx(mean_decided_instances(
+            [d.at_seconds for d in live], [(d.prefill, d.decode) for d in live],
+            config.interval_seconds))
+        assert sim["recorded"]["prefix_hit_rate"] == pytest.approx(0.3, abs=0.01)
+        assert (sim["what-if"]["spread"]["mean_instances"]["mean"]
+                > sim["spec"]["spread"]["mean_instances"]["mean"])
+        assert sim["what-if"]["minus_base"]["mean_instances"]["mean"] > 0  # on the same traces
     finally:
         operator_metrics.shutdown()
         for server in servers:

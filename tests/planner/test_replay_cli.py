@@ -57,10 +57,31 @@ def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> Non
                      "--json", str(out), *extra]) == 0
         stacks[" ".join(extra)] = json.loads(out.read_text())["stack"]
     assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "cache-aware",
-                          "early_rejection": False, "prefill_admission": None}
+                          "decode_router": "round-robin", "early_rejection": False,
+                          "prefill_admission": None}
     assert stacks["--stack ideal-router"]["router"] == "predicted-ttft"
     assert stacks["--stack ideal-router"]["early_rejection"] is True
     assert stacks["--router random"]["router"] == "random"
+
+
+def test_replay_of_a_pdcluster_routes_as_its_router_is_rendered(tmp_path: Path) -> None:
+    import yaml
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"
+    doc = yaml.safe_load(bench.read_text())
+    doc["spec"]["router"].update(prefillPolicy="PowerOfTwo", decodePolicy="CacheAware")
+    spec = tmp_path / "p2.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    stacks = {}
+    for extra in ([], ["--decode-router", "random"], ["--stack", "ideal-router"]):
+        out = tmp_path / f"r{len(stacks)}.json"
+        assert main(["replay", "-f", str(spec), "--trace", AZURE, "--policy", "static:10P2D",
+                     "--slo-ttft", "2", "--json", str(out), *extra]) == 0
+        stacks[" ".join(extra)] = json.loads(out.read_text())["stack"]
+    assert (stacks[""]["router"], stacks[""]["decode_router"]) == ("power-of-two", "cache-aware")
+    assert stacks["--decode-router random"]["decode_router"] == "random"
+    # a what-if stack keeps its own routing whatever the spec renders
+    assert stacks["--stack ideal-router"]["decode_router"] == "least-loaded"
 
 
 def test_replay_of_a_pdcluster_behind_smg_admission_replays_that_admission(tmp_path: Path) -> None:

@@ -99,7 +99,9 @@ def test_the_deployed_stack_sheds_nothing_and_the_ideal_router_is_a_what_if(
 
     assert ReplaySetup.__dataclass_fields__["early_rejection"].default is False
     assert ReplaySetup.__dataclass_fields__["router"].default == "cache-aware"
-    assert STACKS["deployed"] == {"engine": "sglang", "router": "cache-aware", "early_rejection": False}
+    assert ReplaySetup.__dataclass_fields__["decode_router"].default == "round-robin"
+    assert STACKS["deployed"] == {"engine": "sglang", "router": "cache-aware",
+                                  "decode_router": "round-robin", "early_rejection": False}
     # 40 prompts of 8,000 tokens a second on one instance: far past what it computes
     n = 400
     tr = Trace("over", [i / 40 for i in range(n)], [8000] * n, [1] * n, [()] * n, BLOCK)
@@ -132,8 +134,8 @@ def test_cache_aware_routing_follows_sglang_routers_thresholds() -> None:
     # 2 blocks of a 10-block prompt (20%): the smallest tree (instance 2, empty) takes it
     assert router.choose(0.0, 10 * BLOCK, {1: 2}) == 2
     # loads 100/40/90: 60 apart is within the absolute threshold, the match still wins
-    fleet.outstanding[:] = [100, 90, 40]
+    fleet.inflight[:] = [100, 90, 40]
     assert router.choose(0.0, 3 * BLOCK, {1: 2}) == 1
     # 65 apart and 100 > 1.5 x 35: imbalanced, the least loaded takes it despite the match
-    fleet.outstanding[:] = [100, 90, 35]
+    fleet.inflight[:] = [100, 90, 35]
     assert router.choose(0.0, 3 * BLOCK, {1: 2}) == 2

@@ -1,0 +1,93 @@
+"""What the closed loops with a real aiperf share (imported as ``closed_loop_aiperf``:
+tests/planner is not a package): the truth profile the simulated engines run, the fleet of
+two prefill and one decode engine behind the real sglang-router, the tokenizer directory aiperf
+reads, and the check that a fitted profile plans like the truth.
+
+Opt-in: aiperf is not a dependency of pdscale (it brings ~1 GB); ``PDSCALE_AIPERF`` names an
+``aiperf`` executable (for example from ``python -m venv V && V/bin/pip install aiperf==0.13.0``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pdscale.planner.model import PerformanceModel
+from pdscale.planner.profile import Profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loop"))  # the loop tests' harness
+
+AIPERF = os.environ.get("PDSCALE_AIPERF")
+needs_aiperf = pytest.mark.skipif(not AIPERF, reason="set PDSCALE_AIPERF to an aiperf executable")
+
+TRUTH_YAML = """\
+name: closed-truth
+gpus_per_instance: 8
+prefill: {tokens_per_second: 4000, attention_doubling_tokens: 3000, overhead_seconds: 0.05,
+          prefix_cache_tokens: 1000, block_tokens: 16}
+decode: {step_seconds: 0.02, per_sequence_seconds: 0.002, per_context_token_seconds: 0.000002,
+         kv_capacity_tokens: 1000000, max_batch: 256}
+kv_transfer: {bytes_per_token: 1, gigabytes_per_second: 100, setup_seconds: 0.0}
+warmup: {new_node_seconds: 1, role_switch_seconds: 1}
+"""
+TPOT_TARGET_SECONDS = 0.1
+#: aiperf's environment: without HF_HUB_OFFLINE (aiperf 0.13 then treats a local path as a hub
+#: name); the closed HF_ENDPOINT keeps any hub request on this machine
+AIPERF_ENV = {**{k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
+              "HF_ENDPOINT": "http://127.0.0.1:9"}
+
+
+@dataclass(frozen=True)
+class PDFleet:
+    url: str
+    #: the engines' word-level tokenizer.json, with the config aiperf needs to load it
+    tokenizer: Path
+    truth: Path
+
+
+@contextmanager
+def pd_fleet(tmp_path: Path) -> Iterator[PDFleet]:
+    """Two simulated prefill engines and one decode engine running the truth profile's own
+    timing, behind the real sglang-router in PD mode; torn down on exit."""
+    from loop_harness import Fleet
+
+    truth_path = tmp_path / "truth.yaml"
+    truth_path.write_text(TRUTH_YAML)
+    fleet = Fleet(tmp_path, f"127.{random.randint(100, 250)}.{random.randint(1, 250)}")
+    # the model's own timing; blocks too large to fill keep the prefix cache out of reach (the
+    # word tokenizer makes every prompt the same words)
+    engine = ("--profile", str(truth_path), "--block-tokens", "1000000",
+              "--max-total-tokens", "100000000")
+    try:
+        prefill = [fleet.start_engine("prefill", *engine) for _ in range(2)]
+        decode = fleet.start_engine("decode", *engine)
+        url = fleet.start_router(prefill, [decode], "--shutdown-grace-period-secs", "1")
+        tokenizer = tmp_path / "sim-model"  # the engines' word-level tokenizer.json
+        (tokenizer / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}))
+        yield PDFleet(url, tokenizer, truth_path)
+    finally:
+        fleet.close()
+
+
+def assert_plans_like_truth(truth: Profile, fitted: Profile, *, input_lengths: Sequence[int],
+                            output_tokens: int, longest: int) -> None:
+    """What planning uses, within 10%: the decode batch at the TPOT target at each measured
+    context and the prefill time of the longest prompt."""
+    t, f = PerformanceModel(truth), PerformanceModel(fitted)
+    fitted_terms = {k: getattr(fitted.decode if k in type(fitted.decode).model_fields else fitted.prefill, k)
+                    for k in ("tokens_per_second", "attention_doubling_tokens", "overhead_seconds",
+                              "step_seconds", "per_sequence_seconds", "per_context_token_seconds")}
+    for isl in input_lengths:
+        context = isl + output_tokens / 2
+        want = t.decode_batch_at_slo(TPOT_TARGET_SECONDS, context)
+        got = f.decode_batch_at_slo(TPOT_TARGET_SECONDS, context)
+        assert abs(got - want) <= 0.1 * want, (context, got, want, fitted_terms)
+    assert f.prefill_seconds(longest) == pytest.approx(t.prefill_seconds(longest), rel=0.10), fitted_terms
