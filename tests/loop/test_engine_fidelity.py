@@ -59,9 +59,9 @@ TARGETS = ("attainment_pp", "ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
 
 
 def test_replay_predicts_one_prefill_within_every_target(one_prefill):
-    # measured 2026-12-02 (after the continuous-batching decode and the engine fixes):
-    # attainment +1.1 pp, TTFT p50/p90 -2%/-1%, TPOT +2.5%/+1.1%; before that decode, TPOT
-    # -25%/-22% and attainment +5.5 pp
+    # measured 2026-12-02 (continuous-batching decode, round-robin decode, the engine fixes):
+    # attainment +1.6 pp, TTFT p50/p90 -1.4%/-0.6%, TPOT -1.1%/-0.5%; before that decode,
+    # TPOT -25%/-22% and attainment +5.5 pp
     _, _, report, _ = one_prefill
     live, diff = report["live"], report["difference"]
     assert live["failed"] == 0
