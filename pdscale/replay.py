@@ -357,14 +357,25 @@ _ROUTING = {"CacheAware": "cache-aware", "RoundRobin": "round-robin",
 
 def routing(spec: PDClusterSpec) -> dict[str, str]:
     """The replay's ``router`` and ``decode_router`` for the policies the spec's router is
-    rendered with (``router.prefillPolicy``, ``router.decodePolicy``); the deployed stack's
-    defaults for a spec of defaults."""
+    rendered with (``router.prefillPolicy``, ``router.decodePolicy``) as that router applies
+    them; the deployed stack's defaults for a spec of defaults.
+
+    sglang-router 0.3.2 (the default gateway) routes PD prefills at random under CacheAware:
+    its PD prefill policy never gets a prefix tree (tests/loop/test_router_prefill_tree.py);
+    smg keeps prefixes on a prefill. vllm-router is a fork of sgl-router whose PD tree we have
+    not observed: it is replayed by its policy's rule."""
+    from pdscale.operator import router
+    from pdscale.operator.pdcluster import RouterKind, SGLangGateway
     from pdscale.planner.replay.run import STACKS
 
     if getattr(spec, "router", None) is None:
         return {k: STACKS["deployed"][k] for k in ("router", "decode_router")}
-    return {"router": _ROUTING[spec.router.prefill_policy.value],
-            "decode_router": _ROUTING[spec.router.decode_policy.value]}
+    prefill = _ROUTING[spec.router.prefill_policy.value]
+    sglang_router = (router.kind(spec) is RouterKind.SGLANG
+                     and spec.router.gateway is SGLangGateway.SGLANG_ROUTER)
+    if prefill == "cache-aware" and sglang_router:
+        prefill = "random"
+    return {"router": prefill, "decode_router": _ROUTING[spec.router.decode_policy.value]}
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:

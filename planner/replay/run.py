@@ -46,8 +46,9 @@ class ReplaySetup:
 
     trace: Trace
     planner: PlannerConfig
-    #: the prefill routing a PDCluster renders by default (router.prefillPolicy CacheAware)
-    router: str = "cache-aware"
+    #: the prefill routing of a PDCluster's default router: sglang-router 0.3.2 renders
+    #: router.prefillPolicy CacheAware but picks PD prefills at random (STACKS)
+    router: str = "random"
     #: the decode routing a PDCluster renders by default (router.decodePolicy RoundRobin)
     decode_router: str = "round-robin"
     #: False: what sglang-router, smg and vllm-router do by default (shed nothing); True: the
@@ -103,13 +104,17 @@ class ReplaySetup:
 
 
 #: the fleets a replay can stand for, by name: the stack users deploy (SGLang's batched
-#: prefill and continuous decode behind the router's default policies, cache-aware for
-#: prefill and round robin for decode, which shed nothing), the same engines behind an ideal
-#: admission router (predicted-TTFT routing, early rejection at the TTFT target, decode to the
-#: least loaded: a what-if, no router does it), and the global-scheduling article's model
-#: (one prefill at a time, exact predictions, early rejection: the seed reproduction's)
+#: prefill and continuous decode behind the PDCluster's default router, sglang-router 0.3.2,
+#: which sheds nothing and in PD mode picks the prefill at random even with its default
+#: cache_aware policy: its PD prefill policy never gets a tree, tests/loop/
+#: test_router_prefill_tree.py; decode round robin), the same engines behind an ideal admission
+#: router (predicted-TTFT routing, early rejection at the TTFT target, decode to the least
+#: loaded: a what-if, no router does it), and the global-scheduling article's model (one
+#: prefill at a time, exact predictions, early rejection: the seed reproduction's). A
+#: PDCluster's own gateway and policies replace the deployed stack's routers
+#: (``pdscale.replay.routing``: smg keeps prefixes on a prefill, ``cache-aware``).
 STACKS: dict[str, dict[str, Any]] = {
-    "deployed": {"engine": "sglang", "router": "cache-aware", "decode_router": "round-robin",
+    "deployed": {"engine": "sglang", "router": "random", "decode_router": "round-robin",
                  "early_rejection": False},
     "ideal-router": {"engine": "sglang", "router": "predicted-ttft", "decode_router": "least-loaded",
                      "early_rejection": True},

@@ -44,7 +44,8 @@ def test_replay_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> None:
-    """The default is what users run (batching engines, cache-aware routing, no admission); the
+    """The default is what users run (batching engines, sglang-router's PD prefill choice, which
+    is random, no admission); the
     ideal router is a labelled what-if; the flag's names are the replay's stacks."""
     from pdscale.planner.replay.run import STACKS
     from pdscale.replay import STACK_NAMES
@@ -56,7 +57,7 @@ def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> Non
         assert main(["replay", "--trace", AZURE, "--policy", "static:10P2D", "--slo-ttft", "2",
                      "--json", str(out), *extra]) == 0
         stacks[" ".join(extra)] = json.loads(out.read_text())["stack"]
-    assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "cache-aware",
+    assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "random",
                           "decode_router": "round-robin", "early_rejection": False,
                           "prefill_admission": None}
     assert stacks["--stack ideal-router"]["router"] == "predicted-ttft"

@@ -92,15 +92,16 @@ def test_unknown_engine_is_refused(model: PerformanceModel) -> None:
 def test_the_deployed_stack_sheds_nothing_and_the_ideal_router_is_a_what_if(
     model: PerformanceModel,
 ) -> None:
-    """The default replay is the router users run: cache-aware, no admission (sglang-router
-    0.3.2 has none), so an overloaded fleet serves everything late; early rejection at the
+    """The default replay is the router users run: sglang-router 0.3.2's PD prefill choice
+    (random, whatever its policy says: tests/loop/test_router_prefill_tree.py), no admission
+    (it has none), so an overloaded fleet serves everything late; early rejection at the
     predicted TTFT is the named what-if ``ideal-router``."""
     from pdscale.planner.replay.run import STACKS, ReplaySetup
 
     assert ReplaySetup.__dataclass_fields__["early_rejection"].default is False
-    assert ReplaySetup.__dataclass_fields__["router"].default == "cache-aware"
+    assert ReplaySetup.__dataclass_fields__["router"].default == "random"
     assert ReplaySetup.__dataclass_fields__["decode_router"].default == "round-robin"
-    assert STACKS["deployed"] == {"engine": "sglang", "router": "cache-aware",
+    assert STACKS["deployed"] == {"engine": "sglang", "router": "random",
                                   "decode_router": "round-robin", "early_rejection": False}
     # 40 prompts of 8,000 tokens a second on one instance: far past what it computes
     n = 400

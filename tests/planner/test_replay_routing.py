@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from pdscale.operator.pdcluster import RoutingPolicy
+from pdscale.operator.pdcluster import RoutingPolicy, SGLangGateway
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Role
 from pdscale.planner.replay.decode_batches import DECODE_ROUTERS, DecodeBatches
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.prefix_index import PrefixIndex
 from pdscale.planner.replay.routers import ROUTERS, make_router
-from pdscale.replay import _ROUTING, default_spec, routing
+from pdscale.replay import _ROUTING, default_spec, read_spec, routing
 
 
 def fleet_of(role: Role, n: int) -> Fleet:
@@ -117,5 +118,13 @@ def test_decode_cache_aware_keeps_a_conversation_on_its_instance(model) -> None:
 def test_every_policy_a_pdcluster_renders_has_a_replayed_router() -> None:
     for policy in RoutingPolicy:
         assert _ROUTING[policy.value] in ROUTERS and _ROUTING[policy.value] in DECODE_ROUTERS
-    spec = default_spec()
-    assert routing(spec) == {"router": "cache-aware", "decode_router": "round-robin"}
+    assert routing(default_spec()) == {"router": "random", "decode_router": "round-robin"}
+    spec = read_spec(str(Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"))
+    # sglang-router 0.3.2 (the default gateway) picks PD prefills at random under CacheAware
+    # (tests/loop/test_router_prefill_tree.py); smg follows the prefix
+    assert routing(spec) == {"router": "random", "decode_router": "round-robin"}
+    smg = spec.model_copy(update={"router": spec.router.model_copy(update={"gateway": SGLangGateway.SMG})})
+    assert routing(smg) == {"router": "cache-aware", "decode_router": "round-robin"}
+    rr = spec.model_copy(update={"router": spec.router.model_copy(
+        update={"prefill_policy": RoutingPolicy.ROUND_ROBIN})})
+    assert routing(rr)["router"] == "round-robin"
