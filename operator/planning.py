@@ -20,7 +20,8 @@ from pdscale.planner.profile import Profile, ProfileError, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
 
-from .pdcluster import PDClusterSpec, PlannerMode
+from . import router
+from .pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
 #: the scale-down window spans more intervals (see history_keep). About 200 bytes each.
@@ -85,7 +86,10 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     - Lengths are smoothed over 3 intervals: a change of load shape (chat -> long documents)
       must reach the split within a few intervals. Measured on the demo's phases: 15 kept
       prefill at 1-2 for 4 intervals of long documents.
-    - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``)."""
+    - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``).
+    - The prefill TTFT queue is one pool behind a router that sends each request where it is
+      served soonest, and a queue per instance behind one that picks at random
+      (``router.prefill_choice``: sglang-router 0.3.2, the default, does so in PD mode)."""
     p = spec.planner
     if profile is None and p.profile_config_map is not None:
         # never the default in its place: a replay of this spec would plan other hardware
@@ -112,6 +116,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         count_prefill_backlog=True,
         length_window=LENGTH_WINDOW_INTERVALS,
         decode_rise_quantile=0.95,
+        prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
     )
 
 

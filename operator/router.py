@@ -14,7 +14,7 @@ from typing import Any
 
 from . import names
 from .names import Owner, metadata
-from .pdcluster import PDClusterSpec, RouterKind, RoutingPolicy, SGLangGateway
+from .pdcluster import PDClusterSpec, RouterKind, RouterSpec, RoutingPolicy, SGLangGateway
 
 _POLICY = {
     RoutingPolicy.CACHE_AWARE: "cache_aware",
@@ -22,6 +22,21 @@ _POLICY = {
     RoutingPolicy.ROUND_ROBIN: "round_robin",
     RoutingPolicy.RANDOM: "random",
 }
+
+
+def prefill_choice(spec: PDClusterSpec) -> RoutingPolicy:
+    """How the rendered router really picks a PD prefill: its ``prefillPolicy``, except that
+    sglang-router 0.3.2 (the default gateway) picks at random under CacheAware, because its PD
+    prefill policy never gets a prefix tree (tests/loop/test_router_prefill_tree.py). smg
+    follows the prefix; vllm-router is taken at its policy's word (not observed). A spec
+    without a router section (a replay of the CRD's defaults) has the default router."""
+    r: RouterSpec | None = getattr(spec, "router", None)
+    if r is None:
+        return RoutingPolicy.RANDOM
+    if (r.prefill_policy is RoutingPolicy.CACHE_AWARE and kind(spec) is RouterKind.SGLANG
+            and r.gateway is SGLangGateway.SGLANG_ROUTER):
+        return RoutingPolicy.RANDOM
+    return r.prefill_policy
 
 
 def kind(spec: PDClusterSpec) -> RouterKind:

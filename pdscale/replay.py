@@ -365,17 +365,12 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
     smg keeps prefixes on a prefill. vllm-router is a fork of sgl-router whose PD tree we have
     not observed: it is replayed by its policy's rule."""
     from pdscale.operator import router
-    from pdscale.operator.pdcluster import RouterKind, SGLangGateway
     from pdscale.planner.replay.run import STACKS
 
     if getattr(spec, "router", None) is None:
         return {k: STACKS["deployed"][k] for k in ("router", "decode_router")}
-    prefill = _ROUTING[spec.router.prefill_policy.value]
-    sglang_router = (router.kind(spec) is RouterKind.SGLANG
-                     and spec.router.gateway is SGLangGateway.SGLANG_ROUTER)
-    if prefill == "cache-aware" and sglang_router:
-        prefill = "random"
-    return {"router": prefill, "decode_router": _ROUTING[spec.router.decode_policy.value]}
+    return {"router": _ROUTING[router.prefill_choice(spec).value],
+            "decode_router": _ROUTING[spec.router.decode_policy.value]}
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
@@ -514,7 +509,8 @@ def run_trace(args: argparse.Namespace) -> int:
     console.print(
         f"derived: horizon {config.horizon_intervals} intervals, node budget {config.nodes}, "
         f"scale-down window {config.stabilization_seconds:g} s, "
-        f"warm-up {config.model.profile.warmup.new_node_seconds:g} s"
+        f"warm-up {config.model.profile.warmup.new_node_seconds:g} s, prefill queue "
+        f"{config.prefill_queue} (from the router's prefill choice)"
     )
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"replay {args.policy}", total=1.0)

@@ -51,6 +51,10 @@ class PlannerConfig:
     decode_utilization: float = 0.8
     #: coefficient of variation of prefill compute time (heavy-tailed prompts wait longer)
     prefill_service_cv: float = 1.5
+    #: how the router spreads prefill requests, which sets the TTFT queueing model: "pooled"
+    #: (it sends each where it is served soonest: one M/G/c queue) or "split" (it picks an
+    #: instance at random, as sglang-router 0.3.2 does in PD mode: c independent M/G/1 queues)
+    prefill_queue: str = "pooled"
     #: scale-down uses the highest need seen in this window (HPA scaleDown stabilization).
     #: None = HPA's 300 s plus the new-node warm-up: a node released now is back no sooner
     #: than one warm-up after the need returns, so a need that recurs within it finds the
@@ -146,6 +150,8 @@ class PlannerConfig:
 # itself, None allowed). A table rather than thirty ifs: the ranges read in one place, and the
 # message for each is written once.
 _INF = math.inf
+#: PlannerConfig.prefill_queue's values
+PREFILL_QUEUES = ("pooled", "split")
 _REAL_RULES: tuple[tuple[str, float, bool, float, bool, bool], ...] = (
     ("interval_seconds", 0.0, False, _INF, False, False),
     ("prefill_utilization", 0.0, False, 1.0, True, False),
@@ -242,6 +248,9 @@ def _validate(cfg: PlannerConfig) -> None:
     if cfg.forecast_method not in METHODS:
         raise ValueError(
             f"{owner}.forecast_method must be one of {METHODS}, got {cfg.forecast_method!r}")
+    if cfg.prefill_queue not in PREFILL_QUEUES:
+        raise ValueError(
+            f"{owner}.prefill_queue must be one of {PREFILL_QUEUES}, got {cfg.prefill_queue!r}")
 
 
 # -- the one builder -------------------------------------------------------------------------
@@ -262,6 +271,7 @@ def build_config(
     count_prefill_backlog: bool = False,
     length_window: int = PlannerConfig.length_window,
     decode_rise_quantile: float | None = PlannerConfig.decode_rise_quantile,
+    prefill_queue: str = PlannerConfig.prefill_queue,
 ) -> PlannerConfig:
     """A validated :class:`PlannerConfig` from a deployment's figures (times in seconds).
 
@@ -283,7 +293,8 @@ def build_config(
     ``min_*``/``max_*`` bound each role's instances; ``stabilization_window_seconds`` None is
     HPA's 300 s plus the warm-up; ``decode_drain_seconds`` None is estimated from the load;
     ``length_window`` (intervals) smooths lengths and hit rate; ``decode_rise_quantile`` None
-    sizes decode for rises as prefill is. Raises ValueError naming a bad argument."""
+    sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
+    (``PlannerConfig.prefill_queue``). Raises ValueError naming a bad argument."""
     if warmup_seconds is not None:
         # (model_copy does not validate: the value is checked below)
         profile = model.profile.model_copy(update={
@@ -313,4 +324,5 @@ def build_config(
         backlog_seconds=float(interval_seconds) + warmup if count_prefill_backlog else None,
         length_window=length_window,
         decode_rise_quantile=decode_rise_quantile,
+        prefill_queue=prefill_queue,
     )

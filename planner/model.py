@@ -151,6 +151,7 @@ class PerformanceModel:
         ttft_queueing: bool = False,
         service_cv: float = 1.0,
         queueing_margin: float = 1.0,
+        pooled_prefill: bool = True,
     ) -> tuple[int, int]:
         """Smallest (prefill, decode) counts keeping each role at or below the utilization cap.
 
@@ -158,8 +159,9 @@ class PerformanceModel:
         ceil(rate*osl/D_CAP). A cap below 1 leaves headroom for queueing within the interval.
         With ``ttft_queueing`` the prefill count is also at least the smallest M/G/c pool whose
         waiting time at the SLO percentile fits the TTFT target (see
-        :meth:`prefill_instances_for_ttft`): a strict TTFT needs slack, a lenient one lets
-        prefill run up to the cap.
+        :meth:`prefill_instances_for_ttft`; ``pooled_prefill`` False: a router that picks
+        prefill instances at random, each its own queue): a strict TTFT needs slack, a lenient
+        one lets prefill run up to the cap.
         """
         p, d = self.fluid_demand(load, slo)
         # round before ceil: 4.0000000001 from float error must stay 4
@@ -174,7 +176,8 @@ class PerformanceModel:
             nd = max(nd, math.ceil(round(burst, 9)))
         if ttft_queueing and load.rate_rps > 0:
             q = max(
-                self.prefill_instances_for_ttft(load, slo, service_cv=service_cv),
+                self.prefill_instances_for_ttft(load, slo, service_cv=service_cv,
+                                                pooled=pooled_prefill),
                 self.prefill_instances_for_burst(load, slo),
             )
             np_ = max(np_, math.ceil(q * queueing_margin * self.calibration.prefill_headroom - 1e-9))
@@ -208,20 +211,29 @@ class PerformanceModel:
             return math.inf
         return load.peak_rate_rps * tau * service / span
 
-    def prefill_instances_for_ttft(self, load: Load, slo: Slo, *, service_cv: float = 1.0) -> int:
-        """Smallest prefill pool meeting the TTFT target at the SLO percentile (M/G/c).
+    def prefill_instances_for_ttft(self, load: Load, slo: Slo, *, service_cv: float = 1.0,
+                                   pooled: bool = True) -> int:
+        """Smallest prefill pool meeting the TTFT target at the SLO percentile.
 
-        The wait is Erlang C with the mean prefill compute as service time, scaled by the
-        Kingman factor (1 + cv^2)/2 for non-exponential service; the wait budget is the TTFT
-        target minus mean compute and KV transfer. Above 150 busy instances the square-root
-        staffing rule c = a + 3 sqrt(a) (1 + cv^2)/2 replaces the exact search (it keeps the
-        planner in milliseconds at 2,000 nodes)."""
+        ``pooled``: a router that sends each request where it is served soonest makes the
+        instances one M/G/c queue. The wait is Erlang C with the mean prefill compute as
+        service time, scaled by the Kingman factor (1 + cv^2)/2 for non-exponential service;
+        the wait budget is the TTFT target minus mean compute and KV transfer. Above 150 busy
+        instances the square-root staffing rule c = a + 3 sqrt(a) (1 + cv^2)/2 replaces the
+        exact search (it keeps the planner in milliseconds at 2,000 nodes).
+
+        Not pooled: a router that picks an instance at random (sglang-router 0.3.2's PD
+        prefill choice) gives each instance 1/c of the arrivals and its own queue, M/G/1: the
+        wait is late with probability rho exp(-(1 - rho) budget / (service x Kingman)), which
+        at the same utilisation is far above the pool's (no instance takes another's work)."""
         n = load.mean_input_tokens
         service = self.prefill_seconds(n, n * load.prefix_hit_rate)
         a = load.rate_rps * service
         if a <= 0:
             return 0
         kingman = (1.0 + service_cv**2) / 2.0
+        if not pooled:
+            return self._split_queues_for_ttft(a, service, kingman, slo, n)
         if a > 150:
             return math.ceil(a + 3.0 * math.sqrt(a) * kingman)
         budget = slo.ttft_seconds - service - self.kv_transfer_seconds(n)
@@ -241,6 +253,27 @@ class PerformanceModel:
                 return c
             c += 1
             b = a * b / (c + a * b)
+
+    def _split_queues_for_ttft(self, a: float, service: float, kingman: float, slo: Slo,
+                               n: float) -> int:
+        """Smallest count of independent M/G/1 queues sharing offered load ``a`` whose wait
+        meets the budget at the SLO percentile: the highest utilisation rho with
+        rho exp(-(1 - rho) x) <= tail (increasing in rho: bisection), then ceil(a / rho)."""
+        budget = slo.ttft_seconds - service - self.kv_transfer_seconds(n)
+        tail = 1.0 - slo.percentile
+        if budget <= 0:  # queueing cannot meet it: as the pool's search, give up at 4a + 50
+            return math.ceil(4 * a + 50)
+        x = budget / (service * kingman)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2.0
+            if mid * math.exp(-(1.0 - mid) * x) <= tail:
+                lo = mid
+            else:
+                hi = mid
+        if lo <= 0.0:
+            return math.ceil(4 * a + 50)
+        return max(math.floor(a) + 1, math.ceil(a / lo - 1e-9))
 
     def predicted_ttft_seconds(self, load: Load, prefill_instances: int, percentile: float) -> float:
         """TTFT at ``percentile`` with ``prefill_instances`` ready: M/M/c wait + compute + transfer.

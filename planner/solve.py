@@ -498,6 +498,7 @@ def _needs(
                 prefill_utilization=cfg.prefill_utilization,
                 decode_utilization=cfg.decode_utilization,
                 ttft_queueing=True, service_cv=cfg.prefill_service_cv,
+                pooled_prefill=cfg.prefill_queue == "pooled",
             )
         return cache[ld]
 
@@ -642,6 +643,7 @@ def _scale_down_floor(
             prefill_utilization=cfg.prefill_utilization * tol,
             decode_utilization=cfg.decode_utilization * tol,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv, queueing_margin=1.0 / tol,
+            pooled_prefill=cfg.prefill_queue == "pooled",
         )
         floor = np.maximum(floor, np.array(hold, dtype=float))
     if window_n > 0:

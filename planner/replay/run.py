@@ -183,6 +183,7 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
             ld, setup.slo,
             prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv,
+            pooled_prefill=cfg.prefill_queue == "pooled",
         )
         p, d = max(p, np_), max(d, nd)
     if p + d > setup.nodes:

@@ -89,7 +89,8 @@ def test_every_field_has_a_rule() -> None:
     from pdscale.planner.config import _BOOL_RULES, _INT_RULES, _REAL_RULES
 
     ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES} | set(_BOOL_RULES)
-    checked_otherwise = {"model", "slo", "forecast_method", "max_prefill", "max_decode"}
+    checked_otherwise = {"model", "slo", "forecast_method", "prefill_queue", "max_prefill",
+                         "max_decode"}
     assert set(PlannerConfig.__dataclass_fields__) - checked_otherwise == ruled
     assert {n for n, _, _ in RULES} == ruled  # and each rule has a bad value tested above
 
@@ -119,6 +120,11 @@ def test_max_below_min_is_refused_per_role(role: str) -> None:
 def test_the_slo_is_checked_too(slo: Slo, name: str) -> None:
     with pytest.raises(ValueError, match=rf"^PlannerConfig.{name} must be a finite number"):
         make(slo=slo)
+
+
+def test_the_prefill_queue_must_be_known() -> None:
+    with pytest.raises(ValueError, match=r"^PlannerConfig.prefill_queue must be one of .*'split'"):
+        make(prefill_queue="fifo")
 
 
 def test_the_forecast_method_must_be_known() -> None:

@@ -134,3 +134,30 @@ def test_slo_feedback_raises_headroom_on_misses_only_when_settled(model: Perform
     for _ in range(500):
         m = calibrate_slo(m, ttft_at_percentile_seconds=0.1, tpot_at_percentile_seconds=None, slo=slo, settled=True)
     assert m.calibration.prefill_headroom == 1.0  # decays back, never below the model
+
+
+def test_a_random_router_needs_more_prefill_for_the_same_ttft_than_a_pooling_one() -> None:
+    """Behind a router that picks prefill instances at random (sglang-router 0.3.2 in PD mode)
+    each instance is its own M/G/1 queue: no instance takes another's work, so the same TTFT
+    percentile needs a lower utilisation than one M/G/c pool. Checked against the M/G/1 tail
+    rho exp(-(1 - rho) budget / (service x Kingman)) at the count returned and one fewer."""
+    import math
+
+    from pdscale.planner.model import Load, PerformanceModel, Slo
+    from pdscale.planner.profile import load_profile
+
+    model = PerformanceModel(load_profile())
+    load = Load(rate_rps=12.0, mean_input_tokens=8000, mean_output_tokens=300, prefix_hit_rate=0.0)
+    slo = Slo(ttft_seconds=4.0, tpot_seconds=0.05, percentile=0.99)
+    pooled = model.prefill_instances_for_ttft(load, slo, service_cv=1.5)
+    split = model.prefill_instances_for_ttft(load, slo, service_cv=1.5, pooled=False)
+    assert split > pooled
+    service = model.prefill_seconds(8000, 0.0)
+    a, kingman = 12.0 * service, (1 + 1.5**2) / 2
+    budget = 4.0 - service - model.kv_transfer_seconds(8000)
+
+    def late(c: int) -> float:
+        rho = a / c
+        return rho * math.exp(-(1 - rho) * budget / (service * kingman))
+
+    assert late(split) <= 0.01 < late(split - 1)
