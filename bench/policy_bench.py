@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,8 +256,11 @@ def main() -> None:
         configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
         # the deployed stack routes as the PDCluster renders its router; what-ifs their own way
-        stack = {**STACKS[args.stack], **(routing(configured.spec) if args.stack == "deployed" else {})}
-        setup = ReplaySetup(trace=trace, planner=configured.config, **stack,
+        deployed = args.stack == "deployed"
+        stack = {**STACKS[args.stack], **(routing(configured.spec) if deployed else {})}
+        # a what-if stack's router sends each prefill where it is served soonest: one pool
+        planner = configured.config if deployed else replace(configured.config, prefill_queue="pooled")
+        setup = ReplaySetup(trace=trace, planner=planner, **stack,
                             decode_admission=args.decode_admission,
                             prefill_admission=router_admission(configured.spec))
         history = None

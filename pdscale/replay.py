@@ -458,8 +458,11 @@ def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, tr
     stack = STACKS[args.stack]
     deployed = args.stack == "deployed"
     routes = routing(configured.spec) if deployed else stack
+    # a what-if stack's router sends each prefill where it is served soonest: one pool
+    config = configured.config if deployed else dataclasses.replace(configured.config,
+                                                                     prefill_queue="pooled")
     return ReplaySetup(
-        trace=trace, planner=configured.config, engine=stack["engine"],
+        trace=trace, planner=config, engine=stack["engine"],
         router=args.router or routes["router"],
         decode_router=args.decode_router or routes["decode_router"],
         early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
