@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.traces import load_trace, read_mooncake, synthesize_from_rates
 from pdscale.replay import configure, read_spec
 
@@ -142,9 +142,7 @@ def main() -> None:
         configured = configure(spec, spec_source=f"file {policy_bench.PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": None})
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS[args.stack])
-        history = None
-        if args.start_from == "history":
-            setup, history = with_history(setup)
+        setup, history = start_from(setup, args.start_from)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
                       f"{setup.trace.duration_seconds / 3600:.2f} h, TTFT SLO {c['ttft']} s, start "
                       f"from {args.start_from}")

@@ -64,7 +64,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
     Trace,
@@ -263,9 +263,7 @@ def main() -> None:
         setup = ReplaySetup(trace=trace, planner=planner, **stack,
                             decode_admission=args.decode_admission,
                             prefill_admission=router_admission(configured.spec))
-        history = None
-        if args.start_from == "history":
-            setup, history = with_history(setup)
+        setup, history = start_from(setup, args.start_from)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
                       f"{setup.trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
                       f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s"

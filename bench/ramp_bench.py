@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, with_history
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.traces import read_mooncake
 from pdscale.planner.replay.workloads import SHAPES, synthetic_trace
 from pdscale.replay import configure, read_spec
@@ -94,9 +94,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         trace = synthetic_trace(shape, args.base_rps, donor, seed=3)
         setup = ReplaySetup(trace=trace, planner=configured.config, **STACKS["deployed"])
-        history = None
-        if args.start_from == "history":
-            setup, history = with_history(setup)
+        setup, history = start_from(setup, args.start_from)
         console.print(f"[bold]{shape}[/bold]: {trace.name}, {len(setup.trace):,} requests scored "
                       f"over {setup.trace.duration_seconds / 3600:.2f} h (start: {args.start_from})")
         reps: dict[str, Any] = {}

@@ -32,7 +32,7 @@ import heapq
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +89,6 @@ class _Request:
     first: float
     generated: int = 0
     end: float = math.nan
-    ctx: list[float] = field(default_factory=list)
 
 
 def closed_loop_records(model: PerformanceModel, *, concurrency: int, input_tokens: int,

@@ -206,6 +206,17 @@ def with_history(setup: ReplaySetup) -> tuple[ReplaySetup, list[Load]]:
     return replace(setup, trace=tail), interval_loads(head, dt)
 
 
+def start_from(setup: ReplaySetup, how: str) -> tuple[ReplaySetup, list[Load] | None]:
+    """The setup to score and the history before it, for a ``--start-from`` choice:
+    ``"history"`` splits the first warm-up off (:func:`with_history`), ``"hindsight"`` keeps
+    the whole trace and no history (dynamic policies size their start from its first warm-up)."""
+    if how == "history":
+        return with_history(setup)
+    if how == "hindsight":
+        return setup, None
+    raise ValueError(f"start_from must be 'history' or 'hindsight', got {how!r}")
+
+
 def simulate_fleet(
     setup: ReplaySetup,
     start: tuple[int, int],

@@ -228,9 +228,8 @@ class _Replay:
         #: requests admitted by the router that have not finished decoding (or, prefill-only,
         #: prefill) yet
         self.unfinished = 0
-        #: request -> the prefill instance it was routed to, until its prefill completes
-        self._routed_to: dict[int, int] = {}
-        #: request -> its prefill instance, until it completes end to end (the router's load)
+        #: request -> the prefill instance it was routed to, until it completes end to end
+        #: (its prefill slot is released at prefill, the router's load at the end)
         self._prefill_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
 
@@ -412,7 +411,6 @@ class _Replay:
         fleet.outstanding[i] += 1
         fleet.inflight[i] += 1
         self._prefill_of[r] = i
-        self._routed_to[r] = i
         self.unfinished += 1
         if self.batches is not None:
             self.batches.submit(i, r, t)
@@ -427,7 +425,7 @@ class _Replay:
     def _prefilled(self, r: int, done: float, hit_tok: int) -> None:
         """Request ``r``'s prefill completed at ``done``, ``hit_tok`` of its prompt cached."""
         n_in, stats = self._input[r], self.stats
-        self.fleet.outstanding[self._routed_to.pop(r)] -= 1
+        self.fleet.outstanding[self._prefill_of[r]] -= 1
         self._slot_opened = True
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok

@@ -24,19 +24,11 @@ from pdscale.planner.profile import Profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loop"))  # the loop tests' harness
 
+from fake_aiperf import TRUTH_YAML
+
 AIPERF = os.environ.get("PDSCALE_AIPERF")
 needs_aiperf = pytest.mark.skipif(not AIPERF, reason="set PDSCALE_AIPERF to an aiperf executable")
 
-TRUTH_YAML = """\
-name: closed-truth
-gpus_per_instance: 8
-prefill: {tokens_per_second: 4000, attention_doubling_tokens: 3000, overhead_seconds: 0.05,
-          prefix_cache_tokens: 1000, block_tokens: 16}
-decode: {step_seconds: 0.02, per_sequence_seconds: 0.002, per_context_token_seconds: 0.000002,
-         kv_capacity_tokens: 1000000, max_batch: 256}
-kv_transfer: {bytes_per_token: 1, gigabytes_per_second: 100, setup_seconds: 0.0}
-warmup: {new_node_seconds: 1, role_switch_seconds: 1}
-"""
 TPOT_TARGET_SECONDS = 0.1
 #: aiperf's environment: without HF_HUB_OFFLINE (aiperf 0.13 then treats a local path as a hub
 #: name); the closed HF_ENDPOINT keeps any hub request on this machine

@@ -4,11 +4,8 @@ reader refuses a truncated or corrupted file, naming the file, the line and the 
 
 from __future__ import annotations
 
-import heapq
 import json
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ from pdscale.planner.profile_fit import (
     fit_profile,
     read_benchmark,
 )
+from pdscale.testbed.profile_sweep import closed_loop_records
 
 TRUTH = shipped_profile()
 #: a base far from the truth, so that a term kept from it would fail the 10% checks, but with
@@ -35,65 +33,14 @@ PREFILL_LENGTHS = (200, 1000, 2500, 5000, 8000, 12000)
 DECODE_RUNS = [(k, isl) for isl in (500, 4000, 12000) for k in (2, 8, 32, 96)]
 
 
-@dataclass
-class _Request:
-    client: int
-    isl: int
-    start: float
-    first: float
-    generated: int = 0
-    end: float = math.nan
-    ctx_sum: list[float] = field(default_factory=list)
-
-
 def simulate_run(model: PerformanceModel, concurrency: int, isl: int, requests_per_client: int,
                  t0: float) -> list[RequestRecord]:
     """A closed loop of ``concurrency`` clients against :data:`PREFILL_INSTANCES` prefill
-    instances (FIFO, one prompt at a time each, the model's prefill_seconds) and one decode
-    instance (continuous batching: each
-    step takes the model's TPOT for the running batch and its mean context, and gives every
-    running sequence one token). The first token comes from prefill; start times are absolute."""
-    prefill_free = [t0] * PREFILL_INSTANCES
-    pending: list[tuple[float, int, _Request]] = []  # (first token time, seq, request)
-    seq = 0
-    left = {c: requests_per_client for c in range(concurrency)}
-
-    def submit(client: int, at: float) -> None:
-        nonlocal seq
-        free = min(range(PREFILL_INSTANCES), key=prefill_free.__getitem__)
-        begin = max(at, prefill_free[free])
-        done_prefill = begin + model.prefill_seconds(isl)
-        prefill_free[free] = done_prefill
-        first = done_prefill + model.kv_transfer_seconds(isl)  # the first token follows the hand-off
-        seq += 1
-        heapq.heappush(pending, (first, seq, _Request(client, isl, at, first)))
-        left[client] -= 1
-
-    for c in range(concurrency):
-        submit(c, t0)
-    done: list[_Request] = []
-    running: list[_Request] = []
-    now = t0
-    while pending or running:
-        if not running and pending[0][0] > now:
-            now = pending[0][0]
-        while pending and pending[0][0] <= now:
-            running.append(heapq.heappop(pending)[2])
-        context = float(np.mean([r.isl + 1 + r.generated for r in running]))
-        now += model.tpot_seconds(len(running), context)
-        still = []
-        for r in running:
-            r.generated += 1
-            if r.generated == OUTPUT_TOKENS - 1:
-                r.end = now
-                done.append(r)
-                if left[r.client] > 0:
-                    submit(r.client, now)
-            else:
-                still.append(r)
-        running = still
-    return [RequestRecord(r.isl, OUTPUT_TOKENS, r.first - r.start, r.end - r.start, r.start)
-            for r in done]
+    instances and one continuous-batching decode instance, without noise
+    (``testbed.profile_sweep.closed_loop_records``)."""
+    return closed_loop_records(model, concurrency=concurrency, input_tokens=isl,
+                               output_tokens=OUTPUT_TOKENS, requests_per_client=requests_per_client,
+                               t0=t0, prefill_instances=PREFILL_INSTANCES)
 
 
 @pytest.fixture(scope="module")
