@@ -300,16 +300,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "30 min at --base-rps first; lengths drawn from --lengths")
     parser.add_argument("--base-rps", type=float, default=12.0,
                         help="--synthetic: the base request rate (default 12)")
-    parser.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+    parser.add_argument("--start-from", choices=["history", "hindsight", "spec"], default="history",
                         help="history: the trace's first warm-up is history, unscored, and sizes "
                              "the start fleet (no hindsight); hindsight: start sized from the "
-                             "scored trace's first warm-up (default: history)")
+                             "scored trace's first warm-up; spec: start from the spec's replicas, "
+                             "as the operator does (for a recording of a live run that started "
+                             "there) (default: history)")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time K times")
     parser.add_argument(
         "--policy",
-        help="pdscale | static:xPyD (e.g. static:4P17D) | static:best | reactive | sla-interp | oracle",
+        help="pdscale | static:xPyD (e.g. static:4P17D) | static:best | reactive | sla-interp | oracle "
+             "| oracle:now (knows each interval's load once it ends, nothing ahead) | oracle:next "
+             "(and the interval beginning at the tick)",
     )
     parser.add_argument("--profile", help="profile YAML or shipped name (default: spec.planner.profile)")
     parser.add_argument("--fleet-profile", metavar="FILE",
@@ -445,10 +449,18 @@ def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any
         console.print(f"start: the first {len(history)} interval(s) are history (not scored) and "
                       "size every dynamic policy's start fleet")
         return setup, history
-    if args.start_from == "history":
+    if args.start_from == "spec":
+        console.print("start: every dynamic policy starts from the spec's replicas, ready, with "
+                      "no history (as the operator starts)")
+    elif args.start_from == "history":
         console.print(f"start: the trace is shorter than two warm-ups ({2 * warm:g} s): no history "
                       "split off, the start fleet is sized from its first warm-up (hindsight)")
     return setup, None
+
+
+def spec_replicas(spec: PDClusterSpec) -> tuple[int, int]:
+    """(prefill, decode) replicas the spec asks for: where the operator starts the fleet."""
+    return spec.prefill.replicas, spec.decode.replicas
 
 
 def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
@@ -523,7 +535,8 @@ def run_trace(args: argparse.Namespace) -> int:
                 setup, args.policy,
                 progress=lambda share: bar.update(task, completed=share),
                 log=lambda msg: bar.console.print(msg),
-                history=history,
+                history=history, start_fleet=spec_replicas(configured.spec)
+                if args.start_from == "spec" else None,
             )
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")

@@ -95,7 +95,7 @@ def write_recording(out: Path, specs: Sequence[RequestSpec], records: Sequence[R
 
 
 def replay_recording(pdcluster: Path, trace: Path,
-                     policies: Sequence[str] = ("pdscale", "oracle"), *,
+                     policies: Sequence[str] = ("pdscale", "oracle", "oracle:now"), *,
                      router: str | None = None) -> dict[str, dict[str, Any]]:
     """Replay the recorded ``trace`` with the planner configuration of the PDCluster in
     ``pdcluster`` (the operator's mapping, as ``pdscale replay -f``) under each policy.
@@ -105,7 +105,7 @@ def replay_recording(pdcluster: Path, trace: Path,
     spec's, as its router is rendered (decode too: ``pdscale.replay.routing``)."""
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
-    from pdscale.replay import configure, read_spec, routing
+    from pdscale.replay import configure, read_spec, routing, spec_replicas
 
     configured = configure(read_spec(str(pdcluster)), spec_source=f"file {pdcluster}")
     config = configured.config
@@ -114,7 +114,10 @@ def replay_recording(pdcluster: Path, trace: Path,
     router = router or routes["router"]
     setup = ReplaySetup(trace=recorded, planner=config, router=router,
                         decode_router=routes["decode_router"])
-    return {policy: run_policy(setup, policy) | {"router": router} for policy in policies}
+    # the live loop started from the spec's replicas with no history: so does the replay
+    start = spec_replicas(configured.spec)
+    return {policy: run_policy(setup, policy, start_fleet=start) | {"router": router}
+            for policy in policies}
 
 
 def router_sensitivity(pdcluster: Path, trace: Path) -> dict[str, dict[str, float]]:
@@ -296,6 +299,10 @@ def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
                  "gpu_hours_ready": live["gpu_hours_ready"]},
         "replayed": outcome(replayed),
         "oracle": outcome(oracle) if oracle else None,
+        # the same solver measuring each interval exactly once it ends, with no forecast: what
+        # a planner that cannot see a change coming reaches, so the rest of the gap to the
+        # oracle is foresight
+        "oracle_now": outcome(reports["oracle:now"]) if "oracle:now" in reports else None,
         "attainment_difference_pp": diff,
         "attainment_within_tolerance": diff is not None and abs(diff) <= ATTAINMENT_TOLERANCE_PP,
         "attainment_difference_pp_by_phase": by_phase,
@@ -329,6 +336,10 @@ def fidelity_paragraph(f: dict[str, Any]) -> str:
             f"{k} {v:+.1f}" for k, v in f["attainment_difference_pp_by_phase"].items())
     if orc is not None:
         text += f"; the oracle on the same load {pct(orc['slo_attainment'])}"
+    if f.get("oracle_now") is not None:
+        text += (f", and {pct(f['oracle_now']['slo_attainment'])} knowing each interval's load "
+                 "exactly once it ends but nothing ahead (oracle:now: the rest of the gap is "
+                 "foresight)")
     text += (f". Decided counts agree within +-{COUNT_TOLERANCE} in {pct(share)} of "
              f"{f['intervals_compared']} intervals (target {AGREEMENT_TARGET:.0%}): {f['note']}")
     others = {k: v for k, v in (f.get("by_router") or {}).items() if k != f.get("router")}

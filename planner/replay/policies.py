@@ -9,6 +9,11 @@ All of them run through the same simulator and cost accounting (``replay.py``):
   correction factors, no warm-up model, waits while a scale change rolls out.
 - ``oracle``: our solver given the true future load of every interval; it pays the same
   warm-up and drain costs, so it is the limit a forecast could reach.
+- ``oracle:now``: the same solver knowing the true load of the interval that just ended and
+  nothing after it (held flat over the horizon): a perfect meter with no forecast, the limit of
+  a planner that measures exactly and at once but cannot see a change coming.
+- ``oracle:next``: as ``oracle:now`` but also knowing the interval that begins at the tick
+  (one interval of foresight): what seeing a change one interval early is worth.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from ..observe import Observation
 from ..solve import History, current_load, step
 from .simulate import Controller
 
-POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle")
+POLICIES = ("pdscale", "static:xPyD", "static:best", "reactive", "sla-interp", "oracle", "oracle:now",
+            "oracle:next")
 
 
 def parse_static(name: str) -> tuple[int, int]:
@@ -46,6 +52,10 @@ class PdscaleController:
     history: History = field(default_factory=History)
     #: true future loads per interval (oracle); None = forecast from history
     future: Sequence[Load] | None = None
+    #: with ``future``: how many intervals of it are known from each tick, counting the one
+    #: that just ended as the first (1: a perfect meter; 2: and the one beginning now), held
+    #: flat over the horizon; None: the whole horizon (the oracle)
+    known_intervals: int | None = None
     decisions: list[str] = field(default_factory=list)
 
     def __call__(self, obs: Observation) -> tuple[int, int, int, int]:
@@ -55,6 +65,10 @@ class PdscaleController:
         if self.future is not None:
             k = round(now / cfg.interval_seconds)
             future = list(self.future[k : k + cfg.horizon_intervals])
+            if self.known_intervals is not None:
+                latest = k - 2 + self.known_intervals  # the latest interval known at this tick
+                known = self.future[latest] if 0 <= latest < len(self.future) else None
+                future = [known] * len(future) if known is not None else []
             # the future's rate and lengths are known; its cache hit rate is a property of the
             # fleet, so take the one measured now (or the last one measured)
             hit = _get(obs.prefix_hit_rate, now)

@@ -192,6 +192,18 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
     return p, d
 
 
+#: the oracles that know the load only up to an interval (PdscaleController.known_intervals)
+KNOWN_INTERVALS = {"oracle:now": 1, "oracle:next": 2}
+
+
+def stated_start(setup: ReplaySetup, start: tuple[int, int]) -> tuple[int, int]:
+    """A stated start fleet within the planner's bounds, as the operator would scale a spec's
+    replicas outside them on its first tick."""
+    cfg = planner_config(setup)
+    return (min(max(start[0], cfg.min_prefill), cfg.max_prefill),
+            min(max(start[1], cfg.min_decode), cfg.max_decode))
+
+
 def with_history(setup: ReplaySetup) -> tuple[ReplaySetup, list[Load]]:
     """An honest start: the trace's first warm-up (whole intervals) becomes history, not
     scored, and the rest is the scored window (its clock restarted at the split).
@@ -311,12 +323,15 @@ def run_policy(
     log: Callable[[str], None] | None = None,
     utilization_scale: float = 1.0,
     history: Sequence[Load] | None = None,
+    start_fleet: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict).
 
     ``history``: the loads of the intervals before the trace (:func:`with_history`); dynamic
     policies start from the fleet they size and the planner remembers them. None: start from
-    the trace's own first warm-up (hindsight, the report says so).
+    the trace's own first warm-up (hindsight, the report says so). ``start_fleet``: a stated
+    (prefill, decode) fleet every dynamic policy starts from instead, ready (a live run's
+    recording replayed from the spec's replicas, where the live loop started).
 
     ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
     ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
@@ -336,21 +351,23 @@ def run_policy(
         controller = static_controller(*start)
         name = f"static:best={start[0]}P{start[1]}D"
         extra["static_probes"] = [{"prefill": p, "decode": d, "attainment": a} for p, d, a in tried]
-    elif policy in ("pdscale", "oracle"):
+    elif policy in ("pdscale", "oracle", "oracle:now", "oracle:next"):
         # the oracle is a hindsight bound: its start is sized from the fleet's true speed too
         start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history)
         cfg = planner_config(setup)
         future = None
-        if policy == "oracle":
+        if policy != "pdscale":
             future = interval_loads(setup.trace, setup.interval_seconds)
             # The oracle hedges nothing: the warm-up part of the derived scale-down window
-            # guards against a future the forecast cannot see, so it keeps HPA's 300 s only.
-            if cfg.stabilization_window_seconds is None:
+            # guards against a future the forecast cannot see, so it keeps HPA's 300 s only
+            # (oracle:now and :next cannot see it either, and keep the window pdscale has).
+            if cfg.stabilization_window_seconds is None and policy == "oracle":
                 cfg = replace(cfg, stabilization_window_seconds=HPA_SCALE_DOWN_WINDOW_SECONDS)
             # and it knows the fleet's true performance, as it knows the future
             cfg = replace(cfg, model=setup.fleet)
         remembered = History(loads=tuple(history)) if history is not None else History()
-        ctl = PdscaleController(cfg, history=remembered, future=future)
+        ctl = PdscaleController(cfg, history=remembered, future=future,
+                                known_intervals=KNOWN_INTERVALS.get(policy))
         controller = ctl
         explanations = ctl.decisions
     elif policy == "reactive":
@@ -368,13 +385,17 @@ def run_policy(
         )
     else:
         raise ValueError(f"policy must be one of {POLICIES} (static:xPyD e.g. static:4P17D), got {policy!r}")
+    stated = False
+    if start_fleet is not None and not policy.startswith("static:"):
+        start, stated = stated_start(setup, start_fleet), True
     result = simulate_fleet(setup, start, controller, progress)
     report = summarize(setup, name, result)
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
     report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}
     if not policy.startswith("static:"):
         report["initial_fleet"]["sized_from"] = (
-            f"{len(history)} interval(s) of history before the scored window" if history is not None
+            "stated (the spec's replicas)" if stated
+            else f"{len(history)} interval(s) of history before the scored window" if history is not None
             else "the scored window's first warm-up (hindsight)")
     if explanations:
         report["explanations"] = [

@@ -1,0 +1,64 @@
+"""Where a replay starts, and the oracles that bound a planner without foresight.
+
+A recording of a live run is replayed from the spec's replicas, where the operator started
+(``run_policy(start_fleet=...)``, ``pdscale replay --start-from spec``). ``oracle:now`` knows
+exactly the load of the interval that just ended (a perfect meter, no forecast),
+``oracle:next`` the one beginning at the tick as well: the first sees a step one interval
+after it happens, the second as it happens, the full oracle before it."""
+
+from __future__ import annotations
+
+import pytest
+from planner_replay_helpers import replay_setup
+
+from pdscale.planner.replay.run import run_policy
+from pdscale.planner.replay.traces import Trace
+
+INTERVAL_SECONDS = 60.0
+#: the replay ticks at the first arrival (1 s) plus whole intervals: the step falls on a tick
+STEP_AT_SECONDS = 1201.0
+
+
+def step_trace(low_rps: float = 1.0, high_rps: float = 6.0, seconds: float = 2400.0) -> Trace:
+    """Evenly spaced requests of one shape, ``low_rps`` then ``high_rps`` from the step on."""
+    arrivals, t = [], 1.0
+    while t < seconds:
+        arrivals.append(t)
+        t += 1.0 / (low_rps if t < STEP_AT_SECONDS else high_rps)
+    n = len(arrivals)
+    return Trace(name="step", arrival_seconds=arrivals, input_tokens=[6000] * n,
+                 output_tokens=[100] * n, hash_ids=[()] * n, block_tokens=512)
+
+
+def first_rise(report: dict) -> float:
+    """The first tick at which the provisioned fleet exceeds the start fleet."""
+    start = report["initial_fleet"]["prefill"] + report["initial_fleet"]["decode"]
+    for d in report["decisions"]:
+        if d["provisioned_prefill"] + d["provisioned_decode"] > start:
+            return float(d["t"])
+    raise AssertionError("the fleet never grew")
+
+
+def test_a_stated_start_is_where_every_dynamic_policy_starts_within_the_bounds() -> None:
+    setup = replay_setup(step_trace(seconds=600.0), ttft_seconds=3.0, nodes=12)
+    for policy in ("pdscale", "oracle", "oracle:now"):
+        report = run_policy(setup, policy, start_fleet=(2, 3))
+        assert report["initial_fleet"] == {"prefill": 2, "decode": 3,
+                                           "sized_from": "stated (the spec's replicas)"}
+        assert (report["decisions"][0]["provisioned_prefill"],
+                report["decisions"][0]["provisioned_decode"]) == (2, 3)
+    # outside the bounds, as the operator would scale it on its first tick
+    report = run_policy(setup, "pdscale", start_fleet=(0, 40))
+    assert (report["initial_fleet"]["prefill"], report["initial_fleet"]["decode"]) == (1, 12)
+    # a static fleet is its own start
+    assert run_policy(setup, "static:4P4D", start_fleet=(1, 1))["initial_fleet"] == {
+        "prefill": 4, "decode": 4}
+
+
+def test_the_oracles_see_a_step_before_as_and_one_interval_after_it_happens() -> None:
+    setup = replay_setup(step_trace(), ttft_seconds=3.0, nodes=40)
+    rises = {p: first_rise(run_policy(setup, p, start_fleet=(1, 1)))
+             for p in ("oracle", "oracle:next", "oracle:now")}
+    assert rises["oracle"] < STEP_AT_SECONDS
+    assert rises["oracle:next"] == pytest.approx(STEP_AT_SECONDS)
+    assert rises["oracle:now"] == pytest.approx(STEP_AT_SECONDS + INTERVAL_SECONDS)
