@@ -1,16 +1,19 @@
 """smg 1.13's cache-aware PD prefill choice (planner/replay/routers.py SmgCacheAwareRouter),
 rule by rule on a tiny fleet, as read from the smg==1.13.0 source
-(model_gateway/src/policies/cache_aware.rs)."""
+(model_gateway/src/policies/cache_aware.rs), and the spec -> router mapping."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+from pdscale.operator.pdcluster import SGLangGateway
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Role
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.prefix_index import PrefixIndex
-from pdscale.planner.replay.routers import SmgCacheAwareRouter
+from pdscale.planner.replay.routers import ROUTERS, SmgCacheAwareRouter, make_router
+from pdscale.replay import read_spec, routing
 
 BLOCK = 64
 
@@ -161,3 +164,15 @@ def test_a_replay_keeps_each_prefix_on_one_prefill(model: PerformanceModel) -> N
     assert not result.rejected.any()
     assert len(picks[0]) == 1 and len(picks[1]) == 1
     assert result.hit_tokens > 0
+
+
+def test_routing_picks_smgs_rule_for_smg_and_random_for_sglang_router() -> None:
+    assert "smg-cache-aware" in ROUTERS
+    spec = read_spec(str(Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"))
+    assert spec.router.prefill_policy.value == "CacheAware"
+    assert routing(spec)["router"] == "random"  # sglang-router 0.3.2: no PD prefill tree
+    s = spec.model_copy(update={"router": spec.router.model_copy(update={"gateway": SGLangGateway.SMG})})
+    assert routing(s) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
+    fleet = prefill_fleet(2)
+    assert isinstance(make_router(routing(s)["router"], fleet, None, BLOCK, random.Random(1)),  # type: ignore[arg-type]
+                      SmgCacheAwareRouter)
