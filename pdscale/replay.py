@@ -334,7 +334,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "what-if); article = the article's model (default: deployed)")
     parser.add_argument("--router", default=None,
                         choices=["random", "round-robin", "power-of-two", "least-queue",
-                                 "cache-aware", "predicted-ttft"],
+                                 "cache-aware", "smg-cache-aware", "predicted-ttft"],
                         help="the prefill routing (default: the stack's; on the deployed stack, "
                              "the spec's router.prefillPolicy)")
     parser.add_argument("--decode-router", default=None,
@@ -367,15 +367,20 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
 
     sglang-router 0.3.2 (the default gateway) routes PD prefills at random under CacheAware:
     its PD prefill policy never gets a prefix tree (tests/loop/test_router_prefill_tree.py);
-    smg keeps prefixes on a prefill. vllm-router is a fork of sgl-router whose PD tree we have
-    not observed: it is replayed by its policy's rule."""
+    smg 1.13 keeps prefixes on a prefill by its own rule (``smg-cache-aware``: its tree takes
+    the prefix at routing, a per-request load gate, least loaded otherwise; docs/routers.md).
+    vllm-router is a fork of sgl-router whose PD tree we have not observed: it is replayed by
+    its policy's rule."""
     from pdscale.operator import router
+    from pdscale.operator.pdcluster import RoutingPolicy
     from pdscale.planner.replay.run import STACKS
 
     if getattr(spec, "router", None) is None:
         return {k: STACKS["deployed"][k] for k in ("router", "decode_router")}
-    return {"router": _ROUTING[router.prefill_choice(spec).value],
-            "decode_router": _ROUTING[spec.router.decode_policy.value]}
+    prefill = router.prefill_choice(spec)
+    name = ("smg-cache-aware" if prefill is RoutingPolicy.CACHE_AWARE and router.smg(spec)
+            else _ROUTING[prefill.value])
+    return {"router": name, "decode_router": _ROUTING[spec.router.decode_policy.value]}
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:

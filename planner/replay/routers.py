@@ -8,23 +8,27 @@ early rejection is decided after the choice, on the chosen instance's predicted 
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..model import PerformanceModel
 from .fleet import Fleet
+from .prefix_index import PrefixIndex
 
 ROUTERS = ("random", "round-robin", "power-of-two", "least-queue", "cache-aware",
-           "article-cache-aware", "predicted-ttft")
+           "smg-cache-aware", "article-cache-aware", "predicted-ttft")
 
 
 class Router(Protocol):
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         """The ready prefill instance for a request of ``input_tokens`` arriving at ``now``
         whose leading blocks cached per instance are ``hits``; among ``ready`` when given (the
-        instances a router's admission lets take one more), else among all ready ones."""
+        instances a router's admission lets take one more), else among all ready ones.
+        ``blocks`` are the request's block ids, for a router that keeps its own tree."""
         ...
 
 
@@ -36,7 +40,7 @@ class RandomRouter:
         self.rng = rng
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         ready = ready or self.ready
         return ready[self.rng.randrange(len(ready))]
 
@@ -51,7 +55,7 @@ class RoundRobinRouter:
         self.count = 0
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         ready = ready or self.ready
         self.count += 1
         return ready[(self.count - 1) % len(ready)]
@@ -68,7 +72,7 @@ class PowerOfTwoRouter:
         self.rng = rng
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         ready = ready or self.ready
         if len(ready) == 1:
             return ready[0]
@@ -84,7 +88,7 @@ class LeastQueueRouter:
         self.busy = fleet.busy
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         return min(ready or self.ready, key=self.busy.__getitem__)
 
 
@@ -97,7 +101,7 @@ class ArticleCacheAwareRouter:
         self.busy = fleet.busy
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         busy, ready = self.busy, ready or self.ready
         if hits:
             return max(ready, key=lambda j: (hits.get(j, 0), -busy[j]))
@@ -105,7 +109,8 @@ class ArticleCacheAwareRouter:
 
 
 class CacheAwareRouter:
-    """sglang-router's (and smg's) ``cache_aware`` policy with its default thresholds.
+    """sglang-router's ``cache_aware`` policy with its default thresholds, as sgl-router's
+    source has it (smg 1.13 changed the rule: :class:`SmgCacheAwareRouter`).
 
     From sgl-router ``src/policies/cache_aware.rs`` (defaults in ``router_args.py``:
     ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5):
@@ -139,7 +144,7 @@ class CacheAwareRouter:
         self.balance_rel = balance_rel_threshold
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         busy, load, ready = self.busy, self.load, ready or self.ready
         lo = min(ready, key=lambda j: (load[j], busy[j]))
         hi = max(load[j] for j in ready)
@@ -151,6 +156,136 @@ class CacheAwareRouter:
                 return best
         caches = self.caches
         return min(ready, key=lambda j: (len(caches[j]), busy[j]))
+
+
+class _RouterTree(PrefixIndex):
+    """smg's approximate radix tree in blocks: which leading blocks the router sent to each
+    worker (not what the worker still caches). Its budget is tree-wide, shared by all workers
+    (``evict_tenant_by_size`` in smg ``crates/kv_index/src/string_tree.rs``: least recently
+    used leaves first, across tenants), so one LRU of (worker, block) entries here, a prompt's
+    deepest block the oldest so that leaves go before their prefix."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        super().__init__(capacity_blocks)
+        self.lru: OrderedDict[tuple[int, int], None] = OrderedDict()
+
+    def insert(self, i: int, blocks: Sequence[int]) -> None:
+        lru, holders, bit = self.lru, self.holders, 1 << i
+        for b in reversed(blocks):
+            key = (i, b)
+            if key in lru:
+                lru.move_to_end(key)
+            else:
+                lru[key] = None
+                holders[b] = holders.get(b, 0) | bit
+        while len(lru) > self.capacity_blocks:
+            (j, b), _ = lru.popitem(last=False)
+            m = holders[b] & ~(1 << j)
+            if m:
+                holders[b] = m
+            else:
+                del holders[b]
+
+
+class SmgCacheAwareRouter:
+    """smg 1.13's ``cache_aware`` prefill choice in PD mode (HTTP workers, string tree), read
+    from the ``smg==1.13.0`` source (``model_gateway/src/policies/cache_aware.rs``:
+    ``select_worker_scanned``, ``select_worker_with_text``, ``select_matched_candidate``,
+    ``select_final_from_affinity``, ``over_count_pressure_gate``, ``absolute_margin``) with
+    ``smg launch``'s defaults (``src/smg/router_args.py``: ``cache_threshold`` 0.3,
+    ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5, ``max_tree_size`` 2**26).
+
+    - The router keeps its own tree and inserts the request's prefix for the chosen worker
+      when it routes it (``match_and_insert_with``: one descent matches, selects, inserts),
+      so a second request of a prefix follows the first before its prefill ran.
+    - Match ratio = the deepest match over the tree / the prompt. Above ``cache_threshold``
+      the holders of that deepest match (healthy ones) are the affinity group; at or below
+      it, or when no holder is routable, it is a miss.
+    - Per-request count-pressure gate, no fleet-wide imbalance check (that one is KV-usage
+      only in 1.13, off at its 1.0 defaults): a worker is over the gate when its load is
+      above ``balance_rel_threshold`` x the mean load of the candidates AND above the mean
+      plus a margin of min(``balance_abs_threshold``, max(ceil(2 sqrt(mean)), 4)).
+      Holders under the gate take it; if every holder is over it, it spills to the workers
+      under the gate (all of them if none is).
+    - The final pick in each case (and a miss over all candidates) is LeastLoad's
+      expected wait, read here as the fewest requests the router holds in prefill, ties
+      drawn uniformly (``policies/least_load.rs``; see approximations).
+
+    A worker's load is the router's requests there whose prefill has not answered: smg 1.13
+    releases the prefill leg's load (its ``PrefillLoadGuard``) when the prefill response ends
+    (``routers/http/pd_router.rs``), not at the end of the response as sgl-router did, so
+    ``Fleet.outstanding``, what its prefill admission caps.
+
+    Approximations: text characters are read as the trace's blocks (a match is whole
+    blocks; ratio = matched blocks x ``block_tokens`` / prompt tokens); the tree budget
+    (2**26 characters) is taken at 4 characters a token and enforced at every insert, not
+    every 60 s; the expected wait is the router's held count (exact when no engine load
+    report is fresh, "join-shortest-queue on live in-flight"; with reports smg prices
+    queued and running tokens over throughput plus a KV barrier, which the replay does not
+    poll); the overload veto on engine reports (8 waiting requests, 80% KV) is not modelled.
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        block_tokens: int,
+        rng: random.Random,
+        *,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        max_tree_chars: int = 2**26,
+        chars_per_token: int = 4,
+    ) -> None:
+        self.fleet = fleet
+        self.ready = fleet.ready_prefill
+        self.load = fleet.outstanding
+        self.block_tokens = block_tokens
+        self.rng = rng
+        self.cache_threshold = cache_threshold
+        self.balance_abs = balance_abs_threshold
+        self.balance_rel = balance_rel_threshold
+        self.tree = _RouterTree(max(1, max_tree_chars // chars_per_token // block_tokens))
+
+    def _least_loaded(self, among: list[int]) -> int:
+        """LeastLoad's pick: the minimum, equal ones drawn uniformly (its reservoir draw over
+        scores within 1e-6 of the minimum), not the first index."""
+        load = self.load
+        low = min(load[j] for j in among)
+        tied = [j for j in among if load[j] == low]
+        return tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
+
+    def _over_gate(self, j: int, mean: float) -> bool:
+        margin = min(float(self.balance_abs), max(math.ceil(2.0 * math.sqrt(mean)), 4.0))
+        load = self.load[j]
+        return load > mean * self.balance_rel and load > mean + margin
+
+    def choose(self, now: float, input_tokens: int, hits: dict[int, int],
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
+        ready = ready or self.ready
+        # the tree holds every registered worker; one at its admission cap is not a candidate
+        # (smg filters the candidates before the policy runs, placement.rs select_pair), but
+        # its deepest match still decides the ratio and the group
+        matched = self.tree.hits(blocks, self.fleet.prefill_mask) if blocks else {}
+        pick: int | None = None
+        deepest = max(matched.values(), default=0)
+        matched_tokens = min(deepest * self.block_tokens, input_tokens)
+        if input_tokens > 0 and matched_tokens / input_tokens > self.cache_threshold:
+            candidates = set(ready)
+            holders = [j for j, k in matched.items() if k == deepest and j in candidates]
+            if holders:
+                mean = sum(self.load[j] for j in ready) / len(ready)
+                safe = [j for j in holders if not self._over_gate(j, mean)]
+                if safe:
+                    pick = self._least_loaded(safe)
+                else:
+                    spill = [j for j in ready if not self._over_gate(j, mean)]
+                    pick = self._least_loaded(spill or ready)
+        if pick is None:
+            pick = self._least_loaded(ready)
+        if blocks:
+            self.tree.insert(pick, blocks)
+        return pick
 
 
 class PredictedTtftRouter:
@@ -165,7 +300,7 @@ class PredictedTtftRouter:
         self.block_tokens = block_tokens
 
     def choose(self, now: float, input_tokens: int, hits: dict[int, int],
-               ready: list[int] | None = None) -> int:
+               ready: list[int] | None = None, *, blocks: Sequence[int] = ()) -> int:
         busy, block, prefill_seconds = self.busy, self.block_tokens, self.prefill_seconds
         # among instances without a hit the least busy is the only candidate worth pricing
         ready = ready or self.ready
@@ -201,6 +336,8 @@ def make_router(
         return LeastQueueRouter(fleet)
     if name == "cache-aware":
         return CacheAwareRouter(fleet, block_tokens)
+    if name == "smg-cache-aware":
+        return SmgCacheAwareRouter(fleet, block_tokens, rng)
     if name == "article-cache-aware":
         return ArticleCacheAwareRouter(fleet)
     if name == "predicted-ttft":

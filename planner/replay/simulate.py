@@ -394,7 +394,7 @@ class _Replay:
         if among is not None and len(among) < len(fleet.ready_prefill):
             allowed = set(among)
             hits = {j: h for j, h in hits.items() if j in allowed}
-        i = self.router.choose(t, n_in, hits, among)
+        i = self.router.choose(t, n_in, hits, among, blocks=blocks)
         hit_tok = min(hits.get(i, 0) * self._block_tokens, n_in)
         start = max(fleet.busy[i], t)
         done = start + self._prefill_seconds(n_in, hit_tok)

@@ -121,10 +121,10 @@ def test_every_policy_a_pdcluster_renders_has_a_replayed_router() -> None:
     assert routing(default_spec()) == {"router": "random", "decode_router": "round-robin"}
     spec = read_spec(str(Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"))
     # sglang-router 0.3.2 (the default gateway) picks PD prefills at random under CacheAware
-    # (tests/loop/test_router_prefill_tree.py); smg follows the prefix
+    # (tests/loop/test_router_prefill_tree.py); smg follows the prefix by its own rule
     assert routing(spec) == {"router": "random", "decode_router": "round-robin"}
     smg = spec.model_copy(update={"router": spec.router.model_copy(update={"gateway": SGLangGateway.SMG})})
-    assert routing(smg) == {"router": "cache-aware", "decode_router": "round-robin"}
+    assert routing(smg) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
     rr = spec.model_copy(update={"router": spec.router.model_copy(
         update={"prefill_policy": RoutingPolicy.ROUND_ROBIN})})
     assert routing(rr)["router"] == "round-robin"
