@@ -13,7 +13,8 @@ Issue 15's fidelity check. For each case (a FIXED fleet and a load), the harness
 3. writes that recording as a Mooncake trace (``testbed/demo_replay.trace_rows``: arrival =
    when the client sent it, on the model's clock) and replays it with
    ``planner/replay/simulate.py`` on the same profile and fixed fleet, the deployed stack's
-   engine model ("sglang") with the same chunk size and routers (cache-aware prefill,
+   engine model ("sglang") with the same chunk size and routers (the gateway's CacheAware as
+   it really picks: at random for sglang-router 0.3.2, smg's own tree rule for smg;
    round-robin decode), no early rejection and no decode admission,
 4. compares attainment under the case's SLO, TTFT and TPOT p50/p90 and the prefix hit rate.
 
@@ -64,7 +65,10 @@ ATTAINMENT_TOLERANCE_PP = 2.0
 LATENCY_TOLERANCE = 0.10
 QUANTILES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
 #: the replay's routers other than the deployed stack's, replayed beside it
-OTHER_ROUTERS = ("random", "least-queue")
+OTHER_ROUTERS = ("random", "least-queue", "cache-aware", "smg-cache-aware")
+#: the replay's prefill router for each gateway's rendered CacheAware (operator/router.py
+#: prefill_choice: sglang-router 0.3.2 picks PD prefills at random; smg follows its own tree)
+GATEWAY_ROUTER = {"sglang-router": STACKS["deployed"]["router"], "smg": "smg-cache-aware"}
 #: random routing replayed with this many seeds (its spread is reported)
 RANDOM_SEEDS = 20
 
@@ -264,7 +268,8 @@ def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
     wall = time.monotonic() - started
     trace = recorded_trace(specs, live.records, block_tokens=block, path=recording / "trace.jsonl")
     write_jsonl(recording / "requests.jsonl", (asdict(r) for r in sorted(live.records, key=lambda r: r.index)))
-    result = replay(case, trace, profile=profile, chunk_tokens=chunk_tokens)
+    result = replay(case, trace, profile=profile, chunk_tokens=chunk_tokens,
+                    router=GATEWAY_ROUTER[gateway])
     live_f = live_figures(case, live)
     replay_f = replay_figures(case, result, trace.output_tokens)
     # the first request finds every instance idle in both: what is left is the HTTP path
