@@ -23,9 +23,12 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .loadgen import RequestRecord, RequestSpec
+
+if TYPE_CHECKING:
+    from pdscale.planner.model import PerformanceModel
 
 TRACE_FILE = "trace.jsonl"
 CLIENT_FILE = "requests.jsonl"
@@ -96,13 +99,16 @@ def write_recording(out: Path, specs: Sequence[RequestSpec], records: Sequence[R
 
 def replay_recording(pdcluster: Path, trace: Path,
                      policies: Sequence[str] = ("pdscale", "oracle", "oracle:now"), *,
-                     router: str | None = None) -> dict[str, dict[str, Any]]:
+                     router: str | None = None,
+                     fleet: PerformanceModel | None = None) -> dict[str, dict[str, Any]]:
     """Replay the recorded ``trace`` with the planner configuration of the PDCluster in
     ``pdcluster`` (the operator's mapping, as ``pdscale replay -f``) under each policy.
 
     The trace is read with the profile's block size (``pdscale replay --trace`` reads Mooncake
     files as 512-token blocks). ``router`` is one of the replay's prefill routers; None: the
-    spec's, as its router is rendered (decode too: ``pdscale.replay.routing``)."""
+    spec's, as its router is rendered (decode too: ``pdscale.replay.routing``). ``fleet``: a
+    simulated fleet other than the profile the planner plans with (a control: a replay on the
+    wrong fleet must part from the live run)."""
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
     from pdscale.replay import configure, read_spec, routing, spec_replicas
@@ -113,7 +119,7 @@ def replay_recording(pdcluster: Path, trace: Path,
     routes = routing(configured.spec)
     router = router or routes["router"]
     setup = ReplaySetup(trace=recorded, planner=config, router=router,
-                        decode_router=routes["decode_router"])
+                        decode_router=routes["decode_router"], fleet_model=fleet)
     # the live loop started from the spec's replicas with no history: so does the replay
     start = spec_replicas(configured.spec)
     return {policy: run_policy(setup, policy, start_fleet=start) | {"router": router}
