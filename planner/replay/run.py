@@ -192,8 +192,29 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
     return p, d
 
 
-#: the oracles that know the load only up to an interval (PdscaleController.known_intervals)
-KNOWN_INTERVALS = {"oracle:now": 1, "oracle:next": 2}
+#: the policies that run our solver on the true load (PdscaleController.known_intervals: how
+#: much of it they know from each tick; None: all of it)
+KNOWING: dict[str, int | None] = {"oracle": None, "oracle:now": 1, "oracle:next": 2}
+
+
+def planner_controller(setup: ReplaySetup, policy: str,
+                       history: Sequence[Load] | None) -> PdscaleController:
+    """Our planner as ``policy`` runs it: ``pdscale`` forecasts from what it observes; the
+    oracles (:data:`KNOWING`) are told the true load and the fleet's true performance."""
+    cfg = planner_config(setup)
+    future = None
+    if policy != "pdscale":
+        future = interval_loads(setup.trace, setup.interval_seconds)
+        # The oracle hedges nothing: the warm-up part of the derived scale-down window
+        # guards against a future the forecast cannot see, so it keeps HPA's 300 s only
+        # (oracle:now and :next cannot see it either, and keep the window pdscale has).
+        if cfg.stabilization_window_seconds is None and policy == "oracle":
+            cfg = replace(cfg, stabilization_window_seconds=HPA_SCALE_DOWN_WINDOW_SECONDS)
+        # and it knows the fleet's true performance, as it knows the future
+        cfg = replace(cfg, model=setup.fleet)
+    remembered = History(loads=tuple(history)) if history is not None else History()
+    return PdscaleController(cfg, history=remembered, future=future,
+                             known_intervals=KNOWING.get(policy))
 
 
 def stated_start(setup: ReplaySetup, start: tuple[int, int]) -> tuple[int, int]:
@@ -351,23 +372,10 @@ def run_policy(
         controller = static_controller(*start)
         name = f"static:best={start[0]}P{start[1]}D"
         extra["static_probes"] = [{"prefill": p, "decode": d, "attainment": a} for p, d, a in tried]
-    elif policy in ("pdscale", "oracle", "oracle:now", "oracle:next"):
-        # the oracle is a hindsight bound: its start is sized from the fleet's true speed too
+    elif policy in ("pdscale", *KNOWING):
+        # the oracles are hindsight bounds: their start is sized from the fleet's true speed too
         start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history)
-        cfg = planner_config(setup)
-        future = None
-        if policy != "pdscale":
-            future = interval_loads(setup.trace, setup.interval_seconds)
-            # The oracle hedges nothing: the warm-up part of the derived scale-down window
-            # guards against a future the forecast cannot see, so it keeps HPA's 300 s only
-            # (oracle:now and :next cannot see it either, and keep the window pdscale has).
-            if cfg.stabilization_window_seconds is None and policy == "oracle":
-                cfg = replace(cfg, stabilization_window_seconds=HPA_SCALE_DOWN_WINDOW_SECONDS)
-            # and it knows the fleet's true performance, as it knows the future
-            cfg = replace(cfg, model=setup.fleet)
-        remembered = History(loads=tuple(history)) if history is not None else History()
-        ctl = PdscaleController(cfg, history=remembered, future=future,
-                                known_intervals=KNOWN_INTERVALS.get(policy))
+        ctl = planner_controller(setup, policy, history)
         controller = ctl
         explanations = ctl.decisions
     elif policy == "reactive":
