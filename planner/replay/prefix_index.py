@@ -72,20 +72,19 @@ class PrefixIndex:
                 holders[b] = holders.get(b, 0) | bit
         while len(cache) > self.capacity_blocks:
             b, _ = cache.popitem(last=False)
-            m = holders[b] & ~bit
-            if m:
-                holders[b] = m
-            else:
-                del holders[b]
+            self.release(b, bit)
+
+    def release(self, b: int, bit: int) -> None:
+        """Block ``b`` is no longer held by the instance of ``bit``."""
+        m = self.holders.get(b, 0) & ~bit
+        if m:
+            self.holders[b] = m
+        else:
+            self.holders.pop(b, None)
 
     def drop(self, i: int) -> None:
         """Forget instance ``i``'s cache (it stopped serving prefill)."""
         bit = 1 << i
-        holders = self.holders
         for b in self.caches[i]:
-            m = holders.get(b, 0) & ~bit
-            if m:
-                holders[b] = m
-            else:
-                holders.pop(b, None)
+            self.release(b, bit)
         self.caches[i].clear()

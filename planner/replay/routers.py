@@ -180,11 +180,7 @@ class _RouterTree(PrefixIndex):
                 holders[b] = holders.get(b, 0) | bit
         while len(lru) > self.capacity_blocks:
             (j, b), _ = lru.popitem(last=False)
-            m = holders[b] & ~(1 << j)
-            if m:
-                holders[b] = m
-            else:
-                del holders[b]
+            self.release(b, 1 << j)
 
 
 class SmgCacheAwareRouter:
