@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pdc_cluster_helpers import sample, wait_for
 
-from pdscale.operator import rbac
+from pdscale.operator import names, rbac
 from pdscale.operator.drain import DRAINING_ANNOTATION
 from pdscale.operator.kube import IMPLIED, REQUESTS, Need
 from pdscale.operator.leader import LEASE_NAME
@@ -52,6 +52,11 @@ def audited(audit_log: Path, offset: int, user: str = OPERATOR_USER) -> list[tup
             out.append((Need(ref.get("apiGroup", ""), resource, event["verb"]), code,
                         ref.get("namespace", "")))
     return out
+
+
+def ready_pods(core: client.CoreV1Api, namespace: str, selector: str) -> int:
+    return sum(1 for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+               if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])))
 
 
 def operator_requests(audit_log: Path, offset: int) -> list[tuple[Need, int]]:
@@ -94,6 +99,11 @@ def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, na
         first = wait_for(memory_version, timeout_seconds=120, what="the planner's memory created")
         wait_for(lambda: memory_version() not in (None, first), timeout_seconds=60,
                  what="the planner's memory written again")
+        # Both decodes Ready first: a pod still starting is cut without a drain (it holds no
+        # request), and on a busy machine the second one can still be starting here.
+        decode = ",".join(f"{k}={v}" for k, v in names.selector_labels("audit", "decode").items())
+        wait_for(lambda: ready_pods(core, namespace, decode) >= 2,
+                 timeout_seconds=120, what="both decode pods Ready")
         custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "audit",
                                               {"spec": {"decode": {"maxReplicas": 1, "replicas": 1}}})
         wait_for(lambda: any(DRAINING_ANNOTATION in (p.metadata.annotations or {}) for p in
