@@ -396,17 +396,17 @@ def calibrate_slo(
     ttft_at_percentile_seconds: float | None,
     tpot_at_percentile_seconds: float | None,
     slo: Slo,
-    settled: bool,
+    prefill_settled: bool,
+    decode_settled: bool,
 ) -> PerformanceModel:
     """Move each role's headroom from the observed latency at the SLO's percentile (the
     readings ``*_at_percentile_seconds``, quantile ``slo.percentile``) against its target.
 
     A miss (that quantile above target) raises the role's headroom by up to ``HEADROOM_STEP``
-    x the relative miss; one below half the target lets it decay by ``HEADROOM_DECAY``. Nothing
-    moves unless ``settled``: while instances warm up, or while the planner already knows it is
-    short, a miss says nothing about the model. Unknown readings change nothing."""
-    if not settled:
-        return model
+    x the relative miss; one below half the target lets it decay by ``HEADROOM_DECAY``. A
+    role moves only when ``*_settled``: its fleet was, by the model, enough for the load (the
+    caller decides: ``solve._taught_roles``); a miss on a fleet the model already calls short
+    says nothing about the model. Unknown readings change nothing."""
     cal = model.calibration
     lo, hi = HEADROOM_BOUNDS
 
@@ -420,8 +420,12 @@ def calibrate_slo(
             return max(lo, h * (1.0 - HEADROOM_DECAY))
         return h
 
-    hp = step(cal.prefill_headroom, ttft_at_percentile_seconds, slo.ttft_seconds)
-    hd = step(cal.decode_headroom, tpot_at_percentile_seconds, slo.tpot_seconds)
+    hp = cal.prefill_headroom
+    if prefill_settled:
+        hp = step(hp, ttft_at_percentile_seconds, slo.ttft_seconds)
+    hd = cal.decode_headroom
+    if decode_settled:
+        hd = step(hd, tpot_at_percentile_seconds, slo.tpot_seconds)
     if hp == cal.prefill_headroom and hd == cal.decode_headroom:
         return model
     return replace(model, calibration=replace(cal, prefill_headroom=hp, decode_headroom=hd))

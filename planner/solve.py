@@ -277,34 +277,50 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
     """The history's calibration moved by this interval's metrics: the compute factors by what
     the engines report against what the profile predicts for the load observed
     (``calibration.samples``: both ways, both roles, warm-up outliers skipped), then the
-    headroom by the latency at the SLO percentile (``model.calibrate_slo``). A latency miss
-    teaches the headroom something only when the fleet is settled: nothing warming or just
-    ready, and the last plan neither short nor held."""
+    headroom by the latency at the SLO percentile (``model.calibrate_slo``), for each role
+    whose miss is the model's error (``_taught_roles``)."""
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
         return None if r is None else r.fresh(now, config.max_age_seconds)
 
-    last = history.decisions[-1] if history.decisions else None
-    settled = (
-        not obs.prefill.warming and not obs.decode.warming
-        and obs.prefill.recently_ready == 0 and obs.decode.recently_ready == 0
-        and last is not None and not last.shortfall and not last.held
-    )
     learned = samples(obs, current_load(obs, config.max_age_seconds), history.prefill_queue,
                       slo=config.slo, model=config.model, max_age_seconds=config.max_age_seconds)
     compute = learn_compute(history.calibration or config.model.calibration, learned)
     ttft = get(obs.ttft_at_percentile_seconds)
     if rejected_too_many(obs, config.slo, config.max_age_seconds):
         ttft = math.inf  # the percentile falls on a request that got no first token at all
+    model = replace(config.model, calibration=compute)
+    prefill_taught, decode_taught = _taught_roles(obs, replace(config, model=model), history)
     model = calibrate_slo(
-        replace(config.model, calibration=compute),
+        model,
         ttft_at_percentile_seconds=ttft,
         tpot_at_percentile_seconds=get(obs.tpot_at_percentile_seconds),
         slo=config.slo,
-        settled=settled,
+        prefill_settled=prefill_taught,
+        decode_settled=decode_taught,
     )
     return model.calibration
+
+
+def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History) -> tuple[bool, bool]:
+    """(prefill, decode): whether a latency miss this interval says the model is wrong.
+
+    It does when the role's ready instances were all warm and, by the model as calibrated so
+    far, enough for the load observed (its prefill backlog and running sequences counted):
+    the model said they would meet the SLO and they did not. A fleet the model itself calls
+    short (a rise it has ordered capacity for, a budget) explains its miss, and one with an
+    instance just ready is still slow from its first passes. Instances warming elsewhere do
+    not matter: waiting for none to warm kept a fleet 25% slower than its profile from
+    learning for most of an hour, since each miss ordered capacity that took a warm-up."""
+    last = history.decisions[-1] if history.decisions else None
+    load = _observed_load(obs, cfg, history)
+    if last is None or last.held or load is None or load.rate_rps <= 0:
+        return False, False
+    need_p, need_d = _instances_needed(cfg, load)
+    need_d = max(need_d, _decode_need_from_sequences(cfg, obs, load))
+    return (obs.prefill.recently_ready == 0 and obs.prefill.ready >= need_p,
+            obs.decode.recently_ready == 0 and obs.decode.ready >= need_d)
 
 
 def _intervals(seconds: float, interval: float) -> int:
@@ -493,13 +509,7 @@ def _needs(
 
     def needed(ld: Load) -> tuple[int, int]:
         if ld not in cache:
-            cache[ld] = model.instances_needed(
-                ld, cfg.slo,
-                prefill_utilization=cfg.prefill_utilization,
-                decode_utilization=cfg.decode_utilization,
-                ttft_queueing=True, service_cv=cfg.prefill_service_cv,
-                pooled_prefill=cfg.prefill_queue == "pooled",
-            )
+            cache[ld] = _instances_needed(cfg, ld)
         return cache[ld]
 
     need = np.array(
@@ -529,6 +539,17 @@ def _needs(
         need[1] = np.where(over, np.maximum(avail - p_share, cfg.min_decode), need[1])
     return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])),
                   decode_from_sequences=binding)
+
+
+def _instances_needed(cfg: PlannerConfig, load: Load) -> tuple[int, int]:
+    """(prefill, decode) ``cfg.model`` needs for ``load`` at the configured caps and queueing."""
+    return cfg.model.instances_needed(
+        load, cfg.slo,
+        prefill_utilization=cfg.prefill_utilization,
+        decode_utilization=cfg.decode_utilization,
+        ttft_queueing=True, service_cv=cfg.prefill_service_cv,
+        pooled_prefill=cfg.prefill_queue == "pooled",
+    )
 
 
 def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, load: Load) -> int:

@@ -124,15 +124,15 @@ def test_slo_feedback_raises_headroom_on_misses_only_when_settled(model: Perform
     load = Load(40, 8000, 300, 0.4)
     base = model.instances_needed(load, slo)
     # a miss while instances warm up teaches nothing
-    assert calibrate_slo(model, ttft_at_percentile_seconds=6.0, tpot_at_percentile_seconds=0.2, slo=slo, settled=False) is model
+    assert calibrate_slo(model, ttft_at_percentile_seconds=6.0, tpot_at_percentile_seconds=0.2, slo=slo, prefill_settled=False, decode_settled=False) is model
     m = model
     for _ in range(5):
-        m = calibrate_slo(m, ttft_at_percentile_seconds=3.0, tpot_at_percentile_seconds=0.04, slo=slo, settled=True)
+        m = calibrate_slo(m, ttft_at_percentile_seconds=3.0, tpot_at_percentile_seconds=0.04, slo=slo, prefill_settled=True, decode_settled=True)
     assert m.calibration.prefill_headroom > 1.2
     assert m.calibration.decode_headroom == 1.0  # TPOT was met: decode untouched
     assert m.instances_needed(load, slo)[0] > base[0]
     for _ in range(500):
-        m = calibrate_slo(m, ttft_at_percentile_seconds=0.1, tpot_at_percentile_seconds=None, slo=slo, settled=True)
+        m = calibrate_slo(m, ttft_at_percentile_seconds=0.1, tpot_at_percentile_seconds=None, slo=slo, prefill_settled=True, decode_settled=True)
     assert m.calibration.prefill_headroom == 1.0  # decays back, never below the model
 
 

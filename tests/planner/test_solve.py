@@ -333,7 +333,7 @@ def test_a_prefill_backlog_is_planned_once_not_remembered_as_load() -> None:
 def test_step_learns_headroom_from_settled_misses_and_plans_with_it() -> None:
     """The operator and the replay run one step: a p99 TPOT miss on a settled fleet raises
     decode headroom, which the history carries into the next plan (more decode for the same
-    load); while instances warm up, a miss teaches nothing."""
+    load); a miss on a fleet the model already calls short teaches nothing."""
     from pdscale.planner.solve import step
 
     c = cfg(nodes=200)
@@ -357,10 +357,19 @@ def test_step_learns_headroom_from_settled_misses_and_plans_with_it() -> None:
     with_headroom, _ = step(fresh, config=c, history=learned, now=360.0)
     without, _ = step(fresh, config=c, history=replace(learned, calibration=None), now=360.0)
     assert with_headroom.decode > without.decode
-    assert "headroom decode x1." in with_headroom.explanation
+    assert "headroom decode x" in with_headroom.explanation
     assert "headroom" not in without.explanation
-    # the same misses while a decode instance warms up leave the calibration alone
+    # A miss on decodes the model calls short (fewer ready than it needs: capacity it has
+    # ordered is still warming) or with one just ready (slow first passes) says nothing about
+    # the model; one on enough ready decodes does, whatever else warms meanwhile.
     settled = ready(first, 60.0)
-    warming = replace(settled, decode=RoleState(ready=first.decode, warming=(Warming(900.0),)))
-    _, untaught = step(missing(warming), config=c, history=h, now=60.0)
+    short = replace(settled, decode=RoleState(ready=first.decode - 1, warming=(Warming(900.0),)))
+    _, untaught = step(missing(short), config=c, history=h, now=60.0)
     assert untaught.calibration == h.calibration
+    fresh_ready = replace(settled, decode=RoleState(ready=first.decode, recently_ready=1))
+    _, untaught = step(missing(fresh_ready), config=c, history=h, now=60.0)
+    assert untaught.calibration == h.calibration
+    also_warming = replace(settled, decode=RoleState(ready=first.decode, warming=(Warming(900.0),)))
+    _, taught = step(missing(also_warming), config=c, history=h, now=60.0)
+    assert taught.calibration is not None and taught.calibration.decode_headroom > 1.0
+    assert taught.calibration.prefill_headroom == 1.0  # TTFT unknown: prefill untouched
