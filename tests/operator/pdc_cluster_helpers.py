@@ -15,7 +15,13 @@ POOL = "operator"
 CPU_NODE = "cpu-operator-000"
 DECOY_NODE = "h100-operator-000"
 
-__all__ = ["CPU_NODE", "DECOY_NODE", "POOL", "expected_children", "sample", "wait_for"]
+__all__ = ["CPU_NODE", "DECOY_NODE", "POOL", "expected_children", "pod_ready", "sample", "wait_for"]
+
+
+def pod_ready(pod: Any) -> bool:
+    """A listed pod (kubernetes client object) running with its Ready condition True."""
+    return pod.status.phase == "Running" and any(
+        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def sample(name: str, cluster_name: str | None = None, **overrides: Any) -> dict[str, Any]:

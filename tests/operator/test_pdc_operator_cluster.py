@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from pdc_cluster_helpers import CPU_NODE, DECOY_NODE, PLURALS, expected_children, sample, wait_for
+from pdc_cluster_helpers import (
+    CPU_NODE,
+    DECOY_NODE,
+    PLURALS,
+    expected_children,
+    pod_ready,
+    sample,
+    wait_for,
+)
 
 from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
 
@@ -95,11 +103,6 @@ def k(admin_api, namespace):
     return Cluster(admin_api, namespace)
 
 
-def _pod_ready(pod):
-    return pod.status.phase == "Running" and any(
-        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 def test_sample_becomes_a_ready_fleet_pinned_to_h200(k, run_operator):
     doc = sample("sglang-glm-4p8d.yaml")
     doc["metadata"]["namespace"] = k.ns
@@ -115,7 +118,7 @@ def test_sample_becomes_a_ready_fleet_pinned_to_h200(k, run_operator):
         assert status["derived"]["waitingTimeoutSeconds"] == 787
         for role, n in (("prefill", 4), ("decode", 8)):
             pods = k.pods("glm53", role)
-            assert len(pods) == n and all(_pod_ready(p) for p in pods)
+            assert len(pods) == n and all(pod_ready(p) for p in pods)
             for pod in pods:
                 node = k.core.read_node(pod.spec.node_name)
                 assert node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"

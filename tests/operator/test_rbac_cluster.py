@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from pdc_cluster_helpers import sample, wait_for
+from pdc_cluster_helpers import pod_ready, sample, wait_for
 
 from pdscale.operator import names, rbac
 from pdscale.operator.drain import DRAINING_ANNOTATION
@@ -52,11 +52,6 @@ def audited(audit_log: Path, offset: int, user: str = OPERATOR_USER) -> list[tup
             out.append((Need(ref.get("apiGroup", ""), resource, event["verb"]), code,
                         ref.get("namespace", "")))
     return out
-
-
-def ready_pods(core: client.CoreV1Api, namespace: str, selector: str) -> int:
-    return sum(1 for p in core.list_namespaced_pod(namespace, label_selector=selector).items
-               if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])))
 
 
 def operator_requests(audit_log: Path, offset: int) -> list[tuple[Need, int]]:
@@ -102,7 +97,8 @@ def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, na
         # Both decodes Ready first: a pod still starting is cut without a drain (it holds no
         # request), and on a busy machine the second one can still be starting here.
         decode = ",".join(f"{k}={v}" for k, v in names.selector_labels("audit", "decode").items())
-        wait_for(lambda: ready_pods(core, namespace, decode) >= 2,
+        wait_for(lambda: sum(pod_ready(p) for p in core.list_namespaced_pod(
+                     namespace, label_selector=decode).items) >= 2,
                  timeout_seconds=120, what="both decode pods Ready")
         custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "audit",
                                               {"spec": {"decode": {"maxReplicas": 1, "replicas": 1}}})

@@ -155,11 +155,11 @@ def test_a_p90_spec_calibrates_on_the_p90() -> None:
     assert at_spec == pytest.approx(float(np.quantile(ttfts, 0.9)))
     kept = calibrate_slo(cfg.model, ttft_at_percentile_seconds=at_spec,
                          tpot_at_percentile_seconds=None, slo=cfg.slo, prefill_settled=True,
-                           decode_settled=True)
+                         decode_settled=True)
     assert kept.calibration.prefill_headroom == 1.0
     raised = calibrate_slo(cfg.model, ttft_at_percentile_seconds=observed(0.99),
                            tpot_at_percentile_seconds=None, slo=cfg.slo, prefill_settled=True,
-                           decode_settled=True)
+                         decode_settled=True)
     assert raised.calibration.prefill_headroom > 1.0
 
 

@@ -123,7 +123,7 @@ def test_slo_feedback_raises_headroom_on_misses_only_when_settled(model: Perform
     slo = Slo(ttft_seconds=2.0, tpot_seconds=0.05)
     load = Load(40, 8000, 300, 0.4)
     base = model.instances_needed(load, slo)
-    # a miss while instances warm up teaches nothing
+    # a miss on roles the caller does not call settled teaches nothing
     assert calibrate_slo(model, ttft_at_percentile_seconds=6.0, tpot_at_percentile_seconds=0.2, slo=slo, prefill_settled=False, decode_settled=False) is model
     m = model
     for _ in range(5):
