@@ -20,9 +20,10 @@ means something:
   (at least ``SATURATED_QUEUE_PER_INSTANCE`` per ready instance), every instance was busy
   throughout, and the requests completed (arrivals minus the queue's growth) are what the
   ready instances compute: factor = ready / (completed/s x predicted compute seconds per
-  request). This sees a slow fleet at once, rejected or queued requests included. It reads
-  high on long-tailed prompts (the compute of the mean prompt is less than the mean compute,
-  attention being quadratic): on Mooncake x6 a fleet 25% slower read about 1.8.
+  request, ``PerformanceModel.prefill_service_seconds``: the mean compute of the prompts,
+  priced from their spread). This sees a slow fleet at once, rejected or queued requests
+  included. Priced at the mean prompt's compute instead, it read long-tailed prompts as a
+  slow fleet (attention is quadratic): on Mooncake x6 a fleet 25% slower read about 1.8.
 - *idle*: when almost nothing queues, the latency readings cannot say how fast prefill is.
   The median TTFT over the compute of the mean prompt was tried: the median prompt is much
   shorter than the mean one, and at low load it read 0.55-1.1 per interval with the right
@@ -106,8 +107,7 @@ def samples(
     p = obs.prefill
     if p.recently_ready or not p.ready:
         return ComputeSamples(None, decode, "both")
-    n = load.mean_input_tokens
-    service = raw.prefill_seconds(n, n * load.prefix_hit_rate)
+    service = raw.prefill_service_seconds(load)
     queue, before = get(p.queue_depth), previous_queue
     busy = SATURATED_QUEUE_PER_INSTANCE * p.ready
     if (queue is not None and before is not None and queue >= busy and before.value >= busy

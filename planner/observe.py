@@ -7,6 +7,7 @@ failed Prometheus query read as zero load is how other planners scale a busy fle
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
@@ -75,6 +76,10 @@ class Observation:
     peak_rate_rps: Reading | None = None
     mean_input_tokens: Reading | None = None
     mean_output_tokens: Reading | None = None
+    #: the prompts' mean squared length over their squared mean length (``Load``'s
+    #: ``input_tokens_square_ratio``), read from the engines' prompt-length histogram
+    #: (:func:`square_ratio_from_buckets`)
+    input_tokens_square_ratio: Reading | None = None
     prefix_hit_rate: Reading | None = None
     ttft_p50_seconds: Reading | None = None
     #: the latencies at the SLO's percentile (``Slo.percentile``), which calibration compares
@@ -105,6 +110,9 @@ class Observation:
 MAX_RATE_RPS = 1e6
 #: tokens per request: the longest context windows offered are ~1e7 tokens
 MAX_MEAN_TOKENS = 1e7
+#: mean squared prompt over squared mean prompt is 1 + CV^2 (never below 1): the longest-tailed
+#: public traces are near 3 (Mooncake conversation 2.7); a thousand is a broken histogram
+MAX_SQUARE_RATIO = 1e3
 #: a prefix hit rate is a share of prompt tokens; counters scraped a moment apart may put it a
 #: little outside [0, 1] (clamped), further out the two counters do not belong together
 HIT_RATE_SLACK = 0.05
@@ -126,6 +134,7 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "rejected_rps": (0.0, MAX_RATE_RPS),
     "mean_input_tokens": (0.0, MAX_MEAN_TOKENS),
     "mean_output_tokens": (0.0, MAX_MEAN_TOKENS),
+    "input_tokens_square_ratio": (1.0, MAX_SQUARE_RATIO),
     "prefix_hit_rate": (-HIT_RATE_SLACK, 1.0 + HIT_RATE_SLACK),
     "ttft_p50_seconds": (0.0, MAX_TTFT_SECONDS),
     "ttft_at_percentile_seconds": (0.0, MAX_TTFT_SECONDS),
@@ -222,3 +231,45 @@ def _inconsistent(v: dict[str, float]) -> str | None:
             if v.get(name) == 0.0:
                 return f"{name} is zero with a positive rate ({v['rate_rps']:g} req/s)"
     return None
+
+
+#: SGLang's default prompt-length buckets (``TokenizerMetricsCollector``,
+#: python/sglang/srt/metrics/collector.py): what the simulated engines and the replay bucket
+#: prompts into, so that the spread they read is as coarse as the one production reads
+SGLANG_PROMPT_TOKENS_BUCKETS = (
+    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000,
+    12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000,
+    200000, 300000, 400000, 600000, 800000, 1000000, 1100000,
+)  # fmt: skip
+
+
+def square_ratio_from_buckets(cumulative: Sequence[tuple[float, float]]) -> float | None:
+    """Mean squared value over squared mean value of a Prometheus histogram, from its
+    cumulative bucket counts ``(upper bound, count)`` (``+Inf`` included, in any order).
+
+    Each bucket's observations are taken as spread evenly over it (mean: its midpoint; mean
+    square: midpoint^2 + width^2 / 12); the first bucket starts at 0, and the ``+Inf`` bucket
+    counts at its lower bound (the prompt buckets of SGLang reach 1.1M tokens, vLLM's the
+    context length, so it is empty in practice). Both moments come from the same buckets,
+    so the ratio does not depend on where in a bucket the mean falls. None when the
+    histogram is empty or its counts are not cumulative (a broken or reset series)."""
+    rows = sorted((float(b), float(c)) for b, c in cumulative)
+    lo, previous = 0.0, 0.0
+    total = first = second = 0.0
+    for bound, count in rows:
+        n = count - previous
+        if n < -1e-9 or not math.isfinite(count):
+            return None
+        if n > 0:
+            if math.isinf(bound):
+                mid, var = lo, 0.0
+            else:
+                mid, var = (lo + bound) / 2.0, (bound - lo) ** 2 / 12.0
+            total += n
+            first += n * mid
+            second += n * (mid * mid + var)
+        previous, lo = max(count, previous), bound if math.isfinite(bound) else lo
+    if total <= 0 or first <= 0:
+        return None
+    mean = first / total
+    return max(1.0, (second / total) / (mean * mean))

@@ -23,13 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .observe import Observation, Reading, RoleState
+from .observe import Observation, Reading, RoleState, square_ratio_from_buckets
 
 #: Reading names, in the order they are queried. Per-role gauges end in ``_prefill``/``_decode``.
 READINGS = (
     "rate_rps",
     "mean_input_tokens",
     "mean_output_tokens",
+    "input_tokens_square_ratio",
     "prefix_hit_rate",
     "ttft_p50_seconds",
     "ttft_at_percentile_seconds",
@@ -72,6 +73,14 @@ SGLANG_QUERIES: Mapping[str, str] = {
     "mean_output_tokens": (
         f'sum(rate({_sglang("generation_tokens_total", "decode")}[{{window}}]))'
         f' / sum(rate({_sglang("num_requests_total", "decode")}[{{window}}]))'
+    ),
+    # The prompt-length histogram by bucket (one series per ``le``), read into the prompts'
+    # spread by observe.square_ratio_from_buckets. SGLang observes it at finish, with
+    # --enable-metrics in current releases (older ones need --collect-tokens-histogram in
+    # the engine's extra args); without it the reading is unknown and the last one stands.
+    "input_tokens_square_ratio": (
+        "sum by (le) (rate("
+        f'{_sglang("prompt_tokens_histogram_bucket", "prefill")}[{{window}}]))'
     ),
     "prefix_hit_rate": (
         f'sum(rate({_sglang("cached_tokens_total", "prefill")}[{{window}}]))'
@@ -131,6 +140,9 @@ VLLM_QUERIES: Mapping[str, str] = {
     "mean_output_tokens": (
         'sum(rate(vllm:generation_tokens_total{{{sel},role="decode"}}[{window}]))'
         ' / sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))'
+    ),
+    "input_tokens_square_ratio": (
+        'sum by (le) (rate(vllm:request_prompt_tokens_bucket{{{sel},role="prefill"}}[{window}]))'
     ),
     "prefix_hit_rate": (
         'sum(rate(vllm:prefix_cache_hits_total{{{sel},role="prefill"}}[{window}]))'
@@ -266,6 +278,39 @@ def to_reading(
     return Reading(value, at), None
 
 
+#: readings whose query answers one series per histogram bucket (``sum by (le)``)
+BUCKET_READINGS = frozenset({"input_tokens_square_ratio"})
+
+
+def to_square_ratio(
+    result: Any, now_seconds: float, max_age_seconds: float | None = None
+) -> tuple[Reading | None, str | None]:
+    """Interpret a histogram's buckets (a vector of series labelled ``le``, as ``sum by (le)
+    (rate(..._bucket[w]))`` answers) as its mean square over its squared mean
+    (``observe.square_ratio_from_buckets``), stamped at the oldest sample. Every series must
+    be a valid sample (:func:`to_reading`) with a numeric ``le``."""
+    if not isinstance(result, list) or not result:
+        return None, "no data"
+    rows, oldest = [], math.inf
+    for series in result:
+        if not isinstance(series, dict) or not isinstance(series.get("metric"), dict):
+            return None, "malformed answer (expected one series per bucket, labelled le)"
+        bound = series["metric"].get("le")
+        try:
+            upper = float(bound)
+        except (TypeError, ValueError):
+            return None, f"malformed answer (bucket bound le={bound!r})"
+        reading, reason = to_reading([series], now_seconds, max_age_seconds)
+        if reading is None:
+            return None, f"bucket le={bound}: {reason}"
+        rows.append((upper, reading.value))
+        oldest = min(oldest, reading.at_seconds)
+    ratio = square_ratio_from_buckets(rows)
+    if ratio is None:
+        return None, "not a number (no prompts in the window, or buckets not cumulative)"
+    return Reading(ratio, oldest), None
+
+
 def _is_sample(x: object) -> bool:
     """``[timestamp, "value"]``: a two-element list of a real number and a string (a JSON
     answer has no tuples, but a client may hand one over)."""
@@ -325,7 +370,8 @@ def read_metrics(
             readings[name] = None
             failures[name] = _describe_error(exc)
             continue
-        readings[name], reason = to_reading(answer, now_seconds, max_age_seconds)
+        interpret = to_square_ratio if name in BUCKET_READINGS else to_reading
+        readings[name], reason = interpret(answer, now_seconds, max_age_seconds)
         if reason:
             failures[name] = reason
     return MetricsSnapshot(readings, failures)
@@ -372,6 +418,7 @@ def observation_from(
         rate_rps=r.get("rate_rps"),
         mean_input_tokens=r.get("mean_input_tokens"),
         mean_output_tokens=r.get("mean_output_tokens"),
+        input_tokens_square_ratio=r.get("input_tokens_square_ratio"),
         prefix_hit_rate=r.get("prefix_hit_rate"),
         ttft_p50_seconds=r.get("ttft_p50_seconds"),
         ttft_at_percentile_seconds=r.get("ttft_at_percentile_seconds"),

@@ -121,9 +121,16 @@ def current_load(
         osl = last_known.mean_output_tokens if osl is None else osl
     hit = get(obs.prefix_hit_rate)
     peak = get(obs.peak_rate_rps)
+    # the prompts' spread moves as slowly as their mean: unknown (an engine without the prompt
+    # histogram, an interval without completions) keeps the last one, else plans as if every
+    # prompt were the mean one
+    square = get(obs.input_tokens_square_ratio)
+    if square is None:
+        square = last_known.input_tokens_square_ratio if last_known is not None else 1.0
     return Load(
         rate, isl or 0.0, osl or 0.0, 0.0 if hit is None else min(max(hit, 0.0), 1.0),
         peak_rate_rps=None if peak is None else max(peak, rate),
+        input_tokens_square_ratio=max(square, 1.0),
     )
 
 
@@ -399,10 +406,11 @@ def _forecast_loads(
     rates_p = _with_rise_margin(cfg, rates, loads, cfg.rise_quantile)
     rates_d = _with_rise_margin(cfg, rates, loads, cfg.rise_quantile if cfg.decode_rise_quantile is None
                                 else cfg.decode_rise_quantile)
-    isl, osl, hit, peak = _load_shape(cfg, loads, load)
+    isl, osl, hit, peak, square = _load_shape(cfg, loads, load)
 
     def loads_for(rs: list[float]) -> list[Load]:
-        return [Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r))
+        return [Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r),
+                     input_tokens_square_ratio=square)
                 for r in rs]
 
     return loads_for(rates_p), loads_for(rates_d)
@@ -429,9 +437,10 @@ def _with_rise_margin(
 
 def _load_shape(
     cfg: PlannerConfig, loads: list[Load | None], load: Load
-) -> tuple[float, float, float, float | None]:
-    """(mean input tokens, mean output tokens, prefix hit rate, burst peak req/s or None) to
-    plan with, from the last ``length_window`` intervals of ``loads``."""
+) -> tuple[float, float, float, float | None, float]:
+    """(mean input tokens, mean output tokens, prefix hit rate, burst peak req/s or None,
+    input tokens' square ratio) to plan with, from the last ``length_window`` intervals of
+    ``loads``."""
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
     recent = [x for x in loads[-cfg.length_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
@@ -439,12 +448,18 @@ def _load_shape(
         isl = sum(x.rate_rps * x.mean_input_tokens for x in recent) / wsum
         osl = sum(x.rate_rps * x.mean_output_tokens for x in recent) / wsum
         hit = sum(x.rate_rps * x.prefix_hit_rate for x in recent) / wsum
+        # the window's mean squared prompt over its squared mean prompt
+        square_tokens = sum(x.rate_rps * x.input_tokens_square_ratio * x.mean_input_tokens**2
+                            for x in recent) / wsum
+        square = square_tokens / isl**2 if isl > 0 else load.input_tokens_square_ratio
     else:
         isl, osl, hit = load.mean_input_tokens, load.mean_output_tokens, load.prefix_hit_rate
+        square = load.input_tokens_square_ratio
     if cfg.length_jump_ratio is not None and load.rate_rps > 0:
         # a new, longer shape is sized for now; noise around the window's mean is not
         jump = cfg.length_jump_ratio
-        isl = load.mean_input_tokens if load.mean_input_tokens >= jump * isl else isl
+        if load.mean_input_tokens >= jump * isl:
+            isl, square = load.mean_input_tokens, load.input_tokens_square_ratio
         osl = load.mean_output_tokens if load.mean_output_tokens >= jump * osl else osl
     # bursts come back: size new capacity for a high quantile of recent sub-window peaks
     # (the scale-down floor holds what the highest needs)
@@ -453,7 +468,7 @@ def _load_shape(
         if x is not None and x.peak_rate_rps is not None
     ]
     peak = float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None
-    return isl, osl, hit, peak
+    return isl, osl, hit, peak, max(square, 1.0)
 
 
 def _plan_for(
@@ -610,13 +625,13 @@ def _timing(cfg: PlannerConfig, observation: Observation, now: float, first: Loa
     ``first``, the load of the first interval; and the fleet as observed at ``now``."""
     model, dt = cfg.model, cfg.interval_seconds
     prof = model.profile
-    isl, osl, hit = first.mean_input_tokens, first.mean_output_tokens, first.prefix_hit_rate
+    osl = first.mean_output_tokens
     drain_d_s = (
         cfg.decode_drain_seconds
         if cfg.decode_drain_seconds is not None
         else 2.0 * osl * cfg.slo.tpot_seconds
     )
-    drain_p_s = model.prefill_seconds(isl, isl * hit)  # a prefill queue empties in seconds
+    drain_p_s = model.prefill_service_seconds(first)  # a prefill queue empties in seconds
     P, D = observation.prefill, observation.decode
     # pre-existing warm-ups landing by interval t
     landing = np.zeros((2, H))

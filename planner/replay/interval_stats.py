@@ -7,12 +7,23 @@ now and hands the lot over as an :class:`~..observe.Observation`, then starts co
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from ..model import PEAK_WINDOW_SECONDS
-from ..observe import Observation, Reading, Role, RoleState, Warming
+from ..observe import (
+    SGLANG_PROMPT_TOKENS_BUCKETS,
+    Observation,
+    Reading,
+    Role,
+    RoleState,
+    Warming,
+    square_ratio_from_buckets,
+)
 from .fleet import DRAINING, READY, WARMING, Fleet
 
 
@@ -26,6 +37,9 @@ class IntervalStats:
         self.percentile = percentile
         self.arrivals = 0
         self.input_tokens = 0
+        #: arrivals per prompt-length bucket (SGLang's default buckets, then +Inf), as the
+        #: engines' prompt histogram counts them: the prompts' spread is read from these
+        self.input_buckets = [0] * (len(SGLANG_PROMPT_TOKENS_BUCKETS) + 1)
         self.output_tokens = 0
         self.hit_tokens = 0
         #: requests rejected (by the router, or shed at decode) in this interval
@@ -43,6 +57,7 @@ class IntervalStats:
         self.per_window[w] = self.per_window.get(w, 0) + 1
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
+        self.input_buckets[bisect.bisect_left(SGLANG_PROMPT_TOKENS_BUCKETS, input_tokens)] += 1
 
     def observe(self, now: float, fleet: Fleet, waiting_decode: int, *,
                 queued_prefill: int) -> Observation:
@@ -67,6 +82,7 @@ class IntervalStats:
             peak_rate_rps=load(max(self.per_window.values(), default=0) / PEAK_WINDOW_SECONDS),
             mean_input_tokens=load(self.input_tokens / n) if n else None,
             mean_output_tokens=load(self.output_tokens / n) if n else None,
+            input_tokens_square_ratio=self._square_ratio(load),
             prefix_hit_rate=load(self.hit_tokens / self.input_tokens) if self.input_tokens else None,
             ttft_p50_seconds=q(self.ttft, 0.5),
             ttft_at_percentile_seconds=q(self.ttft, self.percentile),
@@ -80,7 +96,14 @@ class IntervalStats:
         self.ttft.clear()
         self.tpot.clear()
         self.per_window.clear()
+        self.input_buckets = [0] * len(self.input_buckets)
         return obs
+
+    def _square_ratio(self, load: Callable[[float], Reading | None]) -> Reading | None:
+        bounds = (*SGLANG_PROMPT_TOKENS_BUCKETS, math.inf)
+        ratio = square_ratio_from_buckets(list(zip(bounds, itertools.accumulate(self.input_buckets),
+                                                   strict=True)))
+        return None if ratio is None else load(ratio)
 
 
 def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued: int) -> RoleState:

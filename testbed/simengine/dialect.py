@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .metrics import SGLANG_PROMPT_TOKENS_BUCKETS
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -40,6 +42,9 @@ class Dialect(ABC):
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """The dialect's own endpoints, besides the ones every engine has (the OpenAI API,
         ``/health``, ``/v1/models``, ``/metrics`` and the sim's ``/sim/...``)."""
+
+    #: upstream default prompt-length buckets, tokens
+    prompt_buckets: ClassVar[tuple[float, ...]] = SGLANG_PROMPT_TOKENS_BUCKETS
 
     @abstractmethod
     def default_buckets(self) -> tuple[tuple[float, ...], ...]:

@@ -189,6 +189,7 @@ class SimEngine:
             ttft=Histogram(config.bucket_time_to_first_token or ttft),
             itl=Histogram(config.bucket_inter_token_latency or itl),
             e2e=Histogram(config.bucket_e2e_request_latency or e2e),
+            prompt=Histogram(self.dialect.prompt_buckets),
         )
         self.cache = PrefixCache(config.prefix_cache_tokens, config.block_tokens)
         # one warm-up clock: a given moment (its pod's Ready), else startup_seconds from now

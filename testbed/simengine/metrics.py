@@ -13,6 +13,7 @@ from pdscale.operator.engines import (
     SGLANG_DEFAULT_ITL_BUCKETS_SECONDS,
     SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS,
 )
+from pdscale.planner.observe import SGLANG_PROMPT_TOKENS_BUCKETS as _SGLANG_PROMPT_TOKENS_BUCKETS
 
 # The engines' own default buckets (docs/conformance.md): tests see what production sees, and a
 # quantile read from them is as coarse as it is in production. Bucket flags override them.
@@ -33,6 +34,13 @@ VLLM_ITL_BUCKETS_SECONDS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0,
 )  # fmt: skip
+#: prompt lengths, tokens: SGLang's defaults (one source with the replay, planner/observe.py);
+#: vLLM's 1-2-5 series up to the context length (``build_1_2_5_buckets(max_model_len)``, here
+#: a 128k context)
+SGLANG_PROMPT_TOKENS_BUCKETS = tuple(float(b) for b in _SGLANG_PROMPT_TOKENS_BUCKETS)
+VLLM_PROMPT_TOKENS_BUCKETS = tuple(
+    float(m * 10**e) for e in range(6) for m in (1, 2, 5) if m * 10**e <= 131072
+)
 VLLM_E2E_BUCKETS_SECONDS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -92,6 +100,9 @@ class Metrics:
     ttft: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
     itl: Histogram = field(default_factory=lambda: Histogram(SGLANG_ITL_BUCKETS_SECONDS))
     e2e: Histogram = field(default_factory=lambda: Histogram(SGLANG_E2E_BUCKETS_SECONDS))
+    #: prompt lengths of finished requests (SGLang's prompt_tokens_histogram, vLLM's
+    #: request_prompt_tokens), tokens
+    prompt: Histogram = field(default_factory=lambda: Histogram(SGLANG_PROMPT_TOKENS_BUCKETS))
     #: (prompt, cached) tokens of recent prefills, for the cache_hit_rate gauge
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
 

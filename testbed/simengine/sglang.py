@@ -71,6 +71,7 @@ def render_metrics(
     out.histogram("sglang:time_to_first_token_seconds", m.ttft)
     out.histogram("sglang:inter_token_latency_seconds", m.itl)
     out.histogram("sglang:e2e_request_latency_seconds", m.e2e)
+    out.histogram("sglang:prompt_tokens_histogram", m.prompt)
     return out.text()
 
 
@@ -136,6 +137,7 @@ class SGLang(Dialect):
         m = self.engine.metrics
         m.requests += 1
         m.prompt_tokens += prompt
+        m.prompt.observe(prompt)
         m.cached_tokens += cached
         m.generation_tokens += generated
 

@@ -15,7 +15,7 @@ work.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiohttp import web
 
@@ -25,6 +25,7 @@ from .dialect import Dialect
 from .metrics import (
     VLLM_E2E_BUCKETS_SECONDS,
     VLLM_ITL_BUCKETS_SECONDS,
+    VLLM_PROMPT_TOKENS_BUCKETS,
     VLLM_TTFT_BUCKETS_SECONDS,
     Exposition,
     Metrics,
@@ -66,6 +67,7 @@ def render_vllm_metrics(
     out.histogram("vllm:time_to_first_token_seconds", m.ttft)
     out.histogram("vllm:inter_token_latency_seconds", m.itl)
     out.histogram("vllm:e2e_request_latency_seconds", m.e2e)
+    out.histogram("vllm:request_prompt_tokens", m.prompt)
     return out.text()
 
 
@@ -122,6 +124,8 @@ class Vllm(Dialect):
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_get("/version", self.handle_version)
 
+    prompt_buckets: ClassVar[tuple[float, ...]] = VLLM_PROMPT_TOKENS_BUCKETS
+
     def default_buckets(self) -> tuple[tuple[float, ...], ...]:
         return VLLM_TTFT_BUCKETS_SECONDS, VLLM_ITL_BUCKETS_SECONDS, VLLM_E2E_BUCKETS_SECONDS
 
@@ -159,6 +163,7 @@ class Vllm(Dialect):
         m.cached_tokens += room.cached_tokens
         m.generation_tokens += 1
         m.finished_requests += 1
+        m.prompt.observe(room.input_tokens)  # request_prompt_tokens: at finish, as the counter
         if room_id is None:
             return {}
         return {"kv_transfer_params": prefill_kv_params(
@@ -183,6 +188,7 @@ class Vllm(Dialect):
 
     def count_decode_done(self, meta: dict[str, Any], tokens: list[str], n_out: int) -> None:
         self.engine.metrics.finished_requests += 1
+        self.engine.metrics.prompt.observe(int(meta.get("prompt_tokens", 0)))
 
     async def handle_version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "pdscale-sim"})

@@ -119,6 +119,10 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang:num_queue_reqs{{engine_type="{role}"}} 3',
                 f'sglang:num_prefill_prealloc_queue_reqs{{engine_type="{role}"}} 2',
                 f'sglang:num_prefill_inflight_queue_reqs{{engine_type="{role}"}} 9',
+                # prompts per second: 3 up to 1,000 tokens, 2 between 1,000 and 4,000
+                f'sglang:prompt_tokens_histogram_bucket{{engine_type="{role}",le="1000.0"}} {3 * t:.3f}',
+                f'sglang:prompt_tokens_histogram_bucket{{engine_type="{role}",le="4000.0"}} {5 * t:.3f}',
+                f'sglang:prompt_tokens_histogram_bucket{{engine_type="{role}",le="+Inf"}} {5 * t:.3f}',
             ]
         else:
             lines = [
@@ -171,6 +175,11 @@ def test_reads_a_real_prometheus(prometheus):
         assert r["mean_output_tokens"].value == pytest.approx(100, rel=0.02)
         assert r["queue_depth_prefill"].value == 3 + 2 and r["queue_depth_decode"].value == 1 + 2 + 4
         assert r["running_requests_decode"].value == 6
+        # the buckets read as the spread: 3 prompts at 500 and 2 at 2,500, each spread over its
+        # bucket (the rate's extrapolation scales every bucket alike)
+        mean = (3 * 500 + 2 * 2500) / 5
+        square = (3 * (500**2 + 1000**2 / 12) + 2 * (2500**2 + 3000**2 / 12)) / 5
+        assert r["input_tokens_square_ratio"].value == pytest.approx(square / mean**2, rel=0.02)
         # No histogram is exported: TTFT is unknown, not zero, and the failure says so.
         assert r["ttft_at_percentile_seconds"] is None and snap.failures["ttft_at_percentile_seconds"] == "no data"
         # Another PDCluster's selector sees nothing at all.

@@ -177,6 +177,9 @@ def test_steady_hour_has_no_role_changes_and_meets_slo(model: PerformanceModel, 
     # behind the ideal admission router (the benchmark's --stack ideal-router)
     setup = replay_setup(steady(donor, 12.0, 3600), ttft_seconds=15, nodes=64,
                          router="predicted-ttft", early_rejection=True)
+    # that router sends each prefill where it is served soonest: one pooled queue, as the
+    # benchmark configures its planner for that stack (bench/policy_bench.py)
+    setup = replace(setup, planner=replace(setup.planner, prefill_queue="pooled"))
     rep = run_policy(setup, "pdscale")
     assert rep["role_changes"] == 0
     counts = {(d["prefill"], d["decode"]) for d in rep["decisions"]}

@@ -176,6 +176,9 @@ def test_sglang_prefill_finishes_and_counts_only_after_its_kv_transfer():
     assert after["loads"][0]["disaggregation"]["prefill_inflight_queue_reqs"] == 0
     assert metrics["sglang:num_requests_total"] == 1
     assert metrics["sglang:prompt_tokens_total"] == PROMPT_TOKENS
+    # the prompt-length histogram (the planner's prompt spread) counts at the same moment
+    assert metrics["sglang:prompt_tokens_histogram_count"] == 1
+    assert metrics["sglang:prompt_tokens_histogram_sum"] == PROMPT_TOKENS
 
 
 async def _inflight(engine: Engine, n: int) -> bool:
@@ -451,6 +454,10 @@ def test_vllm_decode_counts_success_at_finish_and_prompt_at_first_token():
     assert 0 < during["vllm:generation_tokens_total"] < 30  # per step, not in one lump
     assert after["vllm:request_success_total"] == 1
     assert after["vllm:generation_tokens_total"] == 30
+    # request_prompt_tokens is observed when the request finishes, remote-prefilled or not
+    assert during["vllm:request_prompt_tokens_count"] == 0
+    assert after["vllm:request_prompt_tokens_count"] == 1
+    assert after["vllm:request_prompt_tokens_sum"] == PROMPT_TOKENS
 
 
 def test_vllm_histograms_use_upstream_default_buckets():
@@ -462,6 +469,8 @@ def test_vllm_histograms_use_upstream_default_buckets():
     assert _le(metrics, "vllm:inter_token_latency_seconds") == list(VLLM_ITL_BUCKETS_SECONDS)
     assert VLLM_ITL_BUCKETS_SECONDS[:5] == (0.01, 0.025, 0.05, 0.075, 0.1)
     assert _le(metrics, "vllm:time_to_first_token_seconds") == list(VLLM_TTFT_BUCKETS_SECONDS)
+    # request_prompt_tokens: build_1_2_5_buckets up to the context length
+    assert _le(metrics, "vllm:request_prompt_tokens")[:7] == [1, 2, 5, 10, 20, 50, 100]
 
 
 # -- the table and these tests stay one ------------------------------------------------------
