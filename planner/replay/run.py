@@ -132,6 +132,7 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
     n = int(idx[-1]) + 1
     cnt = np.bincount(idx, minlength=n).astype(float)
     isl = np.bincount(idx, weights=np.asarray(trace.input_tokens, float), minlength=n)
+    isl_square = np.bincount(idx, weights=np.asarray(trace.input_tokens, float) ** 2, minlength=n)
     osl = np.bincount(idx, weights=np.asarray(trace.output_tokens, float), minlength=n)
     # the highest PEAK_WINDOW_SECONDS arrival rate inside each interval, as the planner sees it
     a = np.asarray(trace.arrival_seconds)
@@ -146,6 +147,8 @@ def interval_loads(trace: Trace, interval_seconds: float, hit_rate: float = 0.0)
         out.append(Load(
             c / interval_seconds, isl[k] / c if c else 0.0, osl[k] / c if c else 0.0, hit_rate,
             peak_rate_rps=float(max(peak[k], c / interval_seconds)),
+            # the prompts' true spread, as their true mean (no histogram buckets: hindsight)
+            input_tokens_square_ratio=float(isl_square[k] * c / isl[k] ** 2) if isl[k] > 0 else 1.0,
         ))
     return out
 

@@ -29,6 +29,8 @@ from pdscale.planner.prometheus import to_square_ratio
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.interval_stats import IntervalStats
 from pdscale.planner.replay.prefix_index import PrefixIndex
+from pdscale.planner.replay.run import interval_loads
+from pdscale.planner.replay.traces import read_mooncake, synthesize_from_rates
 from pdscale.planner.solve import current_load
 from pdscale.testbed.simengine.metrics import VLLM_PROMPT_TOKENS_BUCKETS
 
@@ -177,3 +179,16 @@ def test_a_saturated_prefill_of_long_tailed_prompts_learns_its_speed_not_its_tai
         s = samples(obs, load, previous, slo=SLO, model=model, max_age_seconds=180.0)
         cal, previous = learn_compute(cal, s), obs.prefill.queue_depth
     assert cal.prefill_factor == pytest.approx(1.25, rel=0.06)
+
+
+def test_the_oracle_knows_each_intervals_true_spread() -> None:
+    """The hindsight bounds size from the true load, spread included (their calibration,
+    fed by the observed spread, would otherwise run against a load priced flat)."""
+    donor = read_mooncake(TRACES / "mooncake" / "conversation_trace.jsonl")
+    trace = synthesize_from_rates([(0.0, 5.0), (300.0, 0.0)], donor, seed=1)
+    loads = interval_loads(trace, 60.0)
+    prompts = np.asarray(trace.input_tokens, dtype=float)
+    first = prompts[np.asarray(trace.arrival_seconds) - trace.arrival_seconds[0] < 60.0]
+    assert loads[0].input_tokens_square_ratio == pytest.approx(
+        float((first**2).mean()) / float(first.mean()) ** 2)
+    assert all(ld.input_tokens_square_ratio > 1.5 for ld in loads)  # long-tailed, as the donor

@@ -12,7 +12,7 @@ from pdscale.planner.decision import Decision
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
 from pdscale.planner.profile import load_profile
-from pdscale.planner.solve import History, plan
+from pdscale.planner.solve import History, current_load, plan
 
 MODEL = PerformanceModel(load_profile())
 
@@ -373,3 +373,35 @@ def test_step_learns_headroom_from_settled_misses_and_plans_with_it() -> None:
     _, taught = step(missing(also_warming), config=c, history=h, now=60.0)
     assert taught.calibration is not None and taught.calibration.decode_headroom > 1.0
     assert taught.calibration.prefill_headroom == 1.0  # TTFT unknown: prefill untouched
+
+
+def test_a_prefill_miss_teaches_headroom_only_where_queueing_could_explain_it() -> None:
+    """A TTFT miss on enough warm prefill instances raises their headroom while they were
+    busy at the interval's peak (queueing, which more instances buy); on a fleet mostly idle
+    even at its peak the miss is the prompts' own compute, and teaches nothing, unless the
+    router refused requests (its admission per instance is short)."""
+    from pdscale.planner.calibration import rejected_too_many
+    from pdscale.planner.solve import HEADROOM_MIN_PREFILL_BUSY, recalibrate
+
+    c = cfg(nodes=200, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05, percentile=0.99))
+    last = Decision(at_seconds=0.0, prefill=40, decode=40, predicted_ttft_seconds=1.0,
+                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
+    history = History(decisions=(last,))
+
+    def missing(peak_rps: float, ready: int = 40, rejected: float = 0.0) -> Observation:
+        o = obs(20.0, ready, 40, now=60.0)
+        return replace(o, peak_rate_rps=Reading(peak_rps, 60.0),
+                       ttft_at_percentile_seconds=Reading(6.0, 60.0),  # 3x the target
+                       rejected_rps=Reading(rejected, 60.0))
+
+    load = current_load(missing(20.0), 180.0)
+    assert load is not None
+    service = MODEL.prefill_service_seconds(load)
+    idle_peak = 0.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    busy_peak = 1.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    assert idle_peak >= 20.0  # the fleet is enough for the mean rate either way
+    assert recalibrate(missing(idle_peak), c, history).prefill_headroom == 1.0
+    assert recalibrate(missing(busy_peak), c, history).prefill_headroom > 1.0
+    refusing = missing(idle_peak, rejected=2.0)
+    assert rejected_too_many(refusing, c.slo, c.max_age_seconds)
+    assert recalibrate(refusing, c, history).prefill_headroom > 1.0
