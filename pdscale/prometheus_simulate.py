@@ -34,8 +34,9 @@ FIGURES = ("slo_attainment", "ttft_at_percentile", "tpot_at_percentile", "gpu_ho
            "mean_instances", "prefix_hit_rate")
 #: what a rebuilt trace does not hold, said with every simulated figure
 NOT_COVERED = ("a rebuilt trace: Poisson arrivals at each interval's mean rate (no bursts "
-               "within an interval), lognormal lengths from the interval's means only (their "
-               "spread assumed: varied over --length-sigmas), no conversation structure beyond the prefix hit "
+               "within an interval), lognormal lengths from the interval's means (the prompts' "
+               "spread recorded where the engines export their prompt histogram, the outputs' "
+               "assumed: varied over --length-sigmas), no conversation structure beyond the prefix hit "
                "rate; the fleet is the profile's, not the live one's engines")
 
 
@@ -93,12 +94,23 @@ def aggregates_from(snapshots: Sequence[MetricsSnapshot], times: Sequence[float]
             for k, v in zip(busy, got, strict=True):
                 values[k] = v
         filled[name] = values
+    # the prompts' spread where the prompt histogram was recorded (else length_sigma's)
+    spread = [_value(s, "input_tokens_square_ratio") for s in snaps]
+    if any(v is None for k, v in enumerate(spread) if k in busy):
+        caveats.append("the prompts' spread (the engines' prompt histogram) unknown in "
+                       f"{sum(1 for k in busy if spread[k] is None)} of {len(busy)} intervals "
+                       "with requests: their prompts take the length sigma's")
     return [IntervalAggregate(start_seconds=t - window_seconds, seconds=window_seconds,
                               rate_rps=filled["rate_rps"][k],
                               mean_input_tokens=filled["mean_input_tokens"][k],
                               mean_output_tokens=filled["mean_output_tokens"][k],
-                              prefix_hit_rate=min(1.0, max(0.0, filled["prefix_hit_rate"][k])))
+                              prefix_hit_rate=min(1.0, max(0.0, filled["prefix_hit_rate"][k])),
+                              input_tokens_square_ratio=_at_least_one(spread[k]))
             for k, t in enumerate(ts)], caveats
+
+
+def _at_least_one(ratio: float | None) -> float | None:
+    return None if ratio is None else max(1.0, ratio)
 
 
 def _value(snapshot: MetricsSnapshot, name: str) -> float | None:

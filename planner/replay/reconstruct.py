@@ -68,6 +68,9 @@ class IntervalAggregate:
     mean_output_tokens: float
     #: cached prompt tokens / prompt tokens, in [0, 1]
     prefix_hit_rate: float
+    #: mean squared prompt over squared mean prompt (>= 1), from the engines' prompt histogram;
+    #: None: not recorded, the prompts' spread is ``length_sigma``'s
+    input_tokens_square_ratio: float | None = None
 
 
 def check_aggregates(intervals: Sequence[IntervalAggregate]) -> None:
@@ -92,6 +95,9 @@ def check_aggregates(intervals: Sequence[IntervalAggregate]) -> None:
                              "mean_output_tokens must be at least 1")
         if not 0.0 <= a.prefix_hit_rate <= 1.0:
             raise TraceError(f"{where}: prefix_hit_rate must be in [0, 1], got {a.prefix_hit_rate:g}")
+        square = a.input_tokens_square_ratio
+        if square is not None and not (isinstance(square, int | float) and 1.0 <= square < math.inf):
+            raise TraceError(f"{where}: input_tokens_square_ratio must be >= 1, got {square!r}")
         if a.start_seconds < previous_end - 1e-6:
             raise TraceError(f"{where}: starts before the previous interval ends")
         previous_end = a.start_seconds + a.seconds
@@ -162,7 +168,8 @@ def trace_from_aggregates(
     intervals : the recording, in time order (:func:`check_aggregates` says what is wrong).
     seed : the random stream (numpy's PCG64): the same seed, the same trace.
     length_sigma : the lengths' log-space standard deviation (>= 0); 0 gives every request
-        the mean, 1 a tail where the 99th percentile is about 6x the mean.
+        the mean, 1 a tail where the 99th percentile is about 6x the mean. Prompts of an
+        interval with a recorded spread (``input_tokens_square_ratio``) take that one.
     block_tokens : tokens per prefix block.
     max_input_tokens : prompts longer are cut (the model's context; None: no cut).
     reuse : the share of its prompt a request that reuses a prefix finds cached; the others
@@ -195,7 +202,11 @@ def trace_from_aggregates(
         if not n:
             continue
         times = np.sort(rng.uniform(a.start_seconds, a.start_seconds + a.seconds, n)) - t0
-        prompt = lognormal_lengths(rng, a.mean_input_tokens, length_sigma, n)
+        # a lognormal's mean square over its squared mean is exp(sigma^2): the recorded
+        # spread gives the prompts theirs
+        square = a.input_tokens_square_ratio
+        prompt_sigma = length_sigma if square is None else math.sqrt(math.log(square))
+        prompt = lognormal_lengths(rng, a.mean_input_tokens, prompt_sigma, n)
         if max_input_tokens is not None:
             prompt = np.minimum(prompt, max_input_tokens)
         output = lognormal_lengths(rng, a.mean_output_tokens, length_sigma, n)

@@ -58,6 +58,22 @@ def test_the_same_seed_gives_the_same_trace_and_another_seed_another():
     assert one.arrival_seconds != other.arrival_seconds
 
 
+def test_a_recorded_prompt_spread_shapes_the_prompts_and_leaves_the_outputs_to_the_sigma():
+    spread = [IntervalAggregate(k * 60.0, 60.0, 20.0, 8000.0, 300.0, 0.0,
+                                input_tokens_square_ratio=2.7) for k in range(10)]
+    trace = trace_from_aggregates(spread, seed=4, length_sigma=0.0)
+    ins = np.asarray(trace.input_tokens, dtype=float)
+    assert ins.mean() == pytest.approx(8000, rel=0.1)
+    # the square ratio's sample estimate is heavy-tailed itself: a loose band around 2.7
+    assert 2.0 < (ins**2).mean() / ins.mean() ** 2 < 3.5
+    assert set(trace.output_tokens) == {300}  # the sigma's, 0 here
+    flat = trace_from_aggregates([IntervalAggregate(0.0, 60.0, 20.0, 8000.0, 300.0, 0.0, 1.0)],
+                                 seed=4, length_sigma=1.0)
+    assert set(flat.input_tokens) == {8000}  # a recorded spread of 1: every prompt the mean
+    with pytest.raises(TraceError, match="input_tokens_square_ratio must be >= 1"):
+        trace_from_aggregates([IntervalAggregate(0.0, 60.0, 1.0, 600.0, 300.0, 0.3, 0.5)])
+
+
 def test_a_spread_of_zero_gives_every_request_the_mean():
     trace = trace_from_aggregates(_recording(3), seed=1, length_sigma=0.0)
     assert set(trace.output_tokens) == {300, 100, 800}
