@@ -168,9 +168,11 @@ def history_to_json(history: History, last_plan_at_seconds: float | None,
                     keep: int = HISTORY_KEEP, *, profile: str | None = None) -> str:
     """The memory as stored; ``profile`` is :func:`profile_identity` of the profile its
     calibration was learned against (None: not known)."""
-    # the burst peak too: the scale-down window holds what the highest recent burst needs
+    # the burst peak too: the scale-down window holds what the highest recent burst needs; and
+    # the prompts' spread, which prices prefill's mean compute
     loads = [None if x is None else [x.rate_rps, x.mean_input_tokens, x.mean_output_tokens,
-                                     x.prefix_hit_rate, x.peak_rate_rps] for x in history.loads[-keep:]]
+                                     x.prefix_hit_rate, x.peak_rate_rps, x.input_tokens_square_ratio]
+             for x in history.loads[-keep:]]
     decisions = [_decision_dict(d) for d in history.decisions[-keep:]]
     cal = None if history.calibration is None else asdict(history.calibration)
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
@@ -253,9 +255,11 @@ def _load_from(x: list[float | None]) -> Load:
     if len(fields) < 4 or any(v is None for v in fields):
         raise ValueError(f"a remembered load needs four numbers, got {fields}")
     rate, mean_in, mean_out, hit = (float(v) for v in fields if v is not None)
-    # memories written before the peak was kept have four fields
+    # memories written before the peak was kept have four fields, before the spread five
     peak = x[4] if len(x) > 4 else None
-    return Load(rate, mean_in, mean_out, hit, peak_rate_rps=None if peak is None else float(peak))
+    square = x[5] if len(x) > 5 and x[5] is not None else 1.0
+    return Load(rate, mean_in, mean_out, hit, peak_rate_rps=None if peak is None else float(peak),
+                input_tokens_square_ratio=float(square))
 
 
 def _decision_dict(d: Decision) -> dict[str, Any]:

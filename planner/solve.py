@@ -53,6 +53,7 @@ from .observe import (
     MAX_MEAN_TOKENS,
     MAX_QUEUE,
     MAX_RATE_RPS,
+    MAX_SQUARE_RATIO,
     Observation,
     Reading,
     Role,
@@ -218,7 +219,8 @@ def _load_ok(ld: object) -> bool:
                     and 0.0 <= ld.mean_input_tokens <= MAX_MEAN_TOKENS
                     and 0.0 <= ld.mean_output_tokens <= MAX_MEAN_TOKENS
                     and 0.0 <= ld.prefix_hit_rate <= 1.0
-                    and (peak is None or 0.0 <= peak <= MAX_RATE_RPS))
+                    and (peak is None or 0.0 <= peak <= MAX_RATE_RPS)
+                    and 1.0 <= ld.input_tokens_square_ratio <= MAX_SQUARE_RATIO)
     except TypeError:  # not numbers at all
         return False
 
@@ -326,7 +328,8 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History) -> tup
 
     It does when the role's ready instances were all warm and, by the model as calibrated so
     far, enough for the load observed (its prefill backlog and running sequences counted):
-    the model said they would meet the SLO and they did not. A fleet the model itself calls
+    the model said they would meet the SLO and they did not. Prefill also needs queueing to
+    explain its miss (``HEADROOM_MIN_PREFILL_BUSY``). A fleet the model itself calls
     short (a rise it has ordered capacity for, a budget) explains its miss, and one with an
     instance just ready is still slow from its first passes. Instances warming elsewhere do
     not matter: waiting for none to warm kept a fleet 25% slower than its profile from

@@ -86,7 +86,8 @@ def test_events_only_when_something_changed():
 
 
 def test_history_survives_a_round_trip():
-    h = History(loads=(Load(10, 2000, 500, 0.6), Load(10, 2000, 500, 0.6, peak_rate_rps=42.0), None),
+    h = History(loads=(Load(10, 2000, 500, 0.6), Load(10, 2000, 500, 0.6, peak_rate_rps=42.0), None,
+                       Load(10, 2000, 500, 0.6, input_tokens_square_ratio=2.7)),
                 decisions=(decision(ttft=math.inf),),
                 calibration=Calibration(decode_headroom=1.3, samples=4))
     back, last = history_from_json(history_to_json(h, 120.0))
@@ -112,6 +113,9 @@ def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
     old = '{"version":1,"lastPlanAtSeconds":5,"loads":[[1,2,3,0.5]],"decisions":[]}'
     assert history_from_json(old)[0].loads == (Load(1, 2, 3, 0.5),)
     assert history_from_json(old)[0].calibration is None  # ... and before calibration was
+    # and one written before the prompts' spread was: every prompt priced at the mean
+    older = '{"version":1,"lastPlanAtSeconds":5,"loads":[[1,2,3,0.5,7]],"decisions":[]}'
+    assert history_from_json(older)[0].loads == (Load(1, 2, 3, 0.5, peak_rate_rps=7.0),)
 
 
 def test_unreadable_history_is_forgotten_not_fatal():
