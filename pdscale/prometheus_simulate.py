@@ -96,21 +96,19 @@ def aggregates_from(snapshots: Sequence[MetricsSnapshot], times: Sequence[float]
         filled[name] = values
     # the prompts' spread where the prompt histogram was recorded (else length_sigma's)
     spread = [_value(s, "input_tokens_square_ratio") for s in snaps]
-    if any(v is None for k, v in enumerate(spread) if k in busy):
+    unknown = sum(1 for k in busy if spread[k] is None)
+    if unknown:
         caveats.append("the prompts' spread (the engines' prompt histogram) unknown in "
-                       f"{sum(1 for k in busy if spread[k] is None)} of {len(busy)} intervals "
-                       "with requests: their prompts take the length sigma's")
+                       f"{unknown} of {len(busy)} intervals with requests: their prompts "
+                       "take the length sigma's")
     return [IntervalAggregate(start_seconds=t - window_seconds, seconds=window_seconds,
                               rate_rps=filled["rate_rps"][k],
                               mean_input_tokens=filled["mean_input_tokens"][k],
                               mean_output_tokens=filled["mean_output_tokens"][k],
                               prefix_hit_rate=min(1.0, max(0.0, filled["prefix_hit_rate"][k])),
-                              input_tokens_square_ratio=_at_least_one(spread[k]))
+                              # read as >= 1 already (prometheus.to_square_ratio)
+                              input_tokens_square_ratio=spread[k])
             for k, t in enumerate(ts)], caveats
-
-
-def _at_least_one(ratio: float | None) -> float | None:
-    return None if ratio is None else max(1.0, ratio)
 
 
 def _value(snapshot: MetricsSnapshot, name: str) -> float | None:
