@@ -601,15 +601,30 @@ def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, lo
     Not the decode queues: in PD mode a decode receives each request with its prefill, so its
     transfer queue holds requests whose prefill has not run yet (docs/conformance.md). Counted,
     the demo's long documents (4 tokens out) asked for 10 decodes for a prefill backlog. That
-    backlog is prefill's, and enters as load (``current_load``'s backlog)."""
+    backlog is prefill's, and enters as load (``current_load``'s backlog).
+
+    A short decode runs its sequences above the TPOT target, and by the same law holds
+    TPOT/target times as many as it would at the target: that excess is a backlog that
+    drains within a residence time (N / arrival rate), not load. It counts only as far as it
+    could still be running when capacity ordered now serves (decayed over a new node's
+    warm-up): behind a 600 s warm-up, a doubled load on a short decode (sequences residing
+    about 15 s) asked for 23 decode instances where 9 served it; behind the demo's 20 s
+    warm-up most of it still counts."""
     now, running = observation.now_seconds, observation.decode.running_requests
     sequences = None if running is None else running.fresh(now, cfg.max_age_seconds)
     if sequences is None or sequences <= 0:
         return 0
     model = cfg.model
-    batch = model.decode_batch_at_slo(cfg.slo.tpot_seconds, model.decode_mean_context(load))
+    context = model.decode_mean_context(load)
+    batch = model.decode_batch_at_slo(cfg.slo.tpot_seconds, context)
     if batch <= 0:
         return 0  # the target cannot be met at any batch: the load model says so already
+    ready = observation.decode.ready
+    if ready > 0 and load.rate_rps > 0:
+        at_target = sequences * min(1.0, cfg.slo.tpot_seconds / model.tpot_seconds(sequences / ready, context))
+        residence_seconds = sequences / load.rate_rps
+        lead_seconds = model.profile.warmup.new_node_seconds
+        sequences = at_target + (sequences - at_target) * math.exp(-lead_seconds / residence_seconds)
     per_instance = batch * cfg.decode_utilization / model.calibration.decode_headroom
     return math.ceil(round(sequences / per_instance, 9))
 

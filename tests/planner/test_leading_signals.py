@@ -20,8 +20,8 @@ MODEL = PerformanceModel(shipped_profile("demo-sim"))
 SLO = Slo(ttft_seconds=5.0, tpot_seconds=0.05, percentile=0.9)
 
 
-def config(**kw: object) -> PlannerConfig:
-    c = build_config(model=MODEL, slo=SLO, interval_seconds=10.0, node_budget=24, warmup_seconds=20.0,
+def config(warmup_seconds: float = 20.0, **kw: object) -> PlannerConfig:
+    c = build_config(model=MODEL, slo=SLO, interval_seconds=10.0, node_budget=24, warmup_seconds=warmup_seconds,
                      max_prefill=16, max_decode=16, stabilization_window_seconds=30.0,
                      decode_drain_seconds=10.0, count_prefill_backlog=True, length_window=3)
     return replace(c, **kw)  # type: ignore[arg-type]
@@ -59,17 +59,37 @@ def steady(c: PlannerConfig, intervals: int, *, rate: float, isl: float, osl: fl
 
 def test_decode_sequences_with_stale_lengths_are_sized_in_one_step() -> None:
     """Chat turned into agents: lengths still say chat (40 tokens out, 3 decodes), but 24
-    sequences run on the decodes. One step asks for all of it: 24 / (2 x 0.8) = 15."""
+    sequences run on the decodes, 8 each at TPOT 10 + 8 x 20 = 170 ms. At the 50 ms target the
+    same arrivals would keep 24 x 50 / 170 = 7.06 running; the other 16.94 are a backlog that
+    resides 24 / 2 = 12 s and decays over the 20 s warm-up to 16.94 x e^(-20/12) = 3.20. One
+    step asks for all of it: ceil(10.26 / (2 x 0.8)) = 7."""
     c = config()
     h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
     o = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
     decision, _ = step(o, config=c, history=h, now=60.0)
-    assert decision.decode == 15, decision.explanation
-    assert "decode 15 for the sequences running now" in decision.explanation
+    assert decision.decode == 7, decision.explanation
+    assert "decode 7 for the sequences running now" in decision.explanation
     # the sequences made the difference: unread, the stale lengths keep 3
     unread = replace(o, decode=replace(o.decode, running_requests=None, queue_depth=None))
     without, _ = step(unread, config=c, history=h, now=60.0)
     assert without.decode == 3
+
+
+def test_a_short_decode_s_backlog_is_not_bought_behind_a_long_warm_up() -> None:
+    """The same 24 sequences behind a 600 s warm-up: the backlog has long drained when a node
+    ordered now serves, so only the 7.06 the arrivals keep at the target count:
+    ceil(7.06 / 1.6) = 5. Sequences at the target (6 on 3 decodes: TPOT 10 + 2 x 20 = 50 ms)
+    are load, not backlog: ceil(6 / 1.6) = 4, whatever the warm-up."""
+    c = config(warmup_seconds=600.0)
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
+    o = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    decision, _ = step(o, config=c, history=h, now=60.0)
+    assert "decode 5 for the sequences running now" in decision.explanation
+    at_target = replace(o, decode=replace(o.decode, running_requests=Reading(6.0, 60.0)))
+    for cfg in (c, config()):
+        d, _ = step(at_target, config=cfg, history=steady(cfg, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3),
+                    now=60.0)
+        assert "decode 4 for the sequences running now" in d.explanation
 
 
 def test_the_sequences_need_is_held_by_the_scale_down_window_then_released() -> None:
@@ -77,15 +97,15 @@ def test_the_sequences_need_is_held_by_the_scale_down_window_then_released() -> 
     h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
     busy = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
     first, h = step(busy, config=c, history=h, now=60.0)
-    assert first.decode == 15
+    assert first.decode == 7
     decisions = []
-    for k in range(1, 8):  # the backlog has cleared: the fleet is at 15 and calm
+    for k in range(1, 8):  # the backlog has cleared: the fleet is at 7 and calm
         now = 60.0 + 10.0 * k
-        o = observe(now, rate=2.0, isl=100.0, osl=40.0, p=2, d=15, decode_running=2.0)
+        o = observe(now, rate=2.0, isl=100.0, osl=40.0, p=2, d=7, decode_running=2.0)
         d, h = step(o, config=c, history=h, now=now)
         decisions.append(d.decode)
-    assert decisions[0] == 15  # held within the 30 s window
-    assert decisions[-1] < 15  # and released after it
+    assert decisions[0] == 7  # held within the 30 s window
+    assert decisions[-1] < 7  # and released after it
 
 
 def test_the_decode_queues_are_prefill_s_backlog_not_decode_need() -> None:
