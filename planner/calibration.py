@@ -13,7 +13,7 @@ Mooncake trace x6 (bench/model_error_bench.py's fleets): the per-interval ratio'
 1.03 with the right profile, 1.28 on a fleet 25% slower (1.25 expected), 0.82 on one 25%
 faster (0.80), each interval within about +-15%.
 
-Prefill. Its latency mixes queueing and compute, so two readings are used, each where it
+Prefill. Its latency mixes queueing and compute, so three readings are used, each where it
 means something:
 
 - *saturated*: when requests queue at prefill at the start and at the end of the interval
@@ -30,9 +30,23 @@ means something:
   profile (on a steady hour behind the ideal router the planner's prefill count wandered
   between 7 and 12). So an idle prefill only relaxes its factor towards 1, by ``RELAX_STEP``
   per interval, while its TTFT at the SLO percentile is under half the target with no more
-  rejections than the SLO allows (a rejected or timed-out request is a TTFT miss). A fleet
-  faster than its profile at prefill is therefore not learned unless it saturates: the engines'
-  mean TTFT (histogram sum / count) would be the reading to add.
+  rejections than the SLO allows (a rejected or timed-out request is a TTFT miss).
+- *forward time*, at any load: the engines' mean time a prompt spends in forward passes
+  (SGLang's per-stage ``prefill_forward``, vLLM's ``request_prefill_time_seconds``; queueing
+  and the KV transfer excluded) over the profile's mean compute for the interval's prompts.
+  A pass shared with other prompts counts whole, so this reads the fleet slower than it is
+  (on Mooncake x6 with the right profile the per-interval median was 1.18, 5% of intervals
+  at or below 1.0): it is used only as a ceiling, lowering a factor above it and never
+  raising one. That is how a fleet faster than its profile comes out cheaper without ever
+  saturating: on Mooncake x6 a prefill 25% faster reached 0.80 within 20 minutes and cost
+  1.10x the GPU-hours of the planner that knows the fleet (1.23x without). With the right
+  profile it also corrects the model's own mean compute where that is high: on Mooncake
+  lengths a prompt's cache hits concentrate on the long prompts (conversations), which the
+  model's uniform hit rate does not see, and the bucketed spread reads 9-19% high per
+  interval; behind the ideal router (passes mostly unshared) the forward time was 0.77-0.97
+  of the prediction and the factor settled at 0.84 within 20 minutes (steady hour: 99.5%,
+  prefill 14 -> 11). On the deployed stack: Mooncake x6 -0.14 pp with 2.4% fewer GPU-hours,
+  ServeGen's day -0.14 pp with 6.7% fewer, Azure and the steady hour unchanged.
 
 Either way: no sample from a role with instances that became ready within the interval
 (their first passes are slow: JIT, graphs, cold caches, and Dynamo over-scales on exactly
@@ -81,6 +95,9 @@ class ComputeSamples:
     #: how the prefill factor moves: "both" towards ``prefill``, or "relax": a factor above 1
     #: steps ``RELAX_STEP`` towards 1 (``prefill`` is then None)
     prefill_direction: str
+    #: the prompts' forward time over their predicted compute: a ceiling the prefill factor
+    #: moves down to when it is below it, never a reason to raise it (module docstring)
+    prefill_ceiling: float | None = None
 
 
 def samples(
@@ -108,6 +125,8 @@ def samples(
     if p.recently_ready or not p.ready:
         return ComputeSamples(None, decode, "both")
     service = raw.prefill_service_seconds(load)
+    forward = get(obs.prefill_forward_seconds)
+    ceiling = forward / service if forward and service > 0 else None
     queue, before = get(p.queue_depth), previous_queue
     busy = SATURATED_QUEUE_PER_INSTANCE * p.ready
     if (queue is not None and before is not None and queue >= busy and before.value >= busy
@@ -123,7 +142,7 @@ def samples(
         if (ttft_tail is not None and ttft_tail < RELAX_BELOW * slo.ttft_seconds
                 and not rejected_too_many(obs, slo, max_age_seconds)):
             direction = "relax"
-    return ComputeSamples(prefill, decode, direction)
+    return ComputeSamples(prefill, decode, direction, ceiling)
 
 
 def _move(factor: float, sample: float | None, *, direction: str = "both") -> float:
@@ -146,6 +165,8 @@ def _move(factor: float, sample: float | None, *, direction: str = "both") -> fl
 def learn_compute(cal: Calibration, s: ComputeSamples) -> Calibration:
     """``cal`` with its compute factors moved by this interval's samples."""
     prefill = _move(cal.prefill_factor, s.prefill, direction=s.prefill_direction)
+    if s.prefill_ceiling is not None and s.prefill_ceiling < prefill:
+        prefill = _move(prefill, s.prefill_ceiling)
     decode = _move(cal.decode_factor, s.decode)
     if prefill == cal.prefill_factor and decode == cal.decode_factor:
         return cal

@@ -92,6 +92,12 @@ class Observation:
     #: misses. None where the stack exports no such counter (the shipped Prometheus queries
     #: read none yet: sglang-router, smg and vllm-router reject nothing by default)
     rejected_rps: Reading | None = None
+    #: mean seconds a prompt spends in prefill forward passes on a prefill instance, from the
+    #: pass that takes it to the end of the pass that finishes it (queueing and the KV
+    #: transfer excluded; a pass shared with other prompts counted whole): SGLang's
+    #: per_stage_req_latency_seconds{stage="prefill_forward"}, vLLM's
+    #: request_prefill_time_seconds. What calibration learns a faster prefill from
+    prefill_forward_seconds: Reading | None = None
     prefill: RoleState = field(default_factory=RoleState)
     decode: RoleState = field(default_factory=RoleState)
 
@@ -140,6 +146,7 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "ttft_at_percentile_seconds": (0.0, MAX_TTFT_SECONDS),
     "tpot_p50_seconds": (0.0, MAX_TPOT_SECONDS),
     "tpot_at_percentile_seconds": (0.0, MAX_TPOT_SECONDS),
+    "prefill_forward_seconds": (0.0, MAX_TTFT_SECONDS),
     "queue_depth": (0.0, MAX_QUEUE),
     "running_requests": (0.0, MAX_QUEUE),
 }

@@ -41,6 +41,7 @@ READINGS = (
     "running_requests_prefill",
     "running_requests_decode",
     "rejected_rps",
+    "prefill_forward_seconds",
 )
 
 # {sel} is the PDCluster selector, {role} is added per role, {window} is the rate window,
@@ -51,11 +52,13 @@ READINGS = (
 # prefill and KV transfer.
 
 
-def _sglang(names: str, role: str) -> str:
-    """A selector of SGLang's metric(s) ``names`` (a regex alternative) for one role, under
-    both spellings of the prefix: ``sglang:`` (the Prometheus client's collector) and
-    ``sglang_`` (where colons are not allowed in names, as some exporters rewrite them)."""
-    return f'{{{{__name__=~"sglang[:_]{names}",{{sel}},role="{role}"}}}}'
+def _sglang(names: str, role: str, *, stage: str | None = None) -> str:
+    """A selector of SGLang's metric(s) ``names`` (a regex alternative) for one role (and one
+    ``stage`` label of the per-stage latency), under both spellings of the prefix:
+    ``sglang:`` (the Prometheus client's collector) and ``sglang_`` (where colons are not
+    allowed in names, as some exporters rewrite them)."""
+    extra = "" if stage is None else f',stage="{stage}"'
+    return f'{{{{__name__=~"sglang[:_]{names}",{{sel}},role="{role}"{extra}}}}}'
 
 
 SGLANG_QUERIES: Mapping[str, str] = {
@@ -126,6 +129,14 @@ SGLANG_QUERIES: Mapping[str, str] = {
         'sum(rate(smg_pd_prefill_admission_rejections_total{{{sel},role="router"}}[{window}]))'
         f' or 0 * sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
     ),
+    # The mean time a prompt spends in forward passes on a prefill (SGLang's per-stage
+    # latency, with --enable-metrics; its stage prefill_forward runs from the pass that takes
+    # the prompt to the end of the pass that finishes it in current releases, the last chunk
+    # only in v0.5.6): how fast prefill computes, whatever the queue
+    "prefill_forward_seconds": (
+        f'sum(rate({_sglang("per_stage_req_latency_seconds_sum", "prefill", stage="prefill_forward")}[{{window}}]))'
+        f' / sum(rate({_sglang("per_stage_req_latency_seconds_count", "prefill", stage="prefill_forward")}[{{window}}]))'
+    ),
 }
 
 # vLLM: the decode instance's TTFT misses the prefill time (the proxy sends to prefill first),
@@ -176,6 +187,11 @@ VLLM_QUERIES: Mapping[str, str] = {
     "running_requests_decode": 'sum(vllm:num_requests_running{{{sel},role="decode"}})',
     # vllm-router refuses nothing: zero wherever the engines are scraped
     "rejected_rps": '0 * sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))',
+    # from the step that schedules the prompt to its first token, on the prefill side
+    "prefill_forward_seconds": (
+        'sum(rate(vllm:request_prefill_time_seconds_sum{{{sel},role="prefill"}}[{window}]))'
+        ' / sum(rate(vllm:request_prefill_time_seconds_count{{{sel},role="prefill"}}[{window}]))'
+    ),
 }
 
 ENGINE_QUERIES: Mapping[str, Mapping[str, str]] = {"sglang": SGLANG_QUERIES, "vllm": VLLM_QUERIES}
@@ -425,6 +441,7 @@ def observation_from(
         tpot_p50_seconds=r.get("tpot_p50_seconds"),
         tpot_at_percentile_seconds=r.get("tpot_at_percentile_seconds"),
         rejected_rps=r.get("rejected_rps"),
+        prefill_forward_seconds=r.get("prefill_forward_seconds"),
         prefill=role_state(prefill, "prefill"),
         decode=role_state(decode, "decode"),
     )

@@ -48,6 +48,8 @@ class IntervalStats:
         self.per_window: dict[int, int] = {}
         self.ttft: list[float] = []
         self.tpot: list[float] = []
+        #: seconds in forward passes of the prompts prefilled in this interval
+        self.prefill_forward: list[float] = []
         #: when the last observation was made (nan: none yet)
         self.last_observed = math.nan
 
@@ -89,12 +91,15 @@ class IntervalStats:
             tpot_p50_seconds=q(self.tpot, 0.5),
             tpot_at_percentile_seconds=q(self.tpot, self.percentile),
             rejected_rps=load(self.rejections / span),
+            prefill_forward_seconds=(Reading(float(np.mean(self.prefill_forward)), now)
+                                     if self.prefill_forward else None),
             prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
             decode=role_state(fleet, Role.DECODE, now, span, waiting_decode),
         )
         self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = self.rejections = 0
         self.ttft.clear()
         self.tpot.clear()
+        self.prefill_forward.clear()
         self.per_window.clear()
         self.input_buckets = [0] * len(self.input_buckets)
         return obs

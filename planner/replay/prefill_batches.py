@@ -42,8 +42,10 @@ ENGINES: dict[str, int | None] = {"sglang": 8192, "vllm": 8192, "article": None}
 class PrefillBatches:
     """Per prefill instance: a FIFO of waiting requests, the pass running, a chunked request.
 
-    ``on_done(r, t, hit_tokens)`` is called when request ``r``'s prefill completes at ``t``
-    with ``hit_tokens`` of its prompt found in the cache when it was scheduled."""
+    ``on_done(r, t, hit_tokens, forward_seconds)`` is called when request ``r``'s prefill
+    completes at ``t`` with ``hit_tokens`` of its prompt found in the cache when it was
+    scheduled, ``forward_seconds`` after the pass that first took it started (what the engines'
+    prefill forward latency records)."""
 
     def __init__(
         self,
@@ -56,7 +58,7 @@ class PrefillBatches:
         input_tokens: Sequence[int],
         blocks: Sequence[tuple[int, ...]],
         block_tokens: int,
-        on_done: Callable[[int, float, int], None],
+        on_done: Callable[[int, float, int, float], None],
     ) -> None:
         if chunk_tokens <= 0:
             raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
@@ -73,6 +75,8 @@ class PrefillBatches:
         self.progress: dict[int, tuple[int, int]] = {}
         #: instance -> the request chunked by the last pass, continued first by the next
         self.chunked: dict[int, int] = {}
+        #: request -> when the pass that first took it started, while it is scheduled
+        self.started: dict[int, float] = {}
 
     def queued(self, i: int) -> int:
         """Requests waiting on instance ``i`` for their first pass (SGLang's num_queue_reqs)."""
@@ -94,7 +98,7 @@ class PrefillBatches:
                 continue  # chunked: goes on in the next pass
             _, hit = self.progress.pop(r)
             self.prefix.insert(i, self.blocks[r])
-            self.on_done(r, now, hit)
+            self.on_done(r, now, hit, now - self.started.pop(r))
         if self.waiting.get(i) or i in self.chunked:
             self._start_pass(i, now)
 
@@ -116,6 +120,7 @@ class PrefillBatches:
                 # the engines always compute at least the last token (its logits)
                 hit = min(hits * self.block_tokens, n - 1) if n > 0 else 0
                 self.progress[r] = (hit, hit)
+                self.started[r] = now
             done, hit = self.progress[r]
             n = self.input_tokens[r]
             take = min(n - done, budget)

@@ -420,11 +420,13 @@ class _Replay:
         if start > t:
             self.prefill_starts.setdefault(i, deque()).append(start)
         self.prefix.insert(i, blocks)
-        self._prefilled(r, done, hit_tok)
+        self._prefilled(r, done, hit_tok, done - start)
 
-    def _prefilled(self, r: int, done: float, hit_tok: int) -> None:
-        """Request ``r``'s prefill completed at ``done``, ``hit_tok`` of its prompt cached."""
+    def _prefilled(self, r: int, done: float, hit_tok: int, forward_seconds: float) -> None:
+        """Request ``r``'s prefill completed at ``done``, ``hit_tok`` of its prompt cached,
+        after ``forward_seconds`` in forward passes."""
         n_in, stats = self._input[r], self.stats
+        stats.prefill_forward.append(forward_seconds)
         self.fleet.outstanding[self._prefill_of[r]] -= 1
         self._slot_opened = True
         self.prompt_tokens += n_in

@@ -112,6 +112,8 @@ class _Prefill:
     finished: asyncio.Future[None]
     cached: int
     computed: int
+    #: when a pass first took it (time.monotonic()): its forward time runs from here
+    started: float
 
 
 #: the dialects by ``--dialect`` name
@@ -413,6 +415,7 @@ class SimEngine:
                     self.cache.insert(job.tokens)
                     job.room.input_tokens, job.room.cached_tokens = len(job.tokens), job.cached
                     job.room.computed_at = time.monotonic()
+                    self.metrics.prefill_forward.observe(job.room.computed_at - job.started)
                     self.metrics.recent.append((len(job.tokens), job.cached))
                     job.room.done.set()
                     if not job.finished.done():
@@ -426,7 +429,7 @@ class SimEngine:
         keeps at least one token out of the matched prefix; the replay does the same
         (planner/replay/prefill_batches.py)."""
         cached = min(self.cache.match(tokens), max(len(tokens) - 1, 0))
-        return _Prefill(tokens, room, finished, cached=cached, computed=cached)
+        return _Prefill(tokens, room, finished, cached=cached, computed=cached, started=time.monotonic())
 
     async def _expire_rooms(self) -> None:
         # KV nobody collected (decode gone, or a poll for a room whose prefill never came),

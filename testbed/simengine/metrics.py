@@ -103,6 +103,10 @@ class Metrics:
     #: prompt lengths of finished requests (SGLang's prompt_tokens_histogram, vLLM's
     #: request_prompt_tokens), tokens
     prompt: Histogram = field(default_factory=lambda: Histogram(SGLANG_PROMPT_TOKENS_BUCKETS))
+    #: seconds each prompt spent in forward passes on a prefill, from the pass that took it
+    #: to the end of the pass that finished it (SGLang's per-stage prefill_forward, vLLM's
+    #: request_prefill_time_seconds; the planner reads only their sum and count)
+    prefill_forward: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
     #: (prompt, cached) tokens of recent prefills, for the cache_hit_rate gauge
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
 
@@ -126,9 +130,9 @@ class Exposition:
             self.lines.append(f"# TYPE {name} {kind}")
         self.lines.append(f"{name}{{{self.labels}{extra_labels}}} {value}")
 
-    def histogram(self, name: str, hist: Histogram) -> None:
+    def histogram(self, name: str, hist: Histogram, extra_labels: str = "") -> None:
         self.lines.append(f"# TYPE {name} histogram")
-        self.lines.extend(hist.lines(name, self.labels))
+        self.lines.extend(hist.lines(name, self.labels + extra_labels))
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

@@ -72,6 +72,8 @@ def render_metrics(
     out.histogram("sglang:inter_token_latency_seconds", m.itl)
     out.histogram("sglang:e2e_request_latency_seconds", m.e2e)
     out.histogram("sglang:prompt_tokens_histogram", m.prompt)
+    # (SGLang records other stages too; the planner reads this one)
+    out.histogram("sglang:per_stage_req_latency_seconds", m.prefill_forward, ',stage="prefill_forward"')
     return out.text()
 
 

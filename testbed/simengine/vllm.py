@@ -68,6 +68,7 @@ def render_vllm_metrics(
     out.histogram("vllm:inter_token_latency_seconds", m.itl)
     out.histogram("vllm:e2e_request_latency_seconds", m.e2e)
     out.histogram("vllm:request_prompt_tokens", m.prompt)
+    out.histogram("vllm:request_prefill_time_seconds", m.prefill_forward)
     return out.text()
 
 

@@ -20,7 +20,8 @@ AGE = 180.0
 
 def _obs(model: PerformanceModel, t: float, *, decode_speed: float = 1.0, prefill_speed: float = 1.0,
          queue: float = 0.0, prefill_ready: int = 10, decode_ready: int = 8, running: float = 400.0,
-         noise: float = 1.0, recently_ready: int = 0, ttft_tail: float = 3.0) -> Observation:
+         noise: float = 1.0, recently_ready: int = 0, ttft_tail: float = 3.0,
+         forward: float | None = None) -> Observation:
     """What the engines of a fleet ``*_speed`` times as fast as ``model``'s profile report."""
     r = lambda v: Reading(v, t)  # noqa: E731
     ctx = model.decode_mean_context(LOAD)
@@ -33,6 +34,7 @@ def _obs(model: PerformanceModel, t: float, *, decode_speed: float = 1.0, prefil
         mean_output_tokens=r(LOAD.mean_output_tokens), prefix_hit_rate=r(LOAD.prefix_hit_rate),
         ttft_p50_seconds=r(ttft), ttft_at_percentile_seconds=r(ttft_tail),
         tpot_p50_seconds=r(tpot), tpot_at_percentile_seconds=r(tpot * 1.2),
+        prefill_forward_seconds=None if forward is None else r(forward),
         prefill=RoleState(ready=prefill_ready, recently_ready=recently_ready, queue_depth=r(queue)),
         decode=RoleState(ready=decode_ready, recently_ready=recently_ready,
                          queue_depth=r(0.0), running_requests=r(running)),
@@ -141,3 +143,21 @@ def test_broken_readings_stay_bounded_and_move_slowly(model: PerformanceModel) -
     lo, hi = FACTOR_BOUNDS
     assert hi / (1 + DEADBAND) <= many.decode_factor <= hi
     assert lo <= _learn(model, 50, decode_speed=100.0).decode_factor <= lo * (1 + DEADBAND)
+
+
+def test_a_prefill_faster_than_its_profile_is_learned_from_its_forward_time(
+        model: PerformanceModel) -> None:
+    """A prompt's forward time is its compute plus that of the prompts sharing its passes, so
+    over the profile's mean compute it bounds the speed factor from above: below the factor it
+    lowers it (a fleet faster than its profile comes out cheaper without ever saturating),
+    above it it raises nothing (shared passes are no slow fleet)."""
+    service = model.prefill_service_seconds(LOAD)
+    fast = _learn(model, 12, forward=0.8 * service)
+    assert fast.prefill_factor == pytest.approx(0.8, rel=0.08)
+    assert _learn(model, 12, forward=1.3 * service).prefill_factor == 1.0
+    # within the dead band of the factor: nothing moves
+    assert _learn(model, 12, forward=(1.0 - DEADBAND / 2) * service).prefill_factor == 1.0
+    # warming instances' first passes teach nothing
+    assert _learn(model, 12, forward=0.8 * service, recently_ready=1).prefill_factor == 1.0
+    # nor does a reading that is not a number of seconds
+    assert _learn(model, 12, forward=0.0).prefill_factor == 1.0

@@ -123,6 +123,11 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang:prompt_tokens_histogram_bucket{{engine_type="{role}",le="1000.0"}} {3 * t:.3f}',
                 f'sglang:prompt_tokens_histogram_bucket{{engine_type="{role}",le="4000.0"}} {5 * t:.3f}',
                 f'sglang:prompt_tokens_histogram_bucket{{engine_type="{role}",le="+Inf"}} {5 * t:.3f}',
+                # 0.2 s in forward passes per prompt; another stage that must not count
+                f'sglang:per_stage_req_latency_seconds_sum{{engine_type="{role}",stage="prefill_forward"}} {5 * 0.2 * t:.3f}',
+                f'sglang:per_stage_req_latency_seconds_count{{engine_type="{role}",stage="prefill_forward"}} {5 * t:.3f}',
+                f'sglang:per_stage_req_latency_seconds_sum{{engine_type="{role}",stage="prefill_waiting"}} {5 * 9 * t:.3f}',
+                f'sglang:per_stage_req_latency_seconds_count{{engine_type="{role}",stage="prefill_waiting"}} {5 * t:.3f}',
             ]
         else:
             lines = [
@@ -173,6 +178,7 @@ def test_reads_a_real_prometheus(prometheus):
         assert r["mean_input_tokens"].value == pytest.approx(2000, rel=0.02)
         assert r["prefix_hit_rate"].value == pytest.approx(0.4, rel=0.02)
         assert r["mean_output_tokens"].value == pytest.approx(100, rel=0.02)
+        assert r["prefill_forward_seconds"].value == pytest.approx(0.2, rel=0.02)
         assert r["queue_depth_prefill"].value == 3 + 2 and r["queue_depth_decode"].value == 1 + 2 + 4
         assert r["running_requests_decode"].value == 6
         # the buckets read as the spread: 3 prompts at 500 and 2 at 2,500, each spread over its

@@ -140,3 +140,25 @@ def test_cache_aware_routing_follows_sglang_routers_thresholds() -> None:
     # 65 apart and 100 > 1.5 x 35: imbalanced, the least loaded takes it despite the match
     fleet.inflight[:] = [100, 90, 35]
     assert router.choose(0.0, 3 * BLOCK, {1: 2}) == 2
+
+
+def test_the_forward_time_runs_from_the_pass_that_takes_a_prompt_to_the_one_that_finishes_it(
+        model: PerformanceModel) -> None:
+    """What the engines' prefill forward latency records (SGLang's per-stage prefill_forward,
+    vLLM's request_prefill_time_seconds): queueing excluded, a shared pass counted whole. One
+    prompt alone, then three that arrive during its pass and share the next one."""
+    seen = []
+
+    def watch(obs: object) -> tuple[int, ...]:
+        seen.append(obs)
+        return (1, 1)
+
+    tr = trace_of([0.0, 0.001, 0.001, 0.001, 200.0], [4000, 500, 1000, 2000, 10],
+                  [(), (), (), (), ()])
+    cfg = SimConfig(router="least-queue", initial_prefill=1, prefill_only=True, engine="sglang",
+                    slo=Slo(ttft_seconds=60.0), interval_seconds=100.0)
+    simulate(tr, model, cfg, controller=watch)
+    shared = sum(model.prefill_seconds(n) for n in (500, 1000, 2000))
+    alone = model.prefill_seconds(4000)
+    forward = [o.prefill_forward_seconds for o in seen if o.prefill_forward_seconds is not None]
+    assert forward[0].value == pytest.approx((alone + 3 * shared) / 4)

@@ -179,6 +179,9 @@ def test_sglang_prefill_finishes_and_counts_only_after_its_kv_transfer():
     # the prompt-length histogram (the planner's prompt spread) counts at the same moment
     assert metrics["sglang:prompt_tokens_histogram_count"] == 1
     assert metrics["sglang:prompt_tokens_histogram_sum"] == PROMPT_TOKENS
+    # and its time in forward passes (the planner's prefill speed when idle), the transfer not
+    assert metrics["sglang:per_stage_req_latency_seconds_count"] == 1
+    assert 0 < metrics["sglang:per_stage_req_latency_seconds_sum"] < 0.3
 
 
 async def _inflight(engine: Engine, n: int) -> bool:
