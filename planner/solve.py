@@ -620,8 +620,9 @@ def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, lo
     if batch <= 0:
         return 0  # the target cannot be met at any batch: the load model says so already
     ready = observation.decode.ready
-    if ready > 0 and load.rate_rps > 0:
-        at_target = sequences * min(1.0, cfg.slo.tpot_seconds / model.tpot_seconds(sequences / ready, context))
+    tpot_now = model.tpot_seconds(sequences / ready, context) if ready > 0 else 0.0
+    if tpot_now > cfg.slo.tpot_seconds and load.rate_rps > 0:
+        at_target = sequences * cfg.slo.tpot_seconds / tpot_now
         residence_seconds = sequences / load.rate_rps
         lead_seconds = model.profile.warmup.new_node_seconds
         sequences = at_target + (sequences - at_target) * math.exp(-lead_seconds / residence_seconds)

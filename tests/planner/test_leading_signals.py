@@ -7,13 +7,14 @@ TPOT target allows), and the plan must take it within one tick, without moving i
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import shipped_profile
-from pdscale.planner.solve import History, step
+from pdscale.planner.solve import History, _decode_need_from_sequences, step
 
 # the demo's instance: a decode runs 2 sequences at the 50 ms TPOT target
 MODEL = PerformanceModel(shipped_profile("demo-sim"))
@@ -178,3 +179,17 @@ def test_a_longer_load_shape_is_sized_at_once_noise_is_not() -> None:
     n, _ = step(noisy, config=c, history=h, now=60.0)
     n_windowed, _ = step(noisy, config=replace(c, length_jump_ratio=None), history=h, now=60.0)
     assert n.desired == n_windowed.desired
+
+
+
+def test_a_decode_that_costs_nothing_per_step_is_never_short() -> None:
+    """A profile whose decode steps take no time (a degenerate fit) has no TPOT above any
+    target: the sequences count as they are, and the rule divides by no zero. (The
+    rest of the model refuses such a profile by holding, naming the error.)"""
+    free = MODEL.profile.model_copy(update={"decode": MODEL.profile.decode.model_copy(update={
+        "step_seconds": 0.0, "per_sequence_seconds": 0.0, "per_context_token_seconds": 0.0})})
+    c = replace(config(), model=PerformanceModel(free))
+    o = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    load = Load(2.0, 100.0, 40.0)
+    batch = c.model.decode_batch_at_slo(SLO.tpot_seconds, c.model.decode_mean_context(load))
+    assert _decode_need_from_sequences(c, o, load) == math.ceil(24.0 / (batch * c.decode_utilization))
