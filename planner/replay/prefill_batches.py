@@ -71,12 +71,11 @@ class PrefillBatches:
         #: instance -> the requests of the pass running: (request, tokens computed after it);
         #: absent when the instance is idle
         self.running: dict[int, list[tuple[int, int]]] = {}
-        #: request -> (tokens computed so far, hit tokens at scheduling), while it is scheduled
-        self.progress: dict[int, tuple[int, int]] = {}
+        #: request -> (tokens computed so far, hit tokens at scheduling, when the pass that
+        #: first took it started), while it is scheduled
+        self.progress: dict[int, tuple[int, int, float]] = {}
         #: instance -> the request chunked by the last pass, continued first by the next
         self.chunked: dict[int, int] = {}
-        #: request -> when the pass that first took it started, while it is scheduled
-        self.started: dict[int, float] = {}
 
     def queued(self, i: int) -> int:
         """Requests waiting on instance ``i`` for their first pass (SGLang's num_queue_reqs)."""
@@ -96,9 +95,9 @@ class PrefillBatches:
             n = self.input_tokens[r]
             if computed < n:
                 continue  # chunked: goes on in the next pass
-            _, hit = self.progress.pop(r)
+            _, hit, started = self.progress.pop(r)
             self.prefix.insert(i, self.blocks[r])
-            self.on_done(r, now, hit, now - self.started.pop(r))
+            self.on_done(r, now, hit, now - started)
         if self.waiting.get(i) or i in self.chunked:
             self._start_pass(i, now)
 
@@ -119,13 +118,12 @@ class PrefillBatches:
                 hits = self.prefix.hits(self.blocks[r], 1 << i).get(i, 0)
                 # the engines always compute at least the last token (its logits)
                 hit = min(hits * self.block_tokens, n - 1) if n > 0 else 0
-                self.progress[r] = (hit, hit)
-                self.started[r] = now
-            done, hit = self.progress[r]
+                self.progress[r] = (hit, hit, now)
+            done, hit, started = self.progress[r]
             n = self.input_tokens[r]
             take = min(n - done, budget)
             seconds += price(done + take, done)
-            self.progress[r] = (done + take, hit)
+            self.progress[r] = (done + take, hit, started)
             members.append((r, done + take))
             budget -= take
             if done + take < n:

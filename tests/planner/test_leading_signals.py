@@ -181,7 +181,6 @@ def test_a_longer_load_shape_is_sized_at_once_noise_is_not() -> None:
     assert n.desired == n_windowed.desired
 
 
-
 def test_a_decode_that_costs_nothing_per_step_is_never_short() -> None:
     """A profile whose decode steps take no time (a degenerate fit) has no TPOT above any
     target: the sequences count as they are, and the rule divides by no zero. (The
