@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, start_from
+from pdscale.planner.replay.run import STACKS, START_FROM, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.traces import load_trace, read_mooncake, synthesize_from_rates
 from pdscale.replay import configure, read_spec
 
@@ -121,10 +121,11 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--stack", choices=list(STACKS), default="deployed")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+    ap.add_argument("--start-from", choices=list(START_FROM), default="history",
                     help="history: the first warm-up is unscored history sizing every dynamic "
                          "policy's start, as in policy_bench (default); hindsight: the scored "
-                         "window's own first warm-up")
+                         "window's own first warm-up; running: every policy runs the first warm-up "
+                         "on the fleet, unscored")
     ap.add_argument("--combine", type=Path, nargs="+", default=None,
                     help="run nothing: merge the cases of these JSON files (runs split across "
                          "processes, same setup) into --out and print the one table")

@@ -64,7 +64,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, start_from
+from pdscale.planner.replay.run import STACKS, START_FROM, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
     Trace,
@@ -227,10 +227,11 @@ def main() -> None:
                     help="the PDCluster's router is smg with prefill admission "
                          "(router.admission.prefillInflightPerWorker = PER_INSTANCE, the queue "
                          "timeout at the TTFT target), replayed as smg applies it")
-    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+    ap.add_argument("--start-from", choices=list(START_FROM), default="history",
                     help="history: the trace's first warm-up is unscored history that sizes the "
                          "dynamic policies' start (as pdscale replay); hindsight: sized from the "
-                         "scored window's first warm-up (default: history)")
+                         "scored window's first warm-up; running: every policy runs the first "
+                         "warm-up on the fleet, unscored (default: history)")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()

@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, start_from
+from pdscale.planner.replay.run import STACKS, START_FROM, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.traces import read_mooncake
 from pdscale.planner.replay.workloads import SHAPES, synthetic_trace
 from pdscale.replay import configure, read_spec
@@ -69,10 +69,11 @@ def main() -> None:
     ap.add_argument("--base-rps", type=float, default=12.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--out", default=str(OUT / "ramp_bench.json"))
-    ap.add_argument("--start-from", choices=["history", "hindsight"], default="history",
+    ap.add_argument("--start-from", choices=list(START_FROM), default="history",
                     help="history (default): the shape's first warm-up is history, not scored, "
                          "and sizes every dynamic policy's start; hindsight: the start is sized "
-                         "from the scored trace's first warm-up (the earlier replay's rule)")
+                         "from the scored trace's first warm-up (the earlier replay's rule); "
+                         "running: every policy runs the first warm-up on the fleet, unscored")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a PlannerConfig field (an A/B of one knob), e.g. "
                          "forecast_method=recent-max; repeatable")

@@ -300,9 +300,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "30 min at --base-rps first; lengths drawn from --lengths")
     parser.add_argument("--base-rps", type=float, default=12.0,
                         help="--synthetic: the base request rate (default 12)")
-    parser.add_argument("--start-from", choices=["history", "hindsight", "spec"], default="history",
+    parser.add_argument("--start-from", choices=["history", "running", "hindsight", "spec"],
+                        default="history",
                         help="history: the trace's first warm-up is history, unscored, and sizes "
-                             "the start fleet (no hindsight); hindsight: start sized from the "
+                             "the start fleet (no hindsight); running: every policy runs through "
+                             "the first warm-up on the fleet, unscored, and learns it there (a "
+                             "planner already running; the same scored window as history); "
+                             "hindsight: start sized from the "
                              "scored trace's first warm-up; spec: start from the spec's replicas, "
                              "as the operator does (for a recording of a live run that started "
                              "there) (default: history)")
@@ -446,18 +450,26 @@ def _trace_from(args: argparse.Namespace) -> Any:
 
 def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any]:
     """(the setup to score, the history before it or None) for ``--start-from``."""
-    from pdscale.planner.replay.run import with_history
+    from pdscale.planner.replay.run import start_from, with_history
 
     warm = setup.model.profile.warmup.new_node_seconds
-    if args.start_from == "history" and setup.trace.duration_seconds >= 2 * warm:
+    long_enough = setup.trace.duration_seconds >= 2 * warm
+    if args.start_from == "history" and long_enough:
         setup, history = with_history(setup)
         console.print(f"start: the first {len(history)} interval(s) are history (not scored) and "
                       "size every dynamic policy's start fleet")
         return setup, history
+    if args.start_from == "running" and long_enough:
+        setup, _ = start_from(setup, "running")
+        head = setup.scored_from_seconds - setup.trace.arrival_seconds[0]
+        console.print(f"start: every policy runs the trace's first {head:g} s "
+                      "on the fleet, unscored (the planner learns the fleet there); the rest is "
+                      "scored")
+        return setup, None
     if args.start_from == "spec":
         console.print("start: every dynamic policy starts from the spec's replicas, ready, with "
                       "no history (as the operator starts)")
-    elif args.start_from == "history":
+    elif args.start_from in ("history", "running"):
         console.print(f"start: the trace is shorter than two warm-ups ({2 * warm:g} s): no history "
                       "split off, the start fleet is sized from its first warm-up (hindsight)")
     return setup, None

@@ -70,6 +70,9 @@ class ReplaySetup:
     target_attainment: float | None = None
     #: the fleet's own performance (None: the planner's model, ``planner.model``)
     fleet_model: PerformanceModel | None = None
+    #: trace time the scored window opens at; before it every policy runs unscored on the
+    #: fleet (:func:`start_from` "running"). None: the whole trace is scored
+    scored_from_seconds: float | None = None
 
     def knowing_the_fleet(self) -> ReplaySetup:
         """This setup with the planner believing the fleet's true performance (hindsight)."""
@@ -236,21 +239,39 @@ def with_history(setup: ReplaySetup) -> tuple[ReplaySetup, list[Load]]:
     history sizes (:func:`initial_fleet`) and the planner starts with it as its memory, as a
     planner that had been running before would; nothing of the scored window is known in
     advance. The history's loads count no cache hits (they are what a cold start sees)."""
+    head, tail = split_at(setup.trace, _first_warmup_seconds(setup))
+    return replace(setup, trace=tail), interval_loads(head, setup.interval_seconds)
+
+
+def _first_warmup_seconds(setup: ReplaySetup) -> float:
+    """A new node's warm-up in whole intervals (at least one): the unscored start."""
     dt = setup.interval_seconds
-    seconds = math.ceil(setup.model.profile.warmup.new_node_seconds / dt - 1e-9) * dt
-    head, tail = split_at(setup.trace, max(seconds, dt))
-    return replace(setup, trace=tail), interval_loads(head, dt)
+    return max(dt, math.ceil(setup.model.profile.warmup.new_node_seconds / dt - 1e-9) * dt)
+
+
+#: the ``--start-from`` choices of the benchmarks and ``pdscale replay``
+START_FROM = ("history", "running", "hindsight")
 
 
 def start_from(setup: ReplaySetup, how: str) -> tuple[ReplaySetup, list[Load] | None]:
-    """The setup to score and the history before it, for a ``--start-from`` choice:
-    ``"history"`` splits the first warm-up off (:func:`with_history`), ``"hindsight"`` keeps
-    the whole trace and no history (dynamic policies size their start from its first warm-up)."""
+    """The setup to score and the history before it, for a ``--start-from`` choice.
+
+    ``"history"``: the first warm-up's loads are history (:func:`with_history`): the planner
+    starts on the scored window with what it could have known, and nothing it could only have
+    learned by running (a fleet's speed: a first deployment). ``"running"``: every policy
+    runs through the first warm-up on the simulated fleet, unscored, and is scored on the same
+    window as ``"history"``: a planner that has been running, its calibration learned from the
+    fleet (the start fleet is sized from that warm-up, as ``"hindsight"``, but it is not
+    scored). ``"hindsight"``: the whole trace is scored and dynamic policies size their start
+    from its first warm-up."""
     if how == "history":
         return with_history(setup)
+    if how == "running":
+        t0 = setup.trace.arrival_seconds[0] if len(setup.trace) else 0.0
+        return replace(setup, scored_from_seconds=t0 + _first_warmup_seconds(setup)), None
     if how == "hindsight":
         return setup, None
-    raise ValueError(f"start_from must be 'history' or 'hindsight', got {how!r}")
+    raise ValueError(f"start_from must be one of {START_FROM}, got {how!r}")
 
 
 def simulate_fleet(
@@ -270,6 +291,7 @@ def simulate_fleet(
         prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
         interval_seconds=setup.interval_seconds, initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
+        scored_from_seconds=setup.scored_from_seconds,
     )
     return simulate(setup.trace, setup.fleet, cfg, controller, progress=progress)
 
@@ -407,10 +429,13 @@ def run_policy(
         report["initial_fleet"]["sized_from"] = (
             "stated (the spec's replicas)" if stated
             else f"{len(history)} interval(s) of history before the scored window" if history is not None
+            else "the first warm-up, run unscored on the fleet" if setup.scored_from_seconds is not None
             else "the scored window's first warm-up (hindsight)")
     if explanations:
+        # the scored ticks are the last ones (an unscored start's come first)
+        scored = explanations[max(0, len(explanations) - len(result.ticks)):]
         report["explanations"] = [
-            {"t": round(t, 1), "why": w} for (t, *_), w in zip(result.ticks, explanations, strict=False)
+            {"t": round(t, 1), "why": w} for (t, *_), w in zip(result.ticks, scored, strict=False)
         ]
     report.update(extra)
     return report

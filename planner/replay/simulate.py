@@ -44,12 +44,14 @@ and runs the event loop.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -109,6 +111,10 @@ class SimConfig:
     prefill_only: bool = False
     #: initial instances start ready (True) or cold (False)
     start_ready: bool = True
+    #: trace time from which requests, instance-seconds, role changes and ticks count in the
+    #: result; before it the fleet and its controller run unscored (a planner that has been
+    #: running on this fleet, and has learned it, when the scored window opens). None: all
+    scored_from_seconds: float | None = None
     #: prefix cache capacity per prefill instance in blocks; None = from the profile
     cache_blocks: int | None = None
     seed: int = 1
@@ -156,6 +162,16 @@ def simulate(
     ``progress`` receives the share of arrivals processed, now and then.
     """
     return _Replay(trace, model, config, controller).run(progress)
+
+
+class _Scored(NamedTuple):
+    """The counters at the start of a scored window (``SimConfig.scored_from_seconds``)."""
+
+    t: float
+    instance_seconds: dict[str, float]
+    role_changes: int
+    hit_tokens: int
+    prompt_tokens: int
 
 
 class _Replay:
@@ -249,8 +265,18 @@ class _Replay:
         next_tick = t0 if self.controller is not None else math.inf
         last_arrival = arr[-1] if n_req else t0
         report_every = max(1, n_req // 100)
+        scored = cfg.scored_from_seconds
+        first_scored = 0 if scored is None else bisect.bisect_left(arr, scored)
+        if scored is not None and first_scored >= n_req:
+            raise ValueError(f"scored_from_seconds {scored:g} is after the last arrival")
+        before = _Scored(-math.inf, {}, 0, 0, 0)
         for r in range(n_req):
             t = arr[r]
+            if scored is not None and r == first_scored:
+                while next_tick < scored:
+                    self._tick(next_tick)
+                    next_tick += cfg.interval_seconds
+                before = self._tally(scored)
             while next_tick <= t:
                 self._tick(next_tick)
                 next_tick = next_tick + cfg.interval_seconds if next_tick < last_arrival else math.inf
@@ -275,18 +301,28 @@ class _Replay:
             fleet.account(i, end)
         if progress is not None:
             progress(1.0)
+        k = first_scored
         return SimResult(
-            arrival_seconds=np.asarray(arr, dtype=float),
-            ttft_seconds=self.ttft,
-            tpot_seconds=self.tpot,
-            rejected=self.rejected,
-            hit_tokens=self.hit_tokens,
-            prompt_tokens=self.prompt_tokens,
-            instance_seconds=dict(fleet.acc),
-            role_changes=fleet.role_changes,
-            ticks=self.ticks,
+            arrival_seconds=np.asarray(arr[k:], dtype=float),
+            ttft_seconds=self.ttft[k:],
+            tpot_seconds=self.tpot[k:],
+            rejected=self.rejected[k:],
+            hit_tokens=self.hit_tokens - before.hit_tokens,
+            prompt_tokens=self.prompt_tokens - before.prompt_tokens,
+            instance_seconds={s: v - before.instance_seconds.get(s, 0.0) for s, v in fleet.acc.items()},
+            role_changes=fleet.role_changes - before.role_changes,
+            ticks=[tk for tk in self.ticks if tk[0] >= before.t],
             end_seconds=end,
         )
+
+    def _tally(self, now: float) -> _Scored:
+        """What has been counted up to ``now``, the start of the scored window (the cache
+        counters are per prefill: a request that arrived before and prefills after counts)."""
+        self._run_events(now)
+        fleet = self.fleet
+        for i in range(len(fleet.role)):
+            fleet.account(i, now)
+        return _Scored(now, dict(fleet.acc), fleet.role_changes, self.hit_tokens, self.prompt_tokens)
 
     def _tick(self, now: float) -> None:
         """Call the controller with the interval ending ``now`` and apply its targets."""

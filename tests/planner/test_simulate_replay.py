@@ -349,3 +349,46 @@ def test_an_honest_start_scores_after_a_warm_up_of_history(model: PerformanceMod
     assert (rep["initial_fleet"]["prefill"], rep["initial_fleet"]["decode"]) == honest
     assert "history" in rep["initial_fleet"]["sized_from"]
     assert rep["requests"] == len(scored.trace)
+
+
+def test_a_scored_window_counts_only_what_happens_in_it(model: PerformanceModel, donor: Trace) -> None:
+    """SimConfig.scored_from_seconds: the same run, its head unscored. A fixed fleet serves the
+    scored requests exactly as in the whole run, and is charged only from the window's start."""
+    tr = steady(donor, 3.0, 600)
+    cfg = SimConfig(initial_prefill=3, initial_decode=2, slo=Slo(ttft_seconds=15))
+    whole = simulate(tr, model, cfg)
+    start = tr.arrival_seconds[0] + 240.0
+    part = simulate(tr, model, replace(cfg, scored_from_seconds=start))
+    k = int(np.searchsorted(whole.arrival_seconds, start))
+    assert 0 < k < len(whole.arrival_seconds)
+    np.testing.assert_array_equal(part.arrival_seconds, whole.arrival_seconds[k:])
+    np.testing.assert_array_equal(part.ttft_seconds, whole.ttft_seconds[k:])
+    np.testing.assert_array_equal(part.tpot_seconds, whole.tpot_seconds[k:])
+    assert part.instance_seconds["ready"] == pytest.approx(5 * (whole.end_seconds - start))
+    assert 0 < part.prompt_tokens < whole.prompt_tokens
+    with pytest.raises(ValueError, match="after the last arrival"):
+        simulate(tr, model, replace(cfg, scored_from_seconds=tr.arrival_seconds[-1] + 1.0))
+
+
+def test_a_running_start_scores_the_history_window_after_the_planner_ran_through_it(
+    model: PerformanceModel, donor: Trace
+) -> None:
+    """start_from "running": the same scored window as "history", but every policy has run
+    the first warm-up on the fleet (its ticks and explanations there are not reported)."""
+    from pdscale.planner.replay.run import start_from, with_history
+
+    tr = synthesize_from_rates([(0.0, 5.0), (600.0, 20.0), (900.0, 0.0)], donor, seed=1)
+    setup = ReplaySetup(trace=tr, planner=PlannerConfig(model=model, nodes=200))
+    history_setup, _ = with_history(setup)
+    running, history = start_from(setup, "running")
+    assert history is None and running.trace is tr
+    rep = run_policy(running, "pdscale")
+    assert rep["requests"] == len(history_setup.trace)
+    assert "unscored" in rep["initial_fleet"]["sized_from"]
+    # the first tick reported is the one at the window's start (ticks run from the first arrival)
+    assert rep["decisions"][0]["t"] == round(running.scored_from_seconds, 1)
+    assert [e["t"] for e in rep["explanations"]] == [d["t"] for d in rep["decisions"]]
+    # the planner decided through the head: its first scored explanation is not a cold start
+    assert "unknown or stale" not in rep["explanations"][0]["why"]
+    with pytest.raises(ValueError, match="running"):
+        start_from(setup, "later")
