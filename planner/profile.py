@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_PROFILE = "deepseek-fp8-8xh200-sglang"
 
@@ -43,6 +43,16 @@ class DecodeProfile(_Strict):
     per_context_token_seconds: float = Field(ge=0)
     kv_capacity_tokens: int = Field(gt=0)
     max_batch: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _a_step_takes_time(self) -> DecodeProfile:
+        # every decode sizing divides by the TPOT these terms give: a decode that costs
+        # nothing would serve any load on one instance, and the planner would divide by zero
+        if self.step_seconds == self.per_sequence_seconds == self.per_context_token_seconds == 0:
+            raise ValueError("step_seconds, per_sequence_seconds and per_context_token_seconds are "
+                             "all 0: a decode step must take time (set step_seconds, the TPOT at "
+                             "batch 1)")
+        return self
 
 
 class KvTransferProfile(_Strict):

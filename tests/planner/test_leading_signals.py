@@ -183,8 +183,8 @@ def test_a_longer_load_shape_is_sized_at_once_noise_is_not() -> None:
 
 def test_a_decode_that_costs_nothing_per_step_is_never_short() -> None:
     """A profile whose decode steps take no time (a degenerate fit) has no TPOT above any
-    target: the sequences count as they are, and the rule divides by no zero. (The
-    rest of the model refuses such a profile by holding, naming the error.)"""
+    target: the sequences count as they are, and the rule divides by no zero. (A profile
+    file like it is refused at load, naming the fields; this one is built past validation.)"""
     free = MODEL.profile.model_copy(update={"decode": MODEL.profile.decode.model_copy(update={
         "step_seconds": 0.0, "per_sequence_seconds": 0.0, "per_context_token_seconds": 0.0})})
     c = replace(config(), model=PerformanceModel(free))

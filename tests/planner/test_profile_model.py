@@ -56,6 +56,17 @@ def test_missing_and_misspelt_fields_are_named() -> None:
     assert "prefill.tokens_per_sec" in msg
 
 
+def test_a_decode_step_that_takes_no_time_is_refused_naming_its_fields() -> None:
+    """Each decode term may be 0, not all three: every decode sizing divides by the TPOT."""
+    data = _data()
+    data["decode"].update(step_seconds=0, per_sequence_seconds=0, per_context_token_seconds=0)
+    with pytest.raises(ProfileError, match=r"field 'decode': .*step_seconds, per_sequence_seconds "
+                                           r"and per_context_token_seconds are all 0"):
+        parse_profile(data)
+    data["decode"]["per_sequence_seconds"] = 0.001
+    assert parse_profile(data).decode.per_sequence_seconds == 0.001
+
+
 def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="cannot read"):
         load_profile(tmp_path / "nope.yaml")
