@@ -113,7 +113,11 @@ def samples(
     raw = PerformanceModel(model.profile)
     decode = None
     d = obs.decode
-    running, tpot = get(d.running_requests), get(obs.tpot_p50_seconds)
+    # the batch the interval's TPOTs ran at: the interval's mean where it is read, else now's
+    running = get(d.running_requests_mean)
+    if running is None:
+        running = get(d.running_requests)
+    tpot = get(obs.tpot_p50_seconds)
     if load is None or load.rate_rps <= 0:
         return ComputeSamples(None, None, "both")
     if not d.recently_ready and running and d.ready and tpot:

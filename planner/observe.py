@@ -51,6 +51,10 @@ class RoleState:
     recently_ready: int = 0
     queue_depth: Reading | None = None
     running_requests: Reading | None = None
+    #: the running requests averaged over the interval (Prometheus ``avg_over_time`` of the
+    #: scraped gauge): what the interval's latencies were measured at, where the reading above
+    #: is the batch now (a snapshot that swung +-40% around the mean on Mooncake x6)
+    running_requests_mean: Reading | None = None
 
     @property
     def provisioned(self) -> int:
@@ -149,6 +153,7 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "prefill_forward_seconds": (0.0, MAX_TTFT_SECONDS),
     "queue_depth": (0.0, MAX_QUEUE),
     "running_requests": (0.0, MAX_QUEUE),
+    "running_requests_mean": (0.0, MAX_QUEUE),
 }
 
 
@@ -215,7 +220,8 @@ def unusable(obs: Observation, max_age_seconds: float) -> str | None:
         why = _check_role(role, st)
         if why:
             return why
-        sources += [(f"{role}.queue_depth", st.queue_depth), (f"{role}.running_requests", st.running_requests)]
+        sources += [(f"{role}.queue_depth", st.queue_depth), (f"{role}.running_requests", st.running_requests),
+                    (f"{role}.running_requests_mean", st.running_requests_mean)]
     for name, r in sources:
         if r is None:
             continue

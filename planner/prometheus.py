@@ -40,6 +40,8 @@ READINGS = (
     "queue_depth_decode",
     "running_requests_prefill",
     "running_requests_decode",
+    "running_requests_mean_prefill",
+    "running_requests_mean_decode",
     "rejected_rps",
     "prefill_forward_seconds",
 )
@@ -122,6 +124,9 @@ SGLANG_QUERIES: Mapping[str, str] = {
     ),
     "running_requests_prefill": f'sum({_sglang("num_running_reqs", "prefill")})',
     "running_requests_decode": f'sum({_sglang("num_running_reqs", "decode")})',
+    # the same gauges averaged over the interval: the batch the interval's latencies ran at
+    "running_requests_mean_prefill": f'sum(avg_over_time({_sglang("num_running_reqs", "prefill")}[{{window}}]))',
+    "running_requests_mean_decode": f'sum(avg_over_time({_sglang("num_running_reqs", "decode")}[{{window}}]))',
     # Requests the router refused (smg's prefill admission: queue full or timed out), which
     # the planner counts as TTFT misses. Zero where smg is not scraped but the engines are:
     # sglang-router refuses nothing (an smg whose metrics are not scraped goes unseen).
@@ -185,6 +190,8 @@ VLLM_QUERIES: Mapping[str, str] = {
     ),
     "running_requests_prefill": 'sum(vllm:num_requests_running{{{sel},role="prefill"}})',
     "running_requests_decode": 'sum(vllm:num_requests_running{{{sel},role="decode"}})',
+    "running_requests_mean_prefill": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="prefill"}}[{window}]))',
+    "running_requests_mean_decode": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{window}]))',
     # vllm-router refuses nothing: zero wherever the engines are scraped
     "rejected_rps": '0 * sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))',
     # from the step that schedules the prompt to its first token, on the prefill side
@@ -427,6 +434,7 @@ def observation_from(
             recently_ready=state.recently_ready,
             queue_depth=r.get(f"queue_depth_{role}"),
             running_requests=r.get(f"running_requests_{role}"),
+            running_requests_mean=r.get(f"running_requests_mean_{role}"),
         )
 
     return Observation(

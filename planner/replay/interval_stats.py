@@ -50,6 +50,10 @@ class IntervalStats:
         self.tpot: list[float] = []
         #: seconds in forward passes of the prompts prefilled in this interval
         self.prefill_forward: list[float] = []
+        #: decode's running sequences summed over this interval's scrapes, and how many
+        #: there were: the interval's mean batch, as Prometheus' avg_over_time of the gauge
+        self.decode_running_scraped = 0
+        self.scrapes = 0
         #: when the last observation was made (nan: none yet)
         self.last_observed = math.nan
 
@@ -60,6 +64,13 @@ class IntervalStats:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.input_buckets[bisect.bisect_left(SGLANG_PROMPT_TOKENS_BUCKETS, input_tokens)] += 1
+
+    def scrape(self, fleet: Fleet) -> None:
+        """Prometheus scrapes the gauges: decode's running sequences (on ready instances)."""
+        self.decode_running_scraped += sum(
+            len(fleet.running[i]) for i, r in enumerate(fleet.role)
+            if r == Role.DECODE and fleet.state[i] == READY)
+        self.scrapes += 1
 
     def observe(self, now: float, fleet: Fleet, waiting_decode: int, *,
                 queued_prefill: int) -> Observation:
@@ -94,8 +105,11 @@ class IntervalStats:
             prefill_forward_seconds=(Reading(float(np.mean(self.prefill_forward)), now)
                                      if self.prefill_forward else None),
             prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
-            decode=role_state(fleet, Role.DECODE, now, span, waiting_decode),
+            decode=role_state(fleet, Role.DECODE, now, span, waiting_decode,
+                              running_mean=(Reading(self.decode_running_scraped / self.scrapes, now)
+                                            if self.scrapes else None)),
         )
+        self.decode_running_scraped = self.scrapes = 0
         self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = self.rejections = 0
         self.ttft.clear()
         self.tpot.clear()
@@ -111,11 +125,13 @@ class IntervalStats:
         return None if ratio is None else load(ratio)
 
 
-def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued: int) -> RoleState:
+def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued: int, *,
+               running_mean: Reading | None = None) -> RoleState:
     """``role``'s instances by state at ``now`` and its queue readings, in requests as the
     engines count them: ``queued`` requests wait (prefill: for their prefill on a ready
     instance, as SGLang's ``num_queue_reqs`` and vLLM's ``num_requests_waiting``; decode: for
-    any ready decode instance); decode's running count is the sequences in ready batches."""
+    any ready decode instance); decode's running count is the sequences in ready batches now,
+    ``running_mean`` their mean over the interval's scrapes."""
     ids = [i for i, r in enumerate(fleet.role) if r == role]
     ready = [i for i in ids if fleet.state[i] == READY]
     warming = tuple(Warming(fleet.ready_at[i], False) for i in ids if fleet.state[i] == WARMING)
@@ -126,5 +142,5 @@ def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued
     run = sum(len(fleet.running[i]) for i in ready)
     return RoleState(
         len(ready), warming, draining, recently,
-        Reading(float(queued), now), Reading(float(run), now),
+        Reading(float(queued), now), Reading(float(run), now), running_mean,
     )

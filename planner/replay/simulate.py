@@ -164,6 +164,10 @@ def simulate(
     return _Replay(trace, model, config, controller).run(progress)
 
 
+#: seconds between two scrapes of the engines' gauges (a common Prometheus setting is 5-15 s)
+SCRAPE_SECONDS = 5.0
+
+
 class _Scored(NamedTuple):
     """The counters at the start of a scored window (``SimConfig.scored_from_seconds``)."""
 
@@ -248,6 +252,8 @@ class _Replay:
         #: (its prefill slot is released at prefill, the router's load at the end)
         self._prefill_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
+        #: when Prometheus scrapes the gauges next (the first at the first arrival)
+        self._next_scrape = trace.arrival_seconds[0] if len(trace) else 0.0
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
         cfg, fleet = self.config, self.fleet
@@ -274,12 +280,15 @@ class _Replay:
             t = arr[r]
             if scored is not None and r == first_scored:
                 while next_tick < scored:
+                    self._scrape_until(next_tick)
                     self._tick(next_tick)
                     next_tick += cfg.interval_seconds
                 before = self._tally(scored)
             while next_tick <= t:
+                self._scrape_until(next_tick)
                 self._tick(next_tick)
                 next_tick = next_tick + cfg.interval_seconds if next_tick < last_arrival else math.inf
+            self._scrape_until(t)
             self._run_events(t)
             if progress is not None and r % report_every == 0:
                 progress(r / n_req)
@@ -314,6 +323,15 @@ class _Replay:
             ticks=[tk for tk in self.ticks if tk[0] >= before.t],
             end_seconds=end,
         )
+
+    def _scrape_until(self, t: float) -> None:
+        """Prometheus' scrapes up to ``t`` (only a controller reads them)."""
+        if self.controller is None:
+            return
+        while self._next_scrape <= t:
+            self._run_events(self._next_scrape)
+            self.stats.scrape(self.fleet)
+            self._next_scrape += SCRAPE_SECONDS
 
     def _tally(self, now: float) -> _Scored:
         """What has been counted up to ``now``, the start of the scored window (the cache

@@ -59,6 +59,21 @@ def test_a_slow_decode_raises_its_factor_and_a_fast_one_lowers_it(model: Perform
     assert slow.prefill_factor == fast.prefill_factor == 1.0
 
 
+def test_the_decode_sample_is_taken_at_the_intervals_mean_batch_not_the_batch_now(
+    model: PerformanceModel,
+) -> None:
+    """The interval's TPOTs ran at its mean batch; the gauge at the tick is one moment of it.
+    A fleet exactly as its profile, its batch 400 on average and 200 at the tick: read at the
+    snapshot the sample says 'slow', at the mean it says 'as the profile'."""
+    obs = _obs(model, 60.0, running=400.0)
+    snapshot_only = replace(obs, decode=replace(obs.decode, running_requests=Reading(200.0, 60.0)))
+    with_mean = replace(snapshot_only, decode=replace(snapshot_only.decode,
+                                                      running_requests_mean=Reading(400.0, 60.0)))
+    kw = dict(slo=SLO, model=model, max_age_seconds=AGE)
+    assert samples(snapshot_only, LOAD, None, **kw).decode > 1.0 + DEADBAND
+    assert samples(with_mean, LOAD, None, **kw).decode == pytest.approx(1.0)
+
+
 def test_an_idle_prefill_relaxes_a_raised_factor_only_while_the_slo_is_comfortable(
         model: PerformanceModel) -> None:
     """Idle latencies cannot tell prefill's speed (the median prompt is not the mean one): a

@@ -137,7 +137,8 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang_num_queue_reqs{{engine_type="{role}"}} 1',
                 f'sglang_num_decode_prealloc_queue_reqs{{engine_type="{role}"}} 2',
                 f'sglang_num_decode_transfer_queue_reqs{{engine_type="{role}"}} 4',
-                f'sglang_num_running_reqs{{engine_type="{role}"}} 6',
+                # the batch swings 4 <-> 8 each second: 6 on average over the window
+                f'sglang_num_running_reqs{{engine_type="{role}"}} {4 if int(t) % 2 else 8}',
             ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
@@ -180,7 +181,9 @@ def test_reads_a_real_prometheus(prometheus):
         assert r["mean_output_tokens"].value == pytest.approx(100, rel=0.02)
         assert r["prefill_forward_seconds"].value == pytest.approx(0.2, rel=0.02)
         assert r["queue_depth_prefill"].value == 3 + 2 and r["queue_depth_decode"].value == 1 + 2 + 4
-        assert r["running_requests_decode"].value == 6
+        # the gauge now, and its mean over the window (what the interval's TPOTs ran at)
+        assert r["running_requests_decode"].value in (4, 8)
+        assert r["running_requests_mean_decode"].value == pytest.approx(6, abs=1.0)
         # the buckets read as the spread: 3 prompts at 500 and 2 at 2,500, each spread over its
         # bucket (the rate's extrapolation scales every bucket alike)
         mean = (3 * 500 + 2 * 2500) / 5

@@ -274,8 +274,16 @@ def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     assert obs.prefill.ready == 2 and obs.prefill.queue_depth.value == 3
     assert obs.decode.ready == 1 and len(obs.decode.warming) == 1
     assert obs.decode.queue_depth.value == 4
+    assert obs.decode.running_requests_mean is None  # nothing scraped: unknown
+    # scrapes see the ready decode's batch (not the warming one's): 0, 2, 4 -> mean 2
+    ready_decode = next(i for i, r in enumerate(fleet.role) if r == Role.DECODE and fleet.state[i] == READY)
+    for n in (0, 2, 4):
+        fleet.running[ready_decode] = [(0, k, 0) for k in range(n)]
+        stats.scrape(fleet)
     again = stats.observe(120.0, fleet, waiting_decode=0, queued_prefill=0)
     assert again.rate_rps.value == 0 and again.ttft_p50_seconds is None
+    assert again.decode.running_requests_mean.value == 2.0 and again.decode.running_requests.value == 4
+    assert stats.observe(180.0, fleet, waiting_decode=0, queued_prefill=0).decode.running_requests_mean is None
 
 
 def test_quantiles_count_rejected_requests_as_misses() -> None:
