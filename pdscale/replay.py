@@ -300,16 +300,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "30 min at --base-rps first; lengths drawn from --lengths")
     parser.add_argument("--base-rps", type=float, default=12.0,
                         help="--synthetic: the base request rate (default 12)")
-    parser.add_argument("--start-from", choices=["history", "running", "hindsight", "spec"],
-                        default="history",
-                        help="history: the trace's first warm-up is history, unscored, and sizes "
-                             "the start fleet (no hindsight); running: every policy runs through "
-                             "the first warm-up on the fleet, unscored, and learns it there (a "
-                             "planner already running; the same scored window as history); "
-                             "hindsight: start sized from the "
-                             "scored trace's first warm-up; spec: start from the spec's replicas, "
-                             "as the operator does (for a recording of a live run that started "
-                             "there) (default: history)")
+    parser.add_argument("--start-from", choices=["history", "running", "hindsight", "spec"], default="history",
+                        help="history: the first warm-up is unscored history sizing the start; running: "
+                             "every policy runs it on the fleet, unscored (a planner already running); "
+                             "hindsight: start sized from the scored trace's first warm-up; spec: from "
+                             "the spec's replicas, as the operator starts (default: history)")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time K times")
