@@ -458,8 +458,8 @@ def _load_shape(
     cfg: PlannerConfig, loads: list[Load | None], load: Load
 ) -> tuple[float, float, float, float | None, float]:
     """(mean input tokens, mean output tokens, prefix hit rate, burst peak req/s or None,
-    input tokens' square ratio) to plan with, from the last ``length_window`` intervals of
-    ``loads``."""
+    input tokens' square ratio) to plan with: lengths, hit rate and squares from the last
+    ``length_window`` intervals of ``loads``, the burst peak from the scale-down window's."""
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
     recent = [x for x in loads[-cfg.length_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
@@ -480,10 +480,12 @@ def _load_shape(
         if load.mean_input_tokens >= jump * isl:
             isl, square = load.mean_input_tokens, load.input_tokens_square_ratio
         osl = load.mean_output_tokens if load.mean_output_tokens >= jump * osl else osl
-    # bursts come back: size new capacity for a high quantile of recent sub-window peaks
-    # (the scale-down floor holds what the highest needs)
+    # bursts come back: size new capacity for a high quantile of the sub-window peaks the
+    # scale-down window has seen (its floor holds what the highest needs). Not over the
+    # length window: of its 3 intervals the quantile is the highest, a lone burst
+    burst_n = max(1, int(cfg.stabilization_seconds // cfg.interval_seconds))
     peaks = [
-        x.peak_rate_rps for x in loads[-cfg.length_window :]
+        x.peak_rate_rps for x in loads[-burst_n:]
         if x is not None and x.peak_rate_rps is not None
     ]
     peak = float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None

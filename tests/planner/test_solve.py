@@ -244,11 +244,11 @@ def test_a_decode_burst_must_fit_capacity_not_the_cap_twice() -> None:
     assert d_huge == math.ceil(fd * MODEL._decode_burst_factor(huge, slo)) > d_calm
 
 
-def _bursty_history(outlier_peak: float) -> History:
-    # ten busy minutes with 5-second peaks of 40 req/s, one of them with a single burst
+def _bursty_history(outlier_peak: float, at: int = 5) -> History:
+    # ten busy minutes with 5-second peaks of 40 req/s, one of them (``at``) with a single burst
     h = History()
     for k in range(10):
-        peak = outlier_peak if k == 5 else 40.0
+        peak = outlier_peak if k == at else 40.0
         h = h.record(Load(20.0, 2000, 30, 0.0, peak_rate_rps=peak),
                      Decision(k * 60.0, 1, 1, 1, 0.03, 1, "", desired=(1, 1)))
     return h
@@ -280,6 +280,26 @@ def test_new_capacity_is_bought_for_a_quantile_of_bursts_and_held_for_the_highes
     # and releases it once the burst has left the window
     short = replace(c, stabilization_window_seconds=120)
     assert plan(_bursty_obs(for_outlier, 2), config=short, history=h, now=600.0).prefill < for_outlier
+
+
+def test_a_lone_burst_just_seen_is_not_bought_for_with_a_short_length_window() -> None:
+    # The operator's length window is 3 intervals: a quantile of three peaks is their highest.
+    # The burst peaks are read over the scale-down window instead, so a burst seen in the last
+    # minute alone does not order a fleet that would land a warm-up after it (Azure conv: one
+    # 215 req/s minute ordered 17 prefill nodes).
+    slo = Slo(ttft_seconds=2.0, tpot_seconds=0.05)
+    h = _bursty_history(1000.0, at=9)
+    for_outlier = math.ceil(MODEL.prefill_instances_for_burst(
+        Load(20.0, 2000, 30, 0.0, peak_rate_rps=1000.0), slo))
+    c = cfg(nodes=500, slo=slo, forecast_method="last", length_window=3,
+            stabilization_window_seconds=900)
+    assert plan(_bursty_obs(4, 2), config=c, history=h, now=600.0).prefill < for_outlier / 2
+    # the same burst recurring in a third of the window's minutes is bought for
+    recurring = History()
+    for k in range(10):
+        recurring = recurring.record(Load(20.0, 2000, 30, 0.0, peak_rate_rps=1000.0 if k % 3 == 0 else 40.0),
+                                     Decision(k * 60.0, 1, 1, 1, 0.03, 1, "", desired=(1, 1)))
+    assert plan(_bursty_obs(4, 2), config=c, history=recurring, now=600.0).prefill >= for_outlier
 
 
 def test_stabilisation_window_defaults_to_hpa_plus_warm_up() -> None:
