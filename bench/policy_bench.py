@@ -184,11 +184,22 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             check(name, "zero role changes in a steady hour", f"{ours['role_changes']}",
                   ours["role_changes"] == 0)
             continue
-        check(name, "SLO attainment >= 99%", f"{a:.2%}", a >= 0.99)
-        if "oracle" in reps:
-            ratio = g / reps["oracle"]["gpu_hours"]
+        oracle = reps.get("oracle")
+        if oracle is None:
+            check(name, "SLO attainment >= 99%", f"{a:.2%}", a >= 0.99)
+        else:
+            # the rule: 99% where the oracle reaches it under the same stack, else
+            # within 0.5 pp of the oracle (the stack, not the planner, caps what is reachable)
+            oa = oracle["slo_attainment"]
+            goal = 0.99 if oa >= 0.99 else oa - 0.005
+            check(name, f"SLO attainment >= {goal:.2%} (oracle {oa:.2%})", f"{a:.2%}", a >= goal)
+            ratio = g / oracle["gpu_hours"]
             check(name, "GPU-hours <= 1.10x oracle", f"{ratio:.2f}x", ratio <= 1.10)
         best = next((v for k, v in reps.items() if k.startswith("static:best")), None)
+        if best and oracle is not None and oracle["gpu_hours"] <= 0.95 * best["gpu_hours"]:
+            ratio = g / best["gpu_hours"]
+            check(name, "GPU-hours <= static:best (the oracle spends <= 0.95x of it)",
+                  f"{ratio:.2f}x", ratio <= 1.0)
         if name.startswith("servegen") and best:  # the diurnal series, either scale
             ratio = g / best["gpu_hours"]
             check(name, "diurnal: GPU-hours <= 0.6x static:best", f"{ratio:.2f}x", ratio <= 0.6)
