@@ -425,3 +425,20 @@ def test_a_prefill_miss_teaches_headroom_only_where_queueing_could_explain_it() 
     refusing = missing(idle_peak, rejected=2.0)
     assert rejected_too_many(refusing, c.slo, c.max_age_seconds)
     assert recalibrate(refusing, c, history).prefill_headroom > 1.0
+
+
+def test_a_need_at_an_instance_boundary_keeps_the_node_it_would_re_add() -> None:
+    # A decode need just under 7 instances at the cap (6.9): the next minute's windowed mean
+    # lengths move it across the boundary and back. The default tolerance (3%) keeps the 8th
+    # node; with none it goes, to be re-added within a warm-up (the ramp's plateau).
+    c = cfg(nodes=200, forecast_method="last")
+    per_rps = MODEL.fluid_demand(Load(1.0, 8000, 300, 0.4), c.slo)[1]
+    rate = 6.9 * c.decode_utilization / per_rps
+    assert MODEL.instances_needed(Load(rate, 8000, 300, 0.4), c.slo,
+                                  decode_utilization=c.decode_utilization)[1] == 7
+    assert c.scale_down_tolerance > 0
+    kept = plan(obs(rate, p=60, d=8), config=c, now=600.0)
+    assert kept.decode == 8
+    # without the tolerance the node is removed; far below the boundary it goes either way
+    assert plan(obs(rate, p=60, d=8), config=replace(c, scale_down_tolerance=0.0), now=600.0).decode == 7
+    assert plan(obs(0.8 * rate, p=60, d=8), config=c, now=600.0).decode < 8
