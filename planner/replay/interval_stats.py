@@ -47,7 +47,11 @@ class IntervalStats:
         #: arrivals per PEAK_WINDOW_SECONDS window (index since the epoch) of this interval
         self.per_window: dict[int, int] = {}
         self.ttft: list[float] = []
+        #: the TPOT of each request decoded in this interval, and its inter-token intervals
+        #: (output tokens - 1): the engines' inter-token histogram counts every token once,
+        #: so its quantile weighs a request by its tokens (``decoded``)
         self.tpot: list[float] = []
+        self.tpot_tokens: list[int] = []
         #: seconds in forward passes of the prompts prefilled in this interval
         self.prefill_forward: list[float] = []
         #: decode's running sequences summed over this interval's scrapes, and how many
@@ -64,6 +68,12 @@ class IntervalStats:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.input_buckets[bisect.bisect_left(SGLANG_PROMPT_TOKENS_BUCKETS, input_tokens)] += 1
+
+    def decoded(self, tpot_seconds: float, intervals: int) -> None:
+        """A request finished decoding at ``tpot_seconds`` over ``intervals`` inter-token
+        intervals (its output tokens - 1)."""
+        self.tpot.append(tpot_seconds)
+        self.tpot_tokens.append(intervals)
 
     def scrape(self, fleet: Fleet) -> None:
         """Prometheus scrapes the gauges: decode's running sequences (on ready instances)."""
@@ -89,6 +99,14 @@ class IntervalStats:
         def q(xs: list[float], p: float) -> Reading | None:
             return Reading(float(np.quantile(xs, p)), now) if xs else None
 
+        def per_token(p: float) -> Reading | None:
+            # as histogram_quantile over the inter-token histogram: the share p of tokens,
+            # not of requests (a long output's steps outnumber a short one's)
+            if not self.tpot:
+                return None
+            return Reading(float(np.quantile(self.tpot, p, weights=self.tpot_tokens,
+                                             method="inverted_cdf")), now)
+
         obs = Observation(
             now_seconds=now,
             rate_rps=load(n / span),
@@ -99,8 +117,8 @@ class IntervalStats:
             prefix_hit_rate=load(self.hit_tokens / self.input_tokens) if self.input_tokens else None,
             ttft_p50_seconds=q(self.ttft, 0.5),
             ttft_at_percentile_seconds=q(self.ttft, self.percentile),
-            tpot_p50_seconds=q(self.tpot, 0.5),
-            tpot_at_percentile_seconds=q(self.tpot, self.percentile),
+            tpot_p50_seconds=per_token(0.5),
+            tpot_at_percentile_seconds=per_token(self.percentile),
             rejected_rps=load(self.rejections / span),
             prefill_forward_seconds=(Reading(float(np.mean(self.prefill_forward)), now)
                                      if self.prefill_forward else None),
@@ -113,6 +131,7 @@ class IntervalStats:
         self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = self.rejections = 0
         self.ttft.clear()
         self.tpot.clear()
+        self.tpot_tokens.clear()
         self.prefill_forward.clear()
         self.per_window.clear()
         self.input_buckets = [0] * len(self.input_buckets)

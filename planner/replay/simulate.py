@@ -523,7 +523,7 @@ class _Replay:
             return
         tpot = (now - start) / (n_out - 1)
         self.tpot[r] = tpot
-        self.stats.tpot.append(tpot)
+        self.stats.decoded(tpot, n_out - 1)
 
     def _decode_shed(self, r: int, now: float) -> None:
         self._completed(r)

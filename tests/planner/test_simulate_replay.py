@@ -286,6 +286,25 @@ def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     assert stats.observe(180.0, fleet, waiting_decode=0, queued_prefill=0).decode.running_requests_mean is None
 
 
+def test_interval_stats_weigh_tpot_by_tokens_as_the_inter_token_histogram() -> None:
+    """The engines' inter-token histogram counts every token once, so the TPOT quantile the
+    live reader gets weighs a request by its tokens: nine short, slow replies (2 tokens, one
+    interval each at 200 ms) and one long, fast one (1,001 tokens at 30 ms) read 30 ms at the
+    p90, where a quantile over requests would read 200 ms."""
+    fleet = prefill_fleet(1)
+    stats = IntervalStats(60.0, 0.9)
+    stats.observe(0.0, fleet, waiting_decode=0, queued_prefill=0)
+    for _ in range(9):
+        stats.decoded(0.2, 1)
+    stats.decoded(0.03, 1000)
+    obs = stats.observe(60.0, fleet, waiting_decode=0, queued_prefill=0)
+    assert obs.tpot_at_percentile_seconds.value == 0.03
+    assert obs.tpot_p50_seconds.value == 0.03
+    stats.decoded(0.2, 1)  # a lone short reply: its own tokens decide
+    assert stats.observe(120.0, fleet, waiting_decode=0, queued_prefill=0).tpot_at_percentile_seconds.value == 0.2
+    assert stats.observe(180.0, fleet, waiting_decode=0, queued_prefill=0).tpot_at_percentile_seconds is None
+
+
 def test_quantiles_count_rejected_requests_as_misses() -> None:
     """A latency quantile is over all requests: rejected ones lie beyond any latency."""
     from pdscale.planner.replay.run import _pct
