@@ -116,7 +116,15 @@ def test_sglang_router_picks_pd_prefills_at_random(fleet):
     # for model ..., using random worker selection"): requests of one prefix are spread.
     # The replay's deployed stack routes cache-aware (docs/replay.md); when this fails, the
     # router keeps prefixes together and the replay's rule holds for it again.
+    #
+    # Whether the policy gets a tree is a startup race in the router: the model's policy is
+    # assigned when its first worker registers, and on a loaded machine (the full suite, two
+    # cores) it was once assigned with one worker registered, after which the tree kept all
+    # ten requests on one prefill. So a run that lands on one prefill is tried once more on
+    # a fresh router: the race lost twice, or cache-aware routing for good, fails.
     chosen = _prefills_chosen(fleet, SGLANG_ROUTER, 10)
+    if len(set(chosen)) == 1:
+        chosen = _prefills_chosen(fleet, SGLANG_ROUTER, 10)
     assert len(set(chosen)) == 2, chosen  # all on one by chance: 2 / 2**10
 
 
