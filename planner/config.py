@@ -151,6 +151,11 @@ class PlannerConfig:
             return self.stabilization_window_seconds
         return HPA_SCALE_DOWN_WINDOW_SECONDS + self.model.profile.warmup.new_node_seconds
 
+    @property
+    def stabilization_intervals(self) -> int:
+        """Whole planning intervals in the scale-down window (0 for a window shorter than one)."""
+        return int(self.stabilization_seconds // self.interval_seconds)
+
 
 # -- validation ------------------------------------------------------------------------------
 # One rule per numeric field: (field, lowest, lowest allowed itself, highest, highest allowed

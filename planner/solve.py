@@ -483,7 +483,7 @@ def _load_shape(
     # bursts come back: size new capacity for a high quantile of the sub-window peaks the
     # scale-down window has seen (its floor holds what the highest needs). Not over the
     # length window: of its 3 intervals the quantile is the highest, a lone burst
-    burst_n = max(1, int(cfg.stabilization_seconds // cfg.interval_seconds))
+    burst_n = max(1, cfg.stabilization_intervals)
     peaks = [
         x.peak_rate_rps for x in loads[-burst_n:]
         if x is not None and x.peak_rate_rps is not None
@@ -706,7 +706,7 @@ def _scale_down_floor(
     removes a node only to re-add it minutes later. The floor never exceeds the budget split,
     the instances there are (it never forces a scale-up), or the role's maximum."""
     model = cfg.model
-    window_n = int(cfg.stabilization_seconds // cfg.interval_seconds)
+    window_n = cfg.stabilization_intervals
     tol = 1.0 - cfg.scale_down_tolerance
     recent_loads = [ld for ld in history.loads[-window_n:] if ld is not None] if window_n else []
     floor = np.array(needs.desired, dtype=float)
