@@ -16,6 +16,7 @@ from typing import Any
 from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
+from pdscale.planner.observe import Reading
 from pdscale.planner.profile import Profile, ProfileError, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
@@ -175,8 +176,13 @@ def history_to_json(history: History, last_plan_at_seconds: float | None,
              for x in history.loads[-keep:]]
     decisions = [_decision_dict(d) for d in history.decisions[-keep:]]
     cal = None if history.calibration is None else asdict(history.calibration)
+    # the last prefill queue too: the next tick's throughput reading (a saturated prefill's
+    # speed, calibration.samples) is the queue's growth since it, and the operator plans from
+    # this memory every tick, so without it that reading never happens live
+    queue = history.prefill_queue
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
                        "loads": loads, "decisions": decisions, "calibration": cal,
+                       "prefillQueue": None if queue is None else [queue.value, queue.at_seconds],
                        "profile": profile},
                       separators=(",", ":"))
 
@@ -242,9 +248,12 @@ def history_from_json(text: str | None) -> tuple[History, float | None]:
         cal = data.get("calibration")
         calibration = None if cal is None else Calibration(**{
             k: v for k, v in cal.items() if k in Calibration.__dataclass_fields__})
-        history = History(loads=loads, decisions=decisions, calibration=calibration)
+        queue = data.get("prefillQueue")  # memories written before it was kept have none
+        prefill_queue = None if queue is None else Reading(float(queue[0]), float(queue[1]))
+        history = History(loads=loads, decisions=decisions, calibration=calibration,
+                          prefill_queue=prefill_queue)
         return history, None if last is None else float(last)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, IndexError):
         return History(), None
 
 

@@ -4,6 +4,7 @@ and the planner's memory surviving a restart as JSON."""
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from pathlib import Path
 
 import yaml
@@ -25,7 +26,7 @@ from pdscale.planner.model import Calibration, Load
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
-from pdscale.planner.solve import History, plan
+from pdscale.planner.solve import History, plan, step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,6 +99,47 @@ def test_history_survives_a_round_trip():
     assert back.decisions[0].plan == ((4, 8), (5, 8))
 
 
+def test_the_memory_keeps_every_history_field_the_planner_reads():
+    # the operator plans from its stored memory every tick (planner_loop): a History field the
+    # JSON drops is one the live planner never has, while the replays (simulated and from
+    # Prometheus) carry History in process and do. A new field fails here until it is stored
+    h = History(loads=(Load(10, 2000, 500, 0.6, peak_rate_rps=30.0, input_tokens_square_ratio=2.0),),
+                decisions=(decision(),),
+                calibration=Calibration(prefill_factor=1.2, decode_factor=0.9, samples=3,
+                                        prefill_headroom=1.1, decode_headroom=1.3),
+                prefill_queue=Reading(512.0, 115.0))
+    unset = [f.name for f in fields(History) if getattr(h, f.name) == getattr(History(), f.name)]
+    assert unset == ["max_len"]  # (a limit of the process, not something learned)
+    back, _ = history_from_json(history_to_json(h, 120.0))
+    assert back == h
+
+
+def test_a_saturated_prefill_teaches_its_speed_through_the_memory_as_in_process():
+    # the throughput reading compares the prefill queue with the previous tick's: the live loop
+    # gets that previous reading only from its memory
+    spec = sample_spec()
+    cfg = planner_config(spec)
+    queue = 64.0 * 4 * 3  # three times the saturation threshold on 4 ready prefills
+
+    def obs(t: float) -> Observation:
+        r = lambda v: Reading(v, t)  # noqa: E731
+        return Observation(now_seconds=t, rate_rps=r(40.0), mean_input_tokens=r(4000.0),
+                           mean_output_tokens=r(300.0), prefix_hit_rate=r(0.0),
+                           ttft_at_percentile_seconds=r(30.0), tpot_p50_seconds=r(0.03),
+                           prefill=RoleState(ready=4, queue_depth=r(queue)),
+                           decode=RoleState(ready=8, running_requests=r(100.0)))
+
+    in_process, stored = History(), None
+    for t in (0.0, cfg.interval_seconds):
+        _, in_process = step(obs(t), config=cfg, history=in_process, now=t)
+        remembered, _ = history_from_json(stored)
+        _, after = step(obs(t), config=cfg, history=remembered, now=t)
+        stored = history_to_json(after, t)
+    through_memory, _ = history_from_json(stored)
+    assert in_process.calibration.prefill_factor != 1.0  # learned: 40 req/s outruns 4 prefills
+    assert through_memory.calibration == in_process.calibration
+
+
 def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
     spec = sample_spec()
     spec.planner.interval_seconds = 10
@@ -121,6 +163,8 @@ def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
 def test_unreadable_history_is_forgotten_not_fatal():
     assert history_from_json("{not json") == (History(), None)
     assert history_from_json(None) == (History(), None)
+    short_queue = '{"version":1,"loads":[],"decisions":[],"prefillQueue":[3]}'
+    assert history_from_json(short_queue) == (History(), None)
 
 
 # -- the spec fields the configuration is made of ----------------------------------------------
