@@ -73,6 +73,9 @@ class Calibration:
     samples: int = 0
     prefill_headroom: float = 1.0
     decode_headroom: float = 1.0
+    #: compute samples taken per role (calibration.py): the first ones weigh as a running mean
+    prefill_samples: int = 0
+    decode_samples: int = 0
 
 
 @dataclass(frozen=True)

@@ -240,8 +240,10 @@ def _calibration_ok(cal: object) -> bool:
     if not isinstance(cal, Calibration):
         return False
     lo, hi = HEADROOM_BOUNDS
+    counts = (cal.samples, cal.prefill_samples, cal.decode_samples)
     return (_finite_in(cal.prefill_headroom, lo, hi) and _finite_in(cal.decode_headroom, lo, hi)
-            and _finite_in(cal.prefill_factor, 1e-6, 1e6) and _finite_in(cal.decode_factor, 1e-6, 1e6))
+            and _finite_in(cal.prefill_factor, 1e-6, 1e6) and _finite_in(cal.decode_factor, 1e-6, 1e6)
+            and all(type(n) is int and n >= 0 for n in counts))
 
 
 def _clamp(p: int, d: int, cfg: PlannerConfig) -> tuple[int, int, list[str]]:

@@ -59,6 +59,27 @@ def test_a_slow_decode_raises_its_factor_and_a_fast_one_lowers_it(model: Perform
     assert slow.prefill_factor == fast.prefill_factor == 1.0
 
 
+def test_a_roles_first_samples_weigh_as_their_mean_and_later_ones_as_an_ewma(
+        model: PerformanceModel) -> None:
+    """A new planner knows nothing of its fleet beyond the profile: its first sample is the best
+    estimate there is, and what it orders on it serves a warm-up later (an EWMA from the
+    profile's 1.0 took five intervals to learn a decode 25% slower, each interval a
+    warm-up's worth of short decode later). A learned factor moves by the EWMA's weight."""
+    first = _learn(model, 1, decode_speed=0.8)
+    assert first.decode_factor == pytest.approx(1.25, rel=0.01)
+    assert first.decode_samples == 1 and first.prefill_samples == 0
+    # the second sample weighs a half: a reading 1.5x slow after one 1.0x moves it halfway
+    cal = Calibration(decode_samples=1)
+    s = samples(_obs(model, 60.0, decode_speed=1 / 1.5), LOAD, None, slo=SLO, model=model,
+                max_age_seconds=AGE)
+    assert learn_compute(cal, s).decode_factor == pytest.approx(1.25, rel=0.01)
+    # a factor learned from many samples moves by WEIGHT (0.3) of the way, as before
+    learned = Calibration(decode_factor=1.0, decode_samples=40)
+    assert learn_compute(learned, s).decode_factor == pytest.approx(1.15, rel=0.01)
+    # a count no planner writes weighs as a first sample: the weight never exceeds 1
+    assert learn_compute(replace(learned, decode_samples=-7), s).decode_factor == pytest.approx(1.25)
+
+
 def test_the_decode_sample_is_taken_at_the_intervals_mean_batch_not_the_batch_now(
     model: PerformanceModel,
 ) -> None:

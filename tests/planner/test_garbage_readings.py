@@ -139,6 +139,17 @@ def test_odd_history_entries_are_dropped_not_planned_on():
     assert len(new.decisions) == 1 and new.decisions[0] is dec
 
 
+def test_a_calibration_with_a_sample_count_no_planner_writes_is_forgotten():
+    # the counts weigh the first samples (calibration._weight); a negative or fractional one
+    # is an edited memory, and what it carries is not believed
+    for count in (-3, 2.5):
+        hist = replace(held_history(4, 4), calibration=Calibration(decode_factor=1.9,
+                                                                   decode_samples=count))
+        fresh = replace(hist, calibration=None)
+        assert step(obs(), config=cfg(), history=hist, now=NOW)[1].calibration == \
+            step(obs(), config=cfg(), history=fresh, now=NOW)[1].calibration
+
+
 def test_valid_histories_are_kept_as_they_are():
     hist = held_history(4, 4)
     _, new = step(obs(), config=cfg(), history=hist, now=NOW)
