@@ -47,8 +47,6 @@ DRAINED_DELETION_COST = -2000
 #: the start of a drain whose annotation cannot be read: long ago, so the drain has timed out
 #: (see ``drain_started_at``)
 DRAIN_START_UNREADABLE = -math.inf
-#: a pod Ready for less than this is "recently ready": its first passes are not yet warm
-RECENTLY_READY_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -139,9 +137,13 @@ def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
     )
 
 
-def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: float) -> RoleState:
+def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: float, *,
+               readings_seconds: float) -> RoleState:
     """Counts by state for the planner. A warming pod is expected to serve ``warmup_seconds``
-    after its creation (and not before now: an overdue pod is about to be ready)."""
+    after its creation (and not before now: an overdue pod is about to be ready). A pod Ready
+    within the metrics' window (``readings_seconds``) is recently ready: its first passes,
+    cold, are in this interval's readings, which calibration then does not learn from (the
+    replay counts them over the same span)."""
     live = [p for p in pods if not p.deleting]
     warming = tuple(
         Warming(ready_at_seconds=max(now_seconds, p.created_at_seconds + warmup_seconds))
@@ -152,7 +154,7 @@ def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: floa
     recent = sum(
         1 for p in ready
         if p.ready_since_seconds is not None
-        and now_seconds - p.ready_since_seconds < RECENTLY_READY_SECONDS
+        and now_seconds - p.ready_since_seconds < readings_seconds
     )
     draining = sum(1 for p in pods if p.draining or p.deleting)
     return RoleState(ready=len(ready), warming=warming, draining=draining, recently_ready=recent)

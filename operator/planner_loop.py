@@ -69,6 +69,12 @@ TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
 PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
 
 
+def readings_window_seconds(spec: PDClusterSpec) -> int:
+    """The window the planner's metrics are read over (the PromQL rate window): one planning
+    interval, and at least 10 s so that a 1 s scrape gives a rate several samples."""
+    return max(spec.planner.interval_seconds, 10)
+
+
 def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
     """The one listing of a tick, grouped per PDCluster and role (pure)."""
     out: PodsByKey = {}
@@ -196,10 +202,11 @@ class PlannerLoop:
         started = time.monotonic()
         config = planner_config(spec, resolved.profile)
         snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
+        window = readings_window_seconds(spec)
         obs = observation_from(
             snapshot, now,
-            role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds),
-            role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds),
+            role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds, readings_seconds=window),
+            role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds, readings_seconds=window),
         )
         decision, history = step(obs, config=config, history=history, now=now)
         if not self.memory.save(owner_of(body), history_to_json(history, now, history_keep(config),
@@ -218,7 +225,7 @@ class PlannerLoop:
                       percentile: float) -> MetricsSnapshot:
         url = spec.planner.prometheus_url or self.prometheus_url
         queries = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
-                                 window_seconds=max(spec.planner.interval_seconds, 10),
+                                 window_seconds=readings_window_seconds(spec),
                                  percentile=percentile)
         if not url:
             return MetricsSnapshot({q: None for q in queries},

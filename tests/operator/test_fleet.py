@@ -136,9 +136,19 @@ def test_target_rising_during_a_drain_undrains_instead_of_adding():
 def test_role_state_counts_by_state_and_estimates_warmup():
     pods = [pod("a"), pod("w", ready=False, created=90.0), pod("d", draining_since=1.0),
             pod("x", deleting=True)]
-    s = role_state(pods, now_seconds=100.0, warmup_seconds=300.0)
+    s = role_state(pods, now_seconds=100.0, warmup_seconds=300.0, readings_seconds=60.0)
     assert (s.ready, len(s.warming), s.draining) == (1, 1, 2)
     assert s.warming[0].ready_at_seconds == 390.0
+
+
+def test_recently_ready_means_ready_within_the_readings_window():
+    # the interval's readings include a pod's first, cold passes only if it became Ready within
+    # the window they are read over; the replay counts over the same span (interval_stats)
+    pods = [replace(pod("a"), ready_since_seconds=95.0), replace(pod("b"), ready_since_seconds=80.0),
+            replace(pod("c"), ready_since_seconds=10.0)]
+    assert role_state(pods, 100.0, 300.0, readings_seconds=10.0).recently_ready == 1
+    assert role_state(pods, 100.0, 300.0, readings_seconds=60.0).recently_ready == 2
+    assert role_state(pods, 100.0, 300.0, readings_seconds=120.0).recently_ready == 3
 
 
 def test_router_workers_are_exactly_the_serving_pods():
