@@ -1,8 +1,16 @@
 """What a planning interval observes: the simulator's stand-in for the metrics pipeline.
 
-Between two controller calls the simulator counts arrivals and their lengths, cache hits and
-the latencies of requests that got their first token; at the call it adds the fleet's state
-now and hands the lot over as an :class:`~..observe.Observation`, then starts counting anew.
+Between two controller calls the simulator counts arrivals, the lengths and cache hits of the
+requests that finished, and the latencies of requests that got their first token; at the call
+it adds the fleet's state now and hands the lot over as an :class:`~..observe.Observation`,
+then starts counting anew.
+
+Each count is taken when the real stack takes it (docs/replay.md): arrivals at the router,
+which the live rate reads; prompts (their tokens, cache hits and length histogram) when the
+prefill engine finishes the request, after its KV transfer; completions when decode finishes
+it. SGLang's request and token counters move at a request's finish
+(``observe_one_finished_request``), so in the live loop a new load's lengths show up a
+TTFT (prompts) or a whole response (outputs) after its arrivals, and so they do here.
 """
 
 from __future__ import annotations
@@ -36,12 +44,16 @@ class IntervalStats:
         #: metrics reader asks Prometheus for it (prometheus.render_queries)
         self.percentile = percentile
         self.arrivals = 0
+        #: prompts the prefill engines finished, their tokens and cached tokens
+        self.prompts = 0
         self.input_tokens = 0
-        #: arrivals per prompt-length bucket (SGLang's default buckets, then +Inf), as the
+        #: finished prompts per length bucket (SGLang's default buckets, then +Inf), as the
         #: engines' prompt histogram counts them: the prompts' spread is read from these
         self.input_buckets = [0] * (len(SGLANG_PROMPT_TOKENS_BUCKETS) + 1)
-        self.output_tokens = 0
         self.hit_tokens = 0
+        #: responses decode finished, and their output tokens
+        self.responses = 0
+        self.output_tokens = 0
         #: requests rejected (by the router, or shed at decode) in this interval
         self.rejections = 0
         #: arrivals per PEAK_WINDOW_SECONDS window (index since the epoch) of this interval
@@ -61,13 +73,23 @@ class IntervalStats:
         #: when the last observation was made (nan: none yet)
         self.last_observed = math.nan
 
-    def arrival(self, now: float, input_tokens: int, output_tokens: int) -> None:
+    def arrival(self, now: float) -> None:
+        """A request reached the router at ``now``."""
         self.arrivals += 1
         w = int(now // PEAK_WINDOW_SECONDS)
         self.per_window[w] = self.per_window.get(w, 0) + 1
+
+    def prompt_finished(self, input_tokens: int, hit_tokens: int) -> None:
+        """The prefill engine finished a request of ``input_tokens``, ``hit_tokens`` cached."""
+        self.prompts += 1
         self.input_tokens += input_tokens
-        self.output_tokens += output_tokens
+        self.hit_tokens += hit_tokens
         self.input_buckets[bisect.bisect_left(SGLANG_PROMPT_TOKENS_BUCKETS, input_tokens)] += 1
+
+    def response_finished(self, output_tokens: int) -> None:
+        """Decode finished a request of ``output_tokens``."""
+        self.responses += 1
+        self.output_tokens += output_tokens
 
     def decoded(self, tpot_seconds: float, intervals: int) -> None:
         """A request finished decoding at ``tpot_seconds`` over ``intervals`` inter-token
@@ -111,8 +133,8 @@ class IntervalStats:
             now_seconds=now,
             rate_rps=load(n / span),
             peak_rate_rps=load(max(self.per_window.values(), default=0) / PEAK_WINDOW_SECONDS),
-            mean_input_tokens=load(self.input_tokens / n) if n else None,
-            mean_output_tokens=load(self.output_tokens / n) if n else None,
+            mean_input_tokens=load(self.input_tokens / self.prompts) if self.prompts else None,
+            mean_output_tokens=load(self.output_tokens / self.responses) if self.responses else None,
             input_tokens_square_ratio=self._square_ratio(load),
             prefix_hit_rate=load(self.hit_tokens / self.input_tokens) if self.input_tokens else None,
             ttft_p50_seconds=q(self.ttft, 0.5),
@@ -128,7 +150,8 @@ class IntervalStats:
                                             if self.scrapes else None)),
         )
         self.decode_running_scraped = self.scrapes = 0
-        self.arrivals = self.input_tokens = self.output_tokens = self.hit_tokens = self.rejections = 0
+        self.arrivals = self.rejections = 0
+        self.prompts = self.input_tokens = self.hit_tokens = self.responses = self.output_tokens = 0
         self.ttft.clear()
         self.tpot.clear()
         self.tpot_tokens.clear()

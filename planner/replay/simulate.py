@@ -251,6 +251,8 @@ class _Replay:
         #: request -> the prefill instance it was routed to, until it completes end to end
         #: (its prefill slot is released at prefill, the router's load at the end)
         self._prefill_of: dict[int, int] = {}
+        #: request -> its cached prompt tokens, from its prefill until its KV transfer ends
+        self._hits_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
         #: when Prometheus scrapes the gauges next (the first at the first arrival)
         self._next_scrape = trace.arrival_seconds[0] if len(trace) else 0.0
@@ -382,6 +384,7 @@ class _Replay:
             if kind == Events.DECODE:
                 self.decode.finish_due(x, t, seq)
             elif kind == Events.ADMIT:
+                self.stats.prompt_finished(self._input[x], self._hits_of.pop(x))
                 self._admit_decode(x, t)
             elif kind == Events.PASS:
                 assert self.batches is not None
@@ -402,7 +405,7 @@ class _Replay:
         """Request ``r`` arrives at ``t``: route it to a prefill instance (or reject it) and
         queue its prefill there; its KV reaches decode after the transfer."""
         fleet = self.fleet
-        self.stats.arrival(t, self._input[r], self._output[r])
+        self.stats.arrival(t)
         if not fleet.ready_prefill:
             self.rejected[r] = True  # no prefill instance at all: nothing can serve it
             self.stats.rejections += 1
@@ -485,8 +488,8 @@ class _Replay:
         self._slot_opened = True
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok
-        stats.hit_tokens += hit_tok
         if self.config.prefill_only:
+            stats.prompt_finished(n_in, hit_tok)
             self._completed(r)
             t = self._arrival[r]
             self.ttft[r] = done - t
@@ -494,6 +497,8 @@ class _Replay:
             self.last_done = max(self.last_done, done)
             self.unfinished -= 1
         else:
+            # the prefill engine counts the request (and its prompt) as its KV transfer ends
+            self._hits_of[r] = hit_tok
             self.events.push(done + self._kv_seconds(n_in), Events.ADMIT, r)
 
     def _admit_decode(self, r: int, now: float) -> None:
@@ -515,6 +520,7 @@ class _Replay:
 
     def _decode_finished(self, r: int, start: float, now: float) -> None:
         n_out = self._output[r]
+        self.stats.response_finished(n_out)
         self._completed(r)
         self.unfinished -= 1
         self.last_done = max(self.last_done, now)

@@ -133,7 +133,8 @@ def test_the_replay_reads_the_spread_through_the_same_buckets() -> None:
     fleet = Fleet(PrefixIndex(100), Events(), switch_seconds=30.0)
     stats.observe(0.0, fleet, 0, queued_prefill=0)  # the first call only starts the clock
     for k, n in enumerate(prompts):
-        stats.arrival(k * 0.1, int(n), 300)
+        stats.arrival(k * 0.1)
+        stats.prompt_finished(int(n), 0)
     obs = stats.observe(60.0, fleet, 0, queued_prefill=0)
     assert obs.input_tokens_square_ratio is not None
     expected = square_ratio_from_buckets(_bucketed(prompts, SGLANG_PROMPT_TOKENS_BUCKETS))

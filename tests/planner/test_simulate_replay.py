@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from planner_replay_helpers import replay_setup
+from planner_replay_helpers import bench_module, replay_setup
 
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.model import PerformanceModel, Slo
@@ -182,14 +183,14 @@ def test_steady_hour_has_no_role_changes_and_meets_slo(model: PerformanceModel, 
     setup = replace(setup, planner=replace(setup.planner, prefill_queue="pooled"))
     rep = run_policy(setup, "pdscale")
     assert rep["role_changes"] == 0
-    # settles, no flapping between sizes: each role's count only steps down (as calibration
-    # learns the engines compute the load faster than the profile predicts, planner/
-    # calibration.py's forward time), then holds one size for the last half hour
+    # settles, no flapping between sizes: no node removed and re-added within a warm-up (the
+    # issue's rule, bench/ramp_bench.py), and at most one change in the last half hour (at
+    # 11 prefills this fleet sits at the edge of its p99 target: an interval that misses it
+    # may buy one more)
+    assert bench_module("ramp_bench").readds(rep["decisions"], setup.model.profile.warmup.new_node_seconds) == 0
     counts = [(d["prefill"], d["decode"]) for d in rep["decisions"]]
-    for role in (0, 1):
-        steps = np.diff([c[role] for c in counts])
-        assert not (steps > 0).any() or not (steps < 0).any(), counts
-    assert len(set(counts[len(counts) // 2:])) == 1, counts
+    last_half = counts[len(counts) // 2:]
+    assert sum(a != b for a, b in itertools.pairwise(last_half)) <= 1, counts
     assert rep["slo_attainment"] >= 0.99
 
 
@@ -264,12 +265,13 @@ def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     first = stats.observe(0.0, fleet, waiting_decode=0, queued_prefill=0)
     assert first.rate_rps is None  # nothing watched yet: unknown, not zero
     for t in (1.0, 2.0, 3.0):
-        stats.arrival(t, 1000, 100)
-    stats.hit_tokens += 500
+        stats.arrival(t)
+        stats.prompt_finished(1000, 500 if t == 1.0 else 0)
     stats.ttft.append(0.5)
     fleet.busy[0] = 70.0
     obs = stats.observe(60.0, fleet, waiting_decode=4, queued_prefill=3)
     assert obs.rate_rps.value == 3 / 60 and obs.mean_input_tokens.value == 1000
+    assert obs.mean_output_tokens is None  # no response finished: unknown, not zero
     assert obs.prefix_hit_rate.value == 500 / 3000 and obs.ttft_at_percentile_seconds.value == 0.5
     assert obs.prefill.ready == 2 and obs.prefill.queue_depth.value == 3
     assert obs.decode.ready == 1 and len(obs.decode.warming) == 1
@@ -284,6 +286,30 @@ def test_interval_stats_observe_the_interval_then_start_anew() -> None:
     assert again.rate_rps.value == 0 and again.ttft_p50_seconds is None
     assert again.decode.running_requests_mean.value == 2.0 and again.decode.running_requests.value == 4
     assert stats.observe(180.0, fleet, waiting_decode=0, queued_prefill=0).decode.running_requests_mean is None
+
+
+def test_the_replay_counts_lengths_when_the_engines_do_at_a_requests_finish(
+        model: PerformanceModel) -> None:
+    """SGLang's request and token counters move when a request finishes (the prefill engine's
+    after its KV transfer, decode's at the last token), so the live planner sees a new load's
+    prompts a TTFT after they arrive and its outputs a response later. A 40k-token prompt
+    arriving just before a tick is in that tick's rate but not in its lengths; the next tick
+    has its prompt and, once it is decoded, its output."""
+    tr = Trace(name="late", arrival_seconds=[0.0, 59.9, 130.0], input_tokens=[1000, 40_000, 1000],
+               output_tokens=[10, 200, 10], hash_ids=[[0], [1], [2]], block_tokens=512)
+    assert model.prefill_seconds(40_000) > 0.1
+    seen: dict[float, Observation] = {}
+
+    def hold(obs: Observation) -> tuple[int, int]:
+        seen[obs.now_seconds] = obs
+        return 1, 1
+
+    simulate(tr, model, SimConfig(initial_prefill=1, initial_decode=1, interval_seconds=60.0), hold)
+    assert seen[60.0].rate_rps.value == 2 / 60
+    assert seen[60.0].mean_input_tokens.value == 1000  # the long prompt is still in prefill
+    assert seen[60.0].mean_output_tokens.value == 10
+    assert seen[120.0].mean_input_tokens.value == 40_000
+    assert seen[120.0].mean_output_tokens.value == 200
 
 
 def test_interval_stats_weigh_tpot_by_tokens_as_the_inter_token_histogram() -> None:
