@@ -46,7 +46,11 @@ means something:
   interval; behind the ideal router (passes mostly unshared) the forward time was 0.77-0.97
   of the prediction and the factor settled at 0.84 within 20 minutes (steady hour: 99.5%,
   prefill 14 -> 11). On the deployed stack: Mooncake x6 -0.14 pp with 2.4% fewer GPU-hours,
-  ServeGen's day -0.14 pp with 6.7% fewer, Azure and the steady hour unchanged.
+  ServeGen's day -0.14 pp with 6.7% fewer, Azure and the steady hour unchanged. (Measured
+  while the replay counted prompts at their arrival, rejected ones included, as no engine
+  does: behind the ideal router's early rejection that put the long prompts it rejected into
+  the mean, and part of the 0.77-0.97 was that. Counted at their finish, as the engines
+  count them, the steady hour's forward time reads 0.94-1.07 and the factor stays near 0.98.)
 
 Either way: no sample from a role with instances that became ready within the interval
 (their first passes are slow: JIT, graphs, cold caches, and Dynamo over-scales on exactly
@@ -193,7 +197,7 @@ def learn_compute(cal: Calibration, s: ComputeSamples) -> Calibration:
     taken_p += s.prefill is not None
     # the ceiling always by the EWMA, and not counted: it is read only where it is below the
     # factor, so its first readings are its low tail (taken whole, on the steady hour behind
-    # the ideal router, the first set the factor at 0.80 where the EWMA settles at 0.84)
+    # the ideal router, the first set the factor at 0.80 where the EWMA settled at 0.84)
     if s.prefill_ceiling is not None and s.prefill_ceiling < prefill:
         prefill = _move(prefill, s.prefill_ceiling)
     decode = _move(cal.decode_factor, s.decode, weight=_weight(taken_d))
