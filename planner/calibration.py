@@ -63,10 +63,11 @@ A role's first samples are the exception: before them the planner knows only the
 what it orders on a sample serves a warm-up later, so the k-th sample weighs 1/k (a running
 mean of the samples, the first taken whole) until that falls below ``WEIGHT``. Measured on
 Mooncake x6 against the EWMA from the first sample (deployed stack, bench/model_error_bench.py
-fleets): a decode 25% slower was learned in one interval instead of five, attainment +0.8 pp
-on a first deployment (89.6%) and +0.7 pp on a running planner (96.4%); both roles slower
-+0.7 and +0.5 pp; the right fleet +0.1 pp (first deployment) and unchanged (running), at the
-same GPU-hours; the faster fleets, Azure, ServeGen and the steady hour unchanged.
+fleets, with lengths counted at a request's finish as the engines count them): a decode 25%
+slower was learned in one interval instead of five, attainment +0.9 pp on a first deployment
+(89.1% against 88.1%), both roles slower +0.9 pp, a running planner within 0.2 pp (there the
+first orders are held down by the first interval's outputs, the short ones, which finish
+first); the right fleet, the faster ones, Azure, ServeGen and the steady hour unchanged.
 """
 
 from __future__ import annotations
