@@ -30,6 +30,7 @@ from pdscale.planner.prometheus import (
     MetricsSnapshot,
     observation_from,
     prometheus_client,
+    rate_window_seconds,
     read_metrics,
     render_queries,
 )
@@ -67,12 +68,6 @@ TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
 
 #: every pod the operator manages, by (namespace, instance label, role label)
 PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
-
-
-def readings_window_seconds(spec: PDClusterSpec) -> int:
-    """The window the planner's metrics are read over (the PromQL rate window): one planning
-    interval, and at least 10 s so that a 1 s scrape gives a rate several samples."""
-    return max(spec.planner.interval_seconds, 10)
 
 
 def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
@@ -202,7 +197,7 @@ class PlannerLoop:
         started = time.monotonic()
         config = planner_config(spec, resolved.profile)
         snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
-        window = readings_window_seconds(spec)
+        window = rate_window_seconds(spec.planner.interval_seconds)
         obs = observation_from(
             snapshot, now,
             role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds, readings_seconds=window),
@@ -225,7 +220,7 @@ class PlannerLoop:
                       percentile: float) -> MetricsSnapshot:
         url = spec.planner.prometheus_url or self.prometheus_url
         queries = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
-                                 window_seconds=readings_window_seconds(spec),
+                                 window_seconds=rate_window_seconds(spec.planner.interval_seconds),
                                  percentile=percentile)
         if not url:
             return MetricsSnapshot({q: None for q in queries},

@@ -43,6 +43,7 @@ from pdscale.planner.prometheus import (
     MetricsSnapshot,
     QueryClient,
     observation_from,
+    rate_window_seconds,
     read_metrics,
     render_queries,
 )
@@ -252,7 +253,7 @@ def read_readings(client: QueryClient, engine: str, namespace: str, pdcluster: s
     """The planner's queries, as the live loop renders them for ``config`` (window = the
     interval, at least 10 s; the SLO's percentile), evaluated at each time."""
     queries = render_queries(engine, namespace=namespace, pdcluster=pdcluster,
-                             window_seconds=max(int(config.interval_seconds), 10),
+                             window_seconds=rate_window_seconds(config.interval_seconds),
                              percentile=config.slo.percentile)
     return [read_metrics(client, queries, t, at_seconds=t) for t in times]
 

@@ -25,7 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pdscale.planner.prometheus import MetricsSnapshot, QueryClient, read_metrics, render_queries
+from pdscale.planner.prometheus import (
+    MetricsSnapshot,
+    QueryClient,
+    rate_window_seconds,
+    read_metrics,
+    render_queries,
+)
 from pdscale.planner.replay.reconstruct import IntervalAggregate, trace_from_aggregates
 from pdscale.planner.replay.traces import TraceError
 
@@ -284,7 +290,7 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     console = Console(stderr=True)
     config = configured.config
     engine = configured.spec.engine.kind.value
-    window = max(int(configured.spec.planner.interval_seconds), 10)
+    window = rate_window_seconds(configured.spec.planner.interval_seconds)
     aggregates, caveats = read_aggregates(
         client, engine=engine, namespace=namespace, pdcluster=base_name(name),
         window_seconds=window, percentile=config.slo.percentile, start=start, end=end)

@@ -81,9 +81,6 @@ from .observe import Observation, Reading
 FACTOR_BOUNDS = (0.5, 2.0)
 #: EWMA weight of one interval's sample
 WEIGHT = 0.3
-#: a role's first samples weigh as a running mean of them and this many samples at the
-#: profile's 1.0, until that weight falls to ``WEIGHT`` (module docstring)
-PRIOR_SAMPLES = 0
 #: samples this close (relative) to the current factor leave it alone
 DEADBAND = 0.06
 #: the factor changes by at most this ratio per interval
@@ -185,9 +182,9 @@ def _move(factor: float, sample: float | None, *, direction: str = "both",
 
 
 def _weight(taken: int) -> float:
-    """The weight of a role's sample after ``taken`` others: a running mean with
-    ``PRIOR_SAMPLES`` at 1.0 while that weighs more than the EWMA's ``WEIGHT``."""
-    return max(WEIGHT, 1.0 / (max(taken, 0) + 1 + PRIOR_SAMPLES))
+    """The weight of a role's sample after ``taken`` others: a running mean of its samples
+    while that weighs more than the EWMA's ``WEIGHT`` (module docstring)."""
+    return max(WEIGHT, 1.0 / (max(taken, 0) + 1))
 
 
 def learn_compute(cal: Calibration, s: ComputeSamples) -> Calibration:

@@ -204,6 +204,13 @@ VLLM_QUERIES: Mapping[str, str] = {
 ENGINE_QUERIES: Mapping[str, Mapping[str, str]] = {"sglang": SGLANG_QUERIES, "vllm": VLLM_QUERIES}
 
 
+def rate_window_seconds(interval_seconds: float) -> int:
+    """The window the planner's metrics are read over (the PromQL rate window): one planning
+    interval, and at least 10 s so that a 1 s scrape gives a rate several samples. The live
+    loop, the Prometheus replay and its what-if read with this one rule."""
+    return max(int(interval_seconds), 10)
+
+
 def render_queries(
     engine: str,
     *,
