@@ -151,8 +151,9 @@ class Reporter:
         for gauge, reading in ((OBSERVED_TTFT, obs.ttft_at_percentile_seconds), (OBSERVED_TPOT, obs.tpot_at_percentile_seconds)):
             if reading is not None:  # no reading: the gauge keeps its last value
                 gauge.labels(ns, name).set(reading.value)
-        self._planner_input(ns, name, obs)
+        # counted before the plan time is set, so a scrape showing the plan time shows its count
         DECISIONS.labels(ns, name, decision_bound(decision)).inc()
+        self._planner_input(ns, name, obs)
         log.info("plan %s/%s: %s (%s)", ns, name, short(decision), decision.explanation)
         event = decision_event(decision, previous)
         if event is not None:

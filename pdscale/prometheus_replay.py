@@ -19,6 +19,10 @@ Where that cannot hold, the report says so:
 - a what-if (another interval, SLO, budget): the readings are the live fleet's and so are the
   role states; the what-if's decisions say what it would have asked for, not what the fleet
   it would have run would have measured, and its latencies are not predicted here;
+- decisions made between two scrapes (the operator scraped less often than it plans): the
+  replay never sees them and its memory parts from the live one's; found where the decisions
+  counter (``pdscale_planner_decisions_total``) moved by more than one between two recorded
+  decisions, so a plan that merely came late (a busy operator) is not reported;
 - a scrape that began before a plan time but was stored after the live query ran: the live
   reading missed its sample and the replay's has it (scrapes are stored when they finish).
   Rare (a scrape takes milliseconds); the tick then shows DIFFERS or a different explanation.
@@ -53,6 +57,7 @@ PLAN_TIME_METRIC = "pdscale_planner_last_plan_timestamp_seconds"
 INSTANCES_METRIC = "pdscale_planner_observed_instances"
 WARMING_METRIC = "pdscale_planner_warming_ready_in_seconds"
 RECOMMENDED_METRIC = "pdscale_planner_recommended_replicas"
+DECISIONS_METRIC = "pdscale_planner_decisions_total"
 READY_METRIC = "pdscale_ready_replicas"
 
 #: a raw sample as the HTTP API gives it in a range vector: (timestamp, value)
@@ -71,6 +76,9 @@ class RecordedTick:
     decode: RoleState
     #: the counts the live planner decided (prefill, decode), when recorded
     live: tuple[int, int] | None = None
+    #: how many decisions the operator had made by this one (its decisions counter), when
+    #: recorded: tells a late plan from decisions made between two scrapes
+    decided: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,12 +111,14 @@ def _by_time(series: Sequence[Series], key: str) -> dict[float, dict[str, float]
 
 
 def recorded_ticks(plan_times: Sequence[Series], instances: Sequence[Series],
-                   warming: Sequence[Series], recommended: Sequence[Series]) -> list[RecordedTick]:
+                   warming: Sequence[Series], recommended: Sequence[Series],
+                   decisions: Sequence[Series] = ()) -> list[RecordedTick]:
     """Join the operator's exported gauges into one tick per live decision (pure).
 
-    A decision is the first scrape that shows a new ``plan time`` value; the role states and
-    the decided counts are read from that same scrape (same timestamp: the operator sets the
-    plan time last, so that scrape already holds this decision's states)."""
+    A decision is the first scrape that shows a new ``plan time`` value; the role states, the
+    decided counts and the decisions counter (summed over its ``bound`` label) are read from
+    that same scrape (same timestamp: the operator sets the plan time last, so that scrape
+    already holds this decision's states and count)."""
     firsts: dict[float, float] = {}  # plan time -> first scrape showing it
     for _, samples in plan_times:
         for ts, value in samples:
@@ -117,6 +127,7 @@ def recorded_ticks(plan_times: Sequence[Series], instances: Sequence[Series],
     counts = _by_time(instances, "role/state")
     slots = _by_time(warming, "role/slot")
     decided = _by_time(recommended, "role")
+    made = {ts: round(sum(by_bound.values())) for ts, by_bound in _by_time(decisions, "bound").items()}
     ticks = []
     for at in sorted(firsts):
         scrape = firsts[at]
@@ -124,7 +135,7 @@ def recorded_ticks(plan_times: Sequence[Series], instances: Sequence[Series],
         live = ((int(d["prefill"]), int(d["decode"]))
                 if "prefill" in d and "decode" in d else None)
         ticks.append(RecordedTick(at, _role_state("prefill", at, c, w),
-                                  _role_state("decode", at, c, w), live))
+                                  _role_state("decode", at, c, w), live, made.get(scrape)))
     return ticks
 
 
@@ -198,13 +209,21 @@ def instance_hours(times: Sequence[float], counts: Sequence[tuple[int, int]],
 
 def missed_decisions(ticks: Sequence[RecordedTick], interval_seconds: float,
                      tick_seconds: float = 5.0) -> list[tuple[float, float]]:
-    """(time, seconds) of each gap between recorded decisions longer than one planning interval
-    and the operator's fast tick (the latest a due plan can come): decisions there were made
-    but not scraped (the operator scraped less often than it plans), so the replay's memory
-    parts from the live one's after it."""
+    """(time, seconds) of each gap between recorded decisions in which the operator decided
+    and was not scraped (it was scraped less often than it plans), so the replay's memory
+    parts from the live one's after it. Where both ends carry the operator's decisions counter
+    a gap is one when the counter moved by more than one (a plan that came late, as on a busy
+    machine, is not); else (no counter, or it restarted) when the gap is longer than an
+    interval and the operator's fast tick (the latest a due plan can come)."""
     slack = interval_seconds + tick_seconds + 1.0
+
+    def missed(a: RecordedTick, b: RecordedTick) -> bool:
+        if a.decided is not None and b.decided is not None and b.decided > a.decided:
+            return b.decided - a.decided > 1
+        return b.at_seconds - a.at_seconds > slack
+
     return [(a.at_seconds, b.at_seconds - a.at_seconds)
-            for a, b in itertools.pairwise(ticks) if b.at_seconds - a.at_seconds > slack]
+            for a, b in itertools.pairwise(ticks) if missed(a, b)]
 
 
 def matches(decisions: Sequence[Decision], ticks: Sequence[RecordedTick]) -> tuple[int, int]:
@@ -241,7 +260,8 @@ def read_recording(client: QueryClient, namespace: str, pdcluster: str, start: f
     decided before ``start`` (then its memory at ``start`` is not empty)."""
     sel = f'namespace="{namespace}",pdcluster="{pdcluster}"'
     ticks = recorded_ticks(*(_range(client, m, sel, start, end) for m in
-                             (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC)))
+                             (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC,
+                              DECISIONS_METRIC)))
     before = any(t.at_seconds < start for t in ticks)
     # plan times recorded in the range but decided before it are not this range's
     ticks = [t for t in ticks if start <= t.at_seconds <= end]
@@ -318,8 +338,8 @@ def replay_range(client: QueryClient, *, engine: str, namespace: str, name: str,
         gaps = missed_decisions(ticks, live_interval_seconds)
         if gaps:
             at, seconds = gaps[0]
-            caveats.append(f"{len(gaps)} gap(s) between recorded decisions longer than the "
-                           f"{live_interval_seconds:g} s interval (the first {seconds:.0f} s "
+            caveats.append(f"{len(gaps)} gap(s) between recorded decisions that hide decisions "
+                           f"at the {live_interval_seconds:g} s interval (the first {seconds:.0f} s "
                            f"after {at:.0f}): the operator was scraped less often than it "
                            "plans, the decisions in between are not in Prometheus, and the "
                            "replay's memory parts from the live one's after each; scrape it "

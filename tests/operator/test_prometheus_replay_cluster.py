@@ -5,6 +5,7 @@ ConfigMap recorded, field for field."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -64,6 +65,9 @@ def test_replay_reproduces_the_operators_recorded_decisions(cluster, admin_api, 
         recorded, ready, before = read_recording(promql, namespace, NAME, start, end)
         assert not before
         assert [t.at_seconds for t in recorded] == [d.at_seconds for d in live]
+        # the decisions counter came with each: one decision between two recorded ones
+        decided = [t.decided for t in recorded]
+        assert None not in decided and all(b - a == 1 for a, b in itertools.pairwise(decided)), decided
         spec = parse(doc["spec"])
         replayed = replay_range(promql, engine="sglang", namespace=namespace, name=NAME,
                                 config=planner_config(spec), start=start, end=end,

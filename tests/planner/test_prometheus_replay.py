@@ -21,6 +21,7 @@ from pdscale.planner.observe import Reading, RoleState, Warming
 from pdscale.planner.prometheus import MetricsSnapshot, observation_from
 from pdscale.planner.solve import History, step
 from pdscale.prometheus_replay import (
+    DECISIONS_METRIC,
     INSTANCES_METRIC,
     PLAN_TIME_METRIC,
     RECOMMENDED_METRIC,
@@ -112,7 +113,7 @@ class _NoKube:
 
 def _scrape(name: str, at: float, into: dict[str, list]) -> None:
     """One scrape of the operator's registry: each gauge child of this PDCluster, stamped ``at``."""
-    wanted = (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC)
+    wanted = (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC, DECISIONS_METRIC)
     for family in REGISTRY.collect():
         for sample in family.samples:
             if sample.name in wanted and sample.labels.get("pdcluster") == name:
@@ -149,7 +150,8 @@ def _live_run(name: str, ticks: int = 24):
 
 def _recorded(scraped: dict[str, list]) -> list[RecordedTick]:
     return recorded_ticks(*(scraped.get(m, []) for m in
-                            (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC)))
+                            (PLAN_TIME_METRIC, INSTANCES_METRIC, WARMING_METRIC, RECOMMENDED_METRIC,
+                             DECISIONS_METRIC)))
 
 
 def test_replanning_the_exported_inputs_reproduces_every_live_decision_exactly():
@@ -163,6 +165,8 @@ def test_replanning_the_exported_inputs_reproduces_every_live_decision_exactly()
     replayed = replan(ticks, snapshots, config)
     assert replayed == live  # every field: counts, explanation, plan, predictions
     assert matches(replayed, ticks) == (len(live), len(live))
+    # the scrape that shows a plan time shows that decision counted too
+    assert [t.decided for t in ticks] == list(range(1, len(live) + 1))
 
 
 def test_without_the_exported_role_states_the_replay_parts_from_the_live_decisions():
@@ -263,9 +267,25 @@ def test_decisions_not_scraped_are_named_as_gaps():
     from pdscale.prometheus_replay import missed_decisions
 
     ticks = [RecordedTick(t, RoleState(), RoleState()) for t in (0.0, 12.0, 24.5, 54.0, 66.0)]
-    # at 10 s intervals a plan comes at most a fast tick (5 s) late: 29.5 s hides two
+    # no decisions counter: at 10 s intervals a plan comes at most a fast tick (5 s) late,
+    # so 29.5 s hides two
     assert missed_decisions(ticks, 10.0) == [(24.5, 29.5)]
     assert missed_decisions(ticks, 30.0) == []
+
+
+def test_the_decisions_counter_tells_a_late_plan_from_an_unscraped_one():
+    from pdscale.prometheus_replay import missed_decisions
+
+    def ticks(decided):
+        return [RecordedTick(t, RoleState(), RoleState(), None, n)
+                for t, n in zip((0.0, 10.0, 44.0, 54.0, 86.0), decided, strict=True)]
+
+    # a plan 24 s late on a busy machine: the counter moved by one, nothing was missed
+    assert missed_decisions(ticks([5, 6, 7, 8, 11]), 10.0) == [(54.0, 32.0)]
+    # two decisions made within one scrape interval: missed although the gap is short
+    assert missed_decisions(ticks([5, 7, 8, 9, 10]), 10.0) == [(0.0, 10.0)]
+    # the operator restarted (counter reset): the gap's length decides
+    assert missed_decisions(ticks([5, 6, 1, 2, 3]), 10.0) == [(10.0, 34.0)]
 
 
 def test_gauges_scraped_through_a_service_monitor_are_found_under_exported_namespace():
