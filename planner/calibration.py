@@ -13,8 +13,25 @@ Mooncake trace x6 (bench/model_error_bench.py's fleets): the per-interval ratio'
 1.03 with the right profile, 1.28 on a fleet 25% slower (1.25 expected), 0.82 on one 25%
 faster (0.80), each interval within about +-15%.
 
-Prefill. Its latency mixes queueing and compute, so three readings are used, each where it
-means something:
+Prefill. Its latency mixes queueing and compute, so it is learned from the GPUs instead:
+
+- *busy time*, at any load, where the engine exports it (SGLang's
+  ``gpu_execution_seconds_total`` of its prefill passes; vLLM has none): the seconds the
+  prefill instances spent in forward passes per prompt they finished, over the profile's
+  mean compute of the interval's prompts (``PerformanceModel.prefill_service_seconds``). A
+  pass counts once however many prompts share it, so this is the prompts' compute: a sample
+  both ways, on an idle fleet as on a saturated one, and the three readings below are not
+  used. Measured on the deployed stack (bench/model_error_bench.py, bench/policy_bench.py)
+  against the forward-time ceiling it replaces: a faster prefill costs 1.04x the GPU-hours of
+  the planner that knows the fleet on Mooncake x6 as a first deployment (1.17x), both faster
+  1.05x (1.18x); a slower prefill meets 96.4% as a first deployment (95.7%; the planner that
+  knows the fleet 97.0%) and 97.2% once running (96.7%; knows 97.1%, the oracle 97.1%); on
+  Azure, where short prompts never saturated prefill and a slower one was learned only as
+  headroom, 91.8% running (90.8%; knows 93.5%). With the right profile: Mooncake -0.1 pp at
+  1.4% fewer GPU-hours, ServeGen's day -0.1 pp at 2.7% fewer, Azure and the steady hour
+  unchanged (its samples then stay within ``BUSY_DEADBAND``).
+
+Where no busy time is read, three readings are used, each where it means something:
 
 - *saturated*: when requests queue at prefill at the start and at the end of the interval
   (at least ``SATURATED_QUEUE_PER_INSTANCE`` per ready instance), every instance was busy
@@ -83,6 +100,12 @@ FACTOR_BOUNDS = (0.5, 2.0)
 WEIGHT = 0.3
 #: samples this close (relative) to the current factor leave it alone
 DEADBAND = 0.06
+#: the same for the prefill's busy-time sample, wider: with the right profile its per-interval
+#: spread is +-5% around 0.97-0.98 (p10-p90 0.92-1.02 on the steady hour, Mooncake lengths;
+#: the bucketed prompt spread and the uniform hit rate price each interval's prompts a little
+#: off), and a factor that chased that spread moved counts at instance boundaries: the steady
+#: hour behind the ideal router re-added a node it had removed minutes before
+BUSY_DEADBAND = 0.10
 #: the factor changes by at most this ratio per interval
 MAX_STEP = 1.25
 #: prefill counts as saturated with at least this many queued requests per ready instance at
@@ -112,6 +135,8 @@ class ComputeSamples:
     #: the prompts' forward time over their predicted compute: a ceiling the prefill factor
     #: moves down to when it is below it, never a reason to raise it (module docstring)
     prefill_ceiling: float | None = None
+    #: how far ``prefill`` must be from the factor to move it
+    prefill_deadband: float = DEADBAND
 
 
 def samples(
@@ -143,12 +168,20 @@ def samples(
     if p.recently_ready or not p.ready:
         return ComputeSamples(None, decode, "both")
     service = raw.prefill_service_seconds(load)
+    if service <= 0:
+        return ComputeSamples(None, decode, "both")
+    busy_per_request = get(obs.prefill_busy_seconds_per_request)
+    if busy_per_request:
+        # the GPUs' busy time per prompt is the prompts' compute, at any load: a sample both
+        # ways, and the forward time's one-sided ceiling has nothing to add
+        return ComputeSamples(busy_per_request / service, decode, "both",
+                              prefill_deadband=BUSY_DEADBAND)
     forward = get(obs.prefill_forward_seconds)
-    ceiling = forward / service if forward and service > 0 else None
+    ceiling = forward / service if forward else None
     queue, before = get(p.queue_depth), previous_queue
     busy = SATURATED_QUEUE_PER_INSTANCE * p.ready
     if (queue is not None and before is not None and queue >= busy and before.value >= busy
-            and 0 < now - before.at_seconds <= 2 * max_age_seconds and service > 0):
+            and 0 < now - before.at_seconds <= 2 * max_age_seconds):
         completed_rps = load.rate_rps - (queue - before.value) / (now - before.at_seconds)
         if completed_rps > 0:
             prefill = p.ready / (completed_rps * service)
@@ -164,7 +197,7 @@ def samples(
 
 
 def _move(factor: float, sample: float | None, *, direction: str = "both",
-          weight: float = WEIGHT) -> float:
+          weight: float = WEIGHT, deadband: float = DEADBAND) -> float:
     """``factor`` moved towards ``sample``: clamped, dead-banded, damped (``weight`` of the
     way), rate-limited; or, ``direction="relax"``, a ``RELAX_STEP`` towards 1."""
     if direction == "relax":
@@ -174,7 +207,7 @@ def _move(factor: float, sample: float | None, *, direction: str = "both",
         return factor
     lo, hi = FACTOR_BOUNDS
     target = min(max(sample, lo), hi)
-    if abs(target / factor - 1.0) <= DEADBAND:
+    if abs(target / factor - 1.0) <= deadband:
         return factor
     moved = factor + weight * (target - factor)
     moved = min(max(moved, factor / MAX_STEP), factor * MAX_STEP)
@@ -191,7 +224,7 @@ def learn_compute(cal: Calibration, s: ComputeSamples) -> Calibration:
     """``cal`` with its compute factors moved by this interval's samples."""
     taken_p, taken_d = cal.prefill_samples, cal.decode_samples
     prefill = _move(cal.prefill_factor, s.prefill, direction=s.prefill_direction,
-                    weight=_weight(taken_p))
+                    weight=_weight(taken_p), deadband=s.prefill_deadband)
     taken_p += s.prefill is not None
     # the ceiling always by the EWMA, and not counted: it is read only where it is below the
     # factor, so its first readings are its low tail (taken whole, on the steady hour behind

@@ -102,6 +102,12 @@ class Observation:
     #: per_stage_req_latency_seconds{stage="prefill_forward"}, vLLM's
     #: request_prefill_time_seconds. What calibration learns a faster prefill from
     prefill_forward_seconds: Reading | None = None
+    #: seconds the prefill instances' GPUs were busy in forward passes per prompt they
+    #: finished (SGLang's gpu_execution_seconds_total of its prefill passes over
+    #: num_requests_total on prefill): a pass counts once however many prompts share it, so
+    #: this is the prompts' mean compute, at any load. What calibration learns the prefill's
+    #: speed from, both ways, where the engine exports it (vLLM exports no busy time)
+    prefill_busy_seconds_per_request: Reading | None = None
     prefill: RoleState = field(default_factory=RoleState)
     decode: RoleState = field(default_factory=RoleState)
 
@@ -151,6 +157,7 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "tpot_p50_seconds": (0.0, MAX_TPOT_SECONDS),
     "tpot_at_percentile_seconds": (0.0, MAX_TPOT_SECONDS),
     "prefill_forward_seconds": (0.0, MAX_TTFT_SECONDS),
+    "prefill_busy_seconds_per_request": (0.0, MAX_TTFT_SECONDS),
     "queue_depth": (0.0, MAX_QUEUE),
     "running_requests": (0.0, MAX_QUEUE),
     "running_requests_mean": (0.0, MAX_QUEUE),

@@ -44,6 +44,7 @@ READINGS = (
     "running_requests_mean_decode",
     "rejected_rps",
     "prefill_forward_seconds",
+    "prefill_busy_seconds_per_request",
 )
 
 # {sel} is the PDCluster selector, {role} is added per role, {window} is the rate window,
@@ -54,12 +55,13 @@ READINGS = (
 # prefill and KV transfer.
 
 
-def _sglang(names: str, role: str, *, stage: str | None = None) -> str:
+def _sglang(names: str, role: str, *, stage: str | None = None, category: str | None = None) -> str:
     """A selector of SGLang's metric(s) ``names`` (a regex alternative) for one role (and one
     ``stage`` label of the per-stage latency), under both spellings of the prefix:
     ``sglang:`` (the Prometheus client's collector) and ``sglang_`` (where colons are not
     allowed in names, as some exporters rewrite them)."""
     extra = "" if stage is None else f',stage="{stage}"'
+    extra += "" if category is None else f',category=~"{category}"'
     return f'{{{{__name__=~"sglang[:_]{names}",{{sel}},role="{role}"{extra}}}}}'
 
 
@@ -142,6 +144,14 @@ SGLANG_QUERIES: Mapping[str, str] = {
         f'sum(rate({_sglang("per_stage_req_latency_seconds_sum", "prefill", stage="prefill_forward")}[{{window}}]))'
         f' / sum(rate({_sglang("per_stage_req_latency_seconds_count", "prefill", stage="prefill_forward")}[{{window}}]))'
     ),
+    # The prefill GPUs' busy seconds per prompt finished: SGLang's GPU execution time
+    # (scheduler metrics, --enable-metrics) of its prefill passes, category forward_extend
+    # (forward_prefill in some releases), over the prompts prefill finished. Each pass counts
+    # once, so unlike the forward time above it does not read shared passes as slow compute
+    "prefill_busy_seconds_per_request": (
+        f'sum(rate({_sglang("gpu_execution_seconds_total", "prefill", category="forward_(extend|prefill)")}[{{window}}]))'
+        f' / sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
+    ),
 }
 
 # vLLM: the decode instance's TTFT misses the prefill time (the proxy sends to prefill first),
@@ -202,6 +212,10 @@ VLLM_QUERIES: Mapping[str, str] = {
 }
 
 ENGINE_QUERIES: Mapping[str, Mapping[str, str]] = {"sglang": SGLANG_QUERIES, "vllm": VLLM_QUERIES}
+#: readings an engine exports nothing for: vLLM has no GPU busy-time counter (a user may still
+#: give a query for one under ``queries``)
+NOT_EXPORTED: Mapping[str, frozenset[str]] = {
+    "sglang": frozenset(), "vllm": frozenset({"prefill_busy_seconds_per_request"})}
 
 
 def rate_window_seconds(interval_seconds: float) -> int:
@@ -244,7 +258,7 @@ def render_queries(
         raise ValueError(f"percentile: must be a share in (0, 1) such as 0.9, got {percentile!r}")
     templates = dict(ENGINE_QUERIES[key])
     for name, template in (overrides or {}).items():
-        if name not in templates:
+        if name not in READINGS:
             raise ValueError(
                 f"queries.{name}: unknown reading; expected one of {', '.join(READINGS)}"
             )
@@ -457,6 +471,7 @@ def observation_from(
         tpot_at_percentile_seconds=r.get("tpot_at_percentile_seconds"),
         rejected_rps=r.get("rejected_rps"),
         prefill_forward_seconds=r.get("prefill_forward_seconds"),
+        prefill_busy_seconds_per_request=r.get("prefill_busy_seconds_per_request"),
         prefill=role_state(prefill, "prefill"),
         decode=role_state(decode, "decode"),
     )

@@ -66,6 +66,9 @@ class IntervalStats:
         self.tpot_tokens: list[int] = []
         #: seconds in forward passes of the prompts prefilled in this interval
         self.prefill_forward: list[float] = []
+        #: seconds the prefill instances spent in passes that ended in this interval (SGLang
+        #: adds each pass's GPU time to gpu_execution_seconds_total when it ends)
+        self.prefill_busy_seconds = 0.0
         #: decode's running sequences summed over this interval's scrapes, and how many
         #: there were: the interval's mean batch, as Prometheus' avg_over_time of the gauge
         self.decode_running_scraped = 0
@@ -144,6 +147,8 @@ class IntervalStats:
             rejected_rps=load(self.rejections / span),
             prefill_forward_seconds=(Reading(float(np.mean(self.prefill_forward)), now)
                                      if self.prefill_forward else None),
+            prefill_busy_seconds_per_request=(Reading(self.prefill_busy_seconds / self.prompts, now)
+                                              if self.prompts else None),
             prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
             decode=role_state(fleet, Role.DECODE, now, span, waiting_decode,
                               running_mean=(Reading(self.decode_running_scraped / self.scrapes, now)
@@ -156,6 +161,7 @@ class IntervalStats:
         self.tpot.clear()
         self.tpot_tokens.clear()
         self.prefill_forward.clear()
+        self.prefill_busy_seconds = 0.0
         self.per_window.clear()
         self.input_buckets = [0] * len(self.input_buckets)
         return obs

@@ -76,6 +76,8 @@ class PrefillBatches:
         self.progress: dict[int, tuple[int, int, float]] = {}
         #: instance -> the request chunked by the last pass, continued first by the next
         self.chunked: dict[int, int] = {}
+        #: instance -> the seconds of the pass running
+        self.pass_seconds: dict[int, float] = {}
 
     def queued(self, i: int) -> int:
         """Requests waiting on instance ``i`` for their first pass (SGLang's num_queue_reqs)."""
@@ -88,9 +90,11 @@ class PrefillBatches:
         if i not in self.running:
             self._start_pass(i, now)
 
-    def pass_done(self, i: int, now: float) -> None:
+    def pass_done(self, i: int, now: float) -> float:
         """Instance ``i``'s pass ended at ``now``: its finished requests get their first token
-        and enter the cache; the next pass starts if anything waits."""
+        and enter the cache; the next pass starts if anything waits. Returns the pass's
+        seconds (the GPU busy time SGLang adds up per pass)."""
+        seconds = self.pass_seconds.pop(i)
         for r, computed in self.running.pop(i):
             n = self.input_tokens[r]
             if computed < n:
@@ -100,6 +104,7 @@ class PrefillBatches:
             self.on_done(r, now, hit, now - started)
         if self.waiting.get(i) or i in self.chunked:
             self._start_pass(i, now)
+        return seconds
 
     def _start_pass(self, i: int, now: float) -> None:
         budget = self.chunk_tokens
@@ -134,6 +139,7 @@ class PrefillBatches:
             return
         end = now + seconds
         self.running[i] = members
+        self.pass_seconds[i] = seconds
         # the routers read busy as when the instance runs empty: never before this pass ends
         self.fleet.busy[i] = max(self.fleet.busy[i], end)
         self.events.push(end, Events.PASS, i)

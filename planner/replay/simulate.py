@@ -388,7 +388,7 @@ class _Replay:
                 self._admit_decode(x, t)
             elif kind == Events.PASS:
                 assert self.batches is not None
-                self.batches.pass_done(x, t)
+                self.stats.prefill_busy_seconds += self.batches.pass_done(x, t)
             elif kind == Events.READY:
                 if fleet.state[x] == WARMING:  # else its warm-up was cancelled
                     fleet.make_ready(x, t)
@@ -484,6 +484,8 @@ class _Replay:
         after ``forward_seconds`` in forward passes."""
         n_in, stats = self._input[r], self.stats
         stats.prefill_forward.append(forward_seconds)
+        if self.batches is None:
+            stats.prefill_busy_seconds += forward_seconds  # one request per pass
         self.fleet.outstanding[self._prefill_of[r]] -= 1
         self._slot_opened = True
         self.prompt_tokens += n_in

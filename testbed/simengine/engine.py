@@ -408,7 +408,9 @@ class SimEngine:
             self._prefill_running, self._prefill_running_tokens = len(members), pass_tokens
             self.log_stats()  # SGLang logs each prefill batch as it is formed
             try:
+                started = time.monotonic()
                 await asyncio.sleep(self.wall(seconds))
+                self.metrics.busy_prefill_seconds += time.monotonic() - started
                 for job in members:
                     if job.computed < len(job.tokens):
                         continue  # chunked: done in a later pass
@@ -542,7 +544,7 @@ class SimEngine:
         # batch between forward passes (event_loop_normal: get_next_batch_to_run, then
         # run_batch); before, it got a token at the end of the step already running.
         # Deadlines, not sleeps, so error doesn't add up.
-        next_step = time.monotonic()
+        next_step = last_stamp = time.monotonic()
         while True:
             if not self._batch:
                 self._batch_changed.clear()
@@ -556,6 +558,10 @@ class SimEngine:
             next_step = max(next_step, now - step) + step
             await asyncio.sleep(max(next_step - now, 0.0))
             stamp = time.monotonic()
+            # the step ran from its start (its deadline less a step, never before the last
+            # step ended) to now
+            self.metrics.busy_decode_seconds += stamp - max(next_step - step, last_stamp)
+            last_stamp = stamp
             self._decode_steps += 1
             if self._decode_steps % self.config.decode_log_interval == 0:
                 self.log_stats()  # SGLang's log_decode_stats, every decode-log-interval steps

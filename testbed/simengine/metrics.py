@@ -107,6 +107,12 @@ class Metrics:
     #: to the end of the pass that finished it (SGLang's per-stage prefill_forward, vLLM's
     #: request_prefill_time_seconds; the planner reads only their sum and count)
     prefill_forward: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
+    #: seconds this engine spent in forward passes, each pass once however many requests it
+    #: carries: prefill passes and decode steps (SGLang's gpu_execution_seconds_total,
+    #: categories forward_extend and forward_decode). The passes' real length here, as a GPU
+    #: timer's: a sim slowed by a busy machine reports the slower fleet it is
+    busy_prefill_seconds: float = 0.0
+    busy_decode_seconds: float = 0.0
     #: (prompt, cached) tokens of recent prefills, for the cache_hit_rate gauge
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
 

@@ -66,6 +66,10 @@ def render_metrics(
     out.sample("sglang:cached_tokens_total", "counter", m.cached_tokens)
     out.sample("sglang:num_requests_total", "counter", m.requests)
     out.sample("sglang:num_aborted_requests_total", "counter", m.aborted_requests)
+    out.sample("sglang:gpu_execution_seconds_total", "counter", m.busy_prefill_seconds,
+               ',category="forward_extend"')
+    out.sample("sglang:gpu_execution_seconds_total", "counter", m.busy_decode_seconds,
+               ',category="forward_decode"', declare=False)
     # not an SGLang metric: what the sim's own exit waits on
     out.sample("pdscale_sim:inflight_requests", "gauge", inflight)
     out.histogram("sglang:time_to_first_token_seconds", m.ttft)

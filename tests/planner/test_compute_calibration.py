@@ -9,7 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from pdscale.planner.calibration import DEADBAND, FACTOR_BOUNDS, learn_compute, samples
+from pdscale.planner.calibration import (
+    BUSY_DEADBAND,
+    DEADBAND,
+    FACTOR_BOUNDS,
+    learn_compute,
+    samples,
+)
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState
 
@@ -21,7 +27,7 @@ AGE = 180.0
 def _obs(model: PerformanceModel, t: float, *, decode_speed: float = 1.0, prefill_speed: float = 1.0,
          queue: float = 0.0, prefill_ready: int = 10, decode_ready: int = 8, running: float = 400.0,
          noise: float = 1.0, recently_ready: int = 0, ttft_tail: float = 3.0,
-         forward: float | None = None) -> Observation:
+         forward: float | None = None, busy: float | None = None) -> Observation:
     """What the engines of a fleet ``*_speed`` times as fast as ``model``'s profile report."""
     r = lambda v: Reading(v, t)  # noqa: E731
     ctx = model.decode_mean_context(LOAD)
@@ -35,6 +41,7 @@ def _obs(model: PerformanceModel, t: float, *, decode_speed: float = 1.0, prefil
         ttft_p50_seconds=r(ttft), ttft_at_percentile_seconds=r(ttft_tail),
         tpot_p50_seconds=r(tpot), tpot_at_percentile_seconds=r(tpot * 1.2),
         prefill_forward_seconds=None if forward is None else r(forward),
+        prefill_busy_seconds_per_request=None if busy is None else r(busy),
         prefill=RoleState(ready=prefill_ready, recently_ready=recently_ready, queue_depth=r(queue)),
         decode=RoleState(ready=decode_ready, recently_ready=recently_ready,
                          queue_depth=r(0.0), running_requests=r(running)),
@@ -197,3 +204,26 @@ def test_a_prefill_faster_than_its_profile_is_learned_from_its_forward_time(
     assert _learn(model, 12, forward=0.8 * service, recently_ready=1).prefill_factor == 1.0
     # nor does a reading that is not a number of seconds
     assert _learn(model, 12, forward=0.0).prefill_factor == 1.0
+
+
+def test_the_prefill_gpus_busy_time_per_prompt_teaches_its_speed_both_ways_at_any_load(
+        model: PerformanceModel) -> None:
+    """SGLang's GPU execution time counts a pass once, so per prompt finished it is the
+    prompts' compute: a slower prefill is learned as well as a faster one, on an idle fleet
+    (no queue to saturate), from the first sample; the forward time's one-sided ceiling has
+    nothing to add then."""
+    service = model.prefill_service_seconds(LOAD)
+    assert _learn(model, 1, busy=1.25 * service).prefill_factor == pytest.approx(1.25, rel=0.01)
+    assert _learn(model, 1, busy=0.8 * service).prefill_factor == pytest.approx(0.8, rel=0.01)
+    # a fleet as its profile says: nothing moves; shared passes are no slow fleet here
+    assert _learn(model, 12, busy=service, forward=1.3 * service).prefill_factor == 1.0
+    # with the busy time read, a low forward time pulls nothing
+    assert _learn(model, 12, busy=service, forward=0.8 * service).prefill_factor == 1.0
+    # nor does an idle prefill relax a factor the busy time measures
+    assert _learn(model, 12, busy=1.25 * service).prefill_factor == pytest.approx(1.25, rel=0.01)
+    # a sample within the busy time's own per-interval spread moves nothing
+    assert _learn(model, 12, busy=(1.0 - BUSY_DEADBAND * 0.9) * service).prefill_factor == 1.0
+    assert _learn(model, 1, busy=(1.0 - BUSY_DEADBAND * 1.2) * service).prefill_factor < 1.0
+    # warming instances' first passes teach nothing; a zero is not a reading
+    assert _learn(model, 12, busy=2.0 * service, recently_ready=1).prefill_factor == 1.0
+    assert _learn(model, 12, busy=0.0).prefill_factor == 1.0

@@ -11,6 +11,7 @@ import pytest
 
 from pdscale.planner.observe import RoleState
 from pdscale.planner.prometheus import (
+    NOT_EXPORTED,
     READINGS,
     MetricsSnapshot,
     observation_from,
@@ -24,7 +25,7 @@ from pdscale.planner.prometheus import (
 def test_every_reading_has_a_query_for_both_engines():
     for engine in ("sglang", "SGLang", "vllm"):
         queries = render_queries(engine, namespace="ns", pdcluster="glm", window_seconds=60, percentile=0.99)
-        assert set(queries) == set(READINGS)
+        assert set(queries) == set(READINGS) - NOT_EXPORTED[engine.lower()]
         for q in queries.values():
             assert 'namespace="ns",pdcluster="glm"' in q
             assert "{sel}" not in q and "{window}" not in q
@@ -128,6 +129,11 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang:per_stage_req_latency_seconds_count{{engine_type="{role}",stage="prefill_forward"}} {5 * t:.3f}',
                 f'sglang:per_stage_req_latency_seconds_sum{{engine_type="{role}",stage="prefill_waiting"}} {5 * 9 * t:.3f}',
                 f'sglang:per_stage_req_latency_seconds_count{{engine_type="{role}",stage="prefill_waiting"}} {5 * t:.3f}',
+                # GPU busy 0.75 s per second in prefill passes (0.15 s per prompt), under both
+                # spellings of the category (0.5 + 0.25); decode steps are not prefill's
+                f'sglang:gpu_execution_seconds_total{{engine_type="{role}",category="forward_extend"}} {0.5 * t:.3f}',
+                f'sglang:gpu_execution_seconds_total{{engine_type="{role}",category="forward_prefill"}} {0.25 * t:.3f}',
+                f'sglang:gpu_execution_seconds_total{{engine_type="{role}",category="forward_decode"}} {9 * t:.3f}',
             ]
         else:
             lines = [
@@ -180,6 +186,7 @@ def test_reads_a_real_prometheus(prometheus):
         assert r["prefix_hit_rate"].value == pytest.approx(0.4, rel=0.02)
         assert r["mean_output_tokens"].value == pytest.approx(100, rel=0.02)
         assert r["prefill_forward_seconds"].value == pytest.approx(0.2, rel=0.02)
+        assert r["prefill_busy_seconds_per_request"].value == pytest.approx(0.15, rel=0.02)
         assert r["queue_depth_prefill"].value == 3 + 2 and r["queue_depth_decode"].value == 1 + 2 + 4
         # the gauge now, and its mean over the window (what the interval's TPOTs ran at)
         assert r["running_requests_decode"].value in (4, 8)

@@ -63,19 +63,24 @@ def test_the_fleet_runs_its_own_model_and_the_planner_its_belief(steady_trace: T
 def test_a_fleet_faster_than_its_profile_costs_fewer_gpu_hours_with_calibration(
         steady_trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same replay with the compute factors' learning switched off is what the planner
-    did before: it sized for the profile and kept the fleet it did not need."""
+    did before: it sized for the profile and kept the fleet it did not need. With it, the
+    fleet costs about what the planner that knows the fleet spends, and meets what it meets."""
     import pdscale.planner.solve as solve
 
     setup = replay_setup(steady_trace, ttft_seconds=15.0)
-    fast = replace(setup, fleet_model=fleet_model(setup.planner, speed="1.25"))
+    truth = fleet_model(setup.planner, speed="1.25")
+    fast = replace(setup, fleet_model=truth)
     learned = run_policy(fast, "pdscale")
+    knows = run_policy(replace(fast, planner=replace(setup.planner, model=truth)), "pdscale")
     monkeypatch.setattr(solve, "learn_compute", lambda cal, _samples: cal)
     before = run_policy(fast, "pdscale")
-    figures = (learned["gpu_hours"], before["gpu_hours"], learned["slo_attainment"],
-               before["slo_attainment"])
-    # (1.5% here once the scale-down floor holds what the last warm-up forecast; 3.5% without)
-    assert learned["gpu_hours"] < 0.99 * before["gpu_hours"], figures
-    # cheaper, not by missing more (within half a point: the cache-aware router's own misses)
-    assert learned["slo_attainment"] >= before["slo_attainment"] - 0.005, figures
+    figures = (learned["gpu_hours"], knows["gpu_hours"], before["gpu_hours"],
+               learned["slo_attainment"], knows["slo_attainment"])
+    # (the prefill's GPU busy time learns its speed both ways: 15% cheaper here; learned from
+    # its forward time, only ever a ceiling, it was 1.5%)
+    assert learned["gpu_hours"] < 0.9 * before["gpu_hours"], figures
+    assert learned["gpu_hours"] < 1.15 * knows["gpu_hours"], figures
+    # cheaper, not by missing more than the planner that knows the fleet (within half a point)
+    assert learned["slo_attainment"] >= knows["slo_attainment"] - 0.005, figures
     # and the decisions say what was learned
     assert any("fleet speed vs profile" in e["why"] for e in learned["explanations"])

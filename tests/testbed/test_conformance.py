@@ -81,8 +81,8 @@ class Engine:
 
 
 @contextlib.asynccontextmanager
-async def served(config: EngineConfig) -> AsyncIterator[Engine]:
-    engine = SimEngine(config, TIMING)
+async def served(config: EngineConfig, timing: LinearTiming = TIMING) -> AsyncIterator[Engine]:
+    engine = SimEngine(config, timing)
     await engine.start()
     servers = [TestServer(engine.app(), host=HOST, port=config.port)]
     if config.bootstrap_port:
@@ -287,6 +287,33 @@ def test_sglang_prefill_gauges_are_logged_per_prefill_batch():
 
     before, during = run(scenario)
     assert before == 0 and during == 1
+
+
+def test_sglang_gpu_execution_seconds_count_each_prefill_pass_once():
+    # three different 1,000-token prompts at 20,000 tokens/s (50 ms each), passes of up to two
+    # prompts: however the passes form, the GPU was busy for the three prompts' compute, while
+    # the per-stage forward time counts a shared pass once for each of its prompts
+    timing = replace(TIMING, prefill_tokens_per_second=20_000.0, prefill_overhead_seconds=0.0)
+
+    async def scenario() -> tuple[dict[str, float], dict[str, float]]:
+        prefill = config("prefill", prefill_chunk_tokens=2 * PROMPT_TOKENS)
+        async with served(prefill, timing) as p, served(config("decode"), timing) as d:
+            bodies = [{**sglang_pd_request(p, 40 + k, 2),
+                       "text": " ".join(f"p{k}w{i}" for i in range(PROMPT_TOKENS))} for k in range(3)]
+            await asyncio.gather(*(e.post("/generate", b) for b in bodies for e in (p, d)))
+            return await p.metrics(), await d.metrics()
+
+    pm, dm = run(scenario)
+    busy = pm["sglang:gpu_execution_seconds_total"]
+    assert [series for series in pm if series.startswith("sglang:gpu_execution_seconds_total{")
+            and 'category="forward_extend"' in series and pm[series] == busy]
+    compute = 3 * PROMPT_TOKENS / 20_000.0
+    # (counted per prompt, the shared pass would add 100 ms: passes of 1 and 2 prompts here)
+    assert 0.95 * compute <= busy <= compute + 0.06, busy
+    assert pm["sglang:per_stage_req_latency_seconds_sum"] >= 0.95 * busy
+    # the decode's one step of 20 ms (two tokens: the first came from prefill)
+    decode_busy = [v for series, v in dm.items() if 'category="forward_decode"' in series]
+    assert decode_busy and 0.019 <= decode_busy[0] <= 0.2
 
 
 # -- SGLang: histograms ----------------------------------------------------------------------
