@@ -100,7 +100,8 @@ class Observation:
     #: pass that takes it to the end of the pass that finishes it (queueing and the KV
     #: transfer excluded; a pass shared with other prompts counted whole): SGLang's
     #: per_stage_req_latency_seconds{stage="prefill_forward"}, vLLM's
-    #: request_prefill_time_seconds. What calibration learns a faster prefill from
+    #: request_prefill_time_seconds. What calibration learns a faster prefill from where no
+    #: busy time is read (below)
     prefill_forward_seconds: Reading | None = None
     #: seconds the prefill instances' GPUs were busy in forward passes per prompt they
     #: finished (SGLang's gpu_execution_seconds_total of its prefill passes over
