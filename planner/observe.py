@@ -55,6 +55,12 @@ class RoleState:
     #: scraped gauge): what the interval's latencies were measured at, where the reading above
     #: is the batch now (a snapshot that swung +-40% around the mean on Mooncake x6)
     running_requests_mean: Reading | None = None
+    #: decode: the requests that decoded over the last scrape interval, by Little's law on the
+    #: inter-token latency's sum (each streamed chunk adds the seconds since the request's
+    #: previous one, so its rate is the number streaming). Unlike SGLang's running gauge it
+    #: is never stale: that gauge is set only when a batch is logged, and an idle decode keeps
+    #: showing its last busy batch for up to 30 s
+    decoding_requests: Reading | None = None
 
     @property
     def provisioned(self) -> int:
@@ -162,6 +168,7 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "queue_depth": (0.0, MAX_QUEUE),
     "running_requests": (0.0, MAX_QUEUE),
     "running_requests_mean": (0.0, MAX_QUEUE),
+    "decoding_requests": (0.0, MAX_QUEUE),
 }
 
 
@@ -229,7 +236,8 @@ def unusable(obs: Observation, max_age_seconds: float) -> str | None:
         if why:
             return why
         sources += [(f"{role}.queue_depth", st.queue_depth), (f"{role}.running_requests", st.running_requests),
-                    (f"{role}.running_requests_mean", st.running_requests_mean)]
+                    (f"{role}.running_requests_mean", st.running_requests_mean),
+                    (f"{role}.decoding_requests", st.decoding_requests)]
     for name, r in sources:
         if r is None:
             continue

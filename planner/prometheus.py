@@ -42,6 +42,7 @@ READINGS = (
     "running_requests_decode",
     "running_requests_mean_prefill",
     "running_requests_mean_decode",
+    "decoding_requests_decode",
     "rejected_rps",
     "prefill_forward_seconds",
     "prefill_busy_seconds_per_request",
@@ -129,6 +130,12 @@ SGLANG_QUERIES: Mapping[str, str] = {
     # the same gauges averaged over the interval: the batch the interval's latencies ran at
     "running_requests_mean_prefill": f'sum(avg_over_time({_sglang("num_running_reqs", "prefill")}[{{window}}]))',
     "running_requests_mean_decode": f'sum(avg_over_time({_sglang("num_running_reqs", "decode")}[{{window}}]))',
+    # Requests streaming on decode over the last scrape interval (irate: the window's last two
+    # samples): each chunk adds the seconds since the request's previous chunk to the
+    # inter-token histogram's sum, so its rate is the number decoding (Little's law). The
+    # running gauge is set only when a batch is logged (every 40 decode steps, or 30 s when
+    # idle): an idle decode shows its last batch.
+    "decoding_requests_decode": f'sum(irate({_sglang("inter_token_latency_seconds_sum", "decode")}[{{window}}]))',
     # Requests the router refused (smg's prefill admission: queue full or timed out), which
     # the planner counts as TTFT misses. Zero where smg is not scraped but the engines are:
     # sglang-router refuses nothing (an smg whose metrics are not scraped goes unseen).
@@ -202,6 +209,8 @@ VLLM_QUERIES: Mapping[str, str] = {
     "running_requests_decode": 'sum(vllm:num_requests_running{{{sel},role="decode"}})',
     "running_requests_mean_prefill": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="prefill"}}[{window}]))',
     "running_requests_mean_decode": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{window}]))',
+    # the sum of every token's inter-token latency over the last scrape: requests decoding
+    "decoding_requests_decode": 'sum(irate(vllm:inter_token_latency_seconds_sum{{{sel},role="decode"}}[{window}]))',
     # vllm-router refuses nothing: zero wherever the engines are scraped
     "rejected_rps": '0 * sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))',
     # from the step that schedules the prompt to its first token, on the prefill side
@@ -456,6 +465,7 @@ def observation_from(
             queue_depth=r.get(f"queue_depth_{role}"),
             running_requests=r.get(f"running_requests_{role}"),
             running_requests_mean=r.get(f"running_requests_mean_{role}"),
+            decoding_requests=r.get(f"decoding_requests_{role}"),
         )
 
     return Observation(

@@ -613,9 +613,22 @@ def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, lo
     could still be running when capacity ordered now serves (decayed over a new node's
     warm-up): behind a 600 s warm-up, a doubled load on a short decode (sequences residing
     about 15 s) asked for 23 decode instances where 9 served it; behind the demo's 20 s
-    warm-up most of it still counts."""
-    now, running = observation.now_seconds, observation.decode.running_requests
-    sequences = None if running is None else running.fresh(now, cfg.max_age_seconds)
+    warm-up most of it still counts.
+
+    The running gauge is at most the requests that decoded over the last scrape
+    (``decoding_requests``, where read). SGLang sets the gauge only when it logs a batch, and
+    an idle decode shows its last busy batch for up to 30 s: summed over decodes each busy a
+    fraction of the time, it read 12 sequences where 3 were decoding, and the demo's chat
+    held 9 decodes for them where 4 served (the replay, which counts them exactly, held 4-5).
+    A request that is not streamed sends its first chunk at 50 tokens and adds
+    nothing before it: there the bound reads low, and the load model's need stands."""
+    now, decode = observation.now_seconds, observation.decode
+    sequences = None if decode.running_requests is None else decode.running_requests.fresh(
+        now, cfg.max_age_seconds)
+    decoded = None if decode.decoding_requests is None else decode.decoding_requests.fresh(
+        now, cfg.max_age_seconds)
+    if sequences is not None and decoded is not None:
+        sequences = min(sequences, decoded)
     if sequences is None or sequences <= 0:
         return 0
     model = cfg.model

@@ -188,7 +188,10 @@ def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued
     if role == Role.PREFILL:
         return RoleState(len(ready), warming, draining, recently, Reading(float(queued), now), None)
     run = sum(len(fleet.running[i]) for i in ready)
+    # the batches are counted exactly, never stale: they are also the requests decoding now
+    # (what the inter-token latency's sum over the last scrape gives live)
     return RoleState(
         len(ready), warming, draining, recently,
         Reading(float(queued), now), Reading(float(run), now), running_mean,
+        decoding_requests=Reading(float(run), now),
     )

@@ -76,6 +76,29 @@ def test_decode_sequences_with_stale_lengths_are_sized_in_one_step() -> None:
     assert without.decode == 3
 
 
+def test_a_stale_running_gauge_is_bounded_by_the_sequences_that_decoded() -> None:
+    """SGLang logs its running gauge every 40 decode steps, or every 30 s when idle: nine
+    decodes, each busy a fraction of the time, each showing its last busy batch of 2, sum to
+    18 where 3 requests decoded over the last scrape (the inter-token latency's sum says so).
+    Sized from the gauge they are kept: ceil(18 / 1.6) = 12 decodes. Bounded by what decoded,
+    the load model's need stands (3 decodes for 2 req/s x 40 tokens)."""
+    c = config()
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=9)
+    stale = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=9, decode_running=18.0)
+    assert _decode_need_from_sequences(c, stale, Load(2.0, 100.0, 40.0)) == 12
+    read = replace(stale, decode=replace(stale.decode, decoding_requests=Reading(3.0, 60.0)))
+    assert _decode_need_from_sequences(c, read, Load(2.0, 100.0, 40.0)) == 2
+    decision, _ = step(read, config=c, history=h, now=60.0)
+    assert "for the sequences running now" not in decision.explanation
+    # a rise the gauge shows counts as far as the last scrape has seen it
+    rising = replace(stale, decode=replace(stale.decode, running_requests=Reading(24.0, 60.0),
+                                           decoding_requests=Reading(14.0, 60.0)))
+    assert _decode_need_from_sequences(c, rising, Load(2.0, 100.0, 40.0)) == math.ceil(14.0 / 1.6)
+    # a stale mean bounds nothing
+    old = replace(stale, decode=replace(stale.decode, decoding_requests=Reading(3.0, 60.0 - 1000.0)))
+    assert _decode_need_from_sequences(c, old, Load(2.0, 100.0, 40.0)) == 12
+
+
 def test_a_short_decode_s_backlog_is_not_bought_behind_a_long_warm_up() -> None:
     """The same 24 sequences behind a 600 s warm-up: the backlog has long drained when a node
     ordered now serves, so only the 7.06 the arrivals keep at the target count:

@@ -145,6 +145,8 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang_num_decode_transfer_queue_reqs{{engine_type="{role}"}} 4',
                 # the batch swings 4 <-> 8 each second: 6 on average over the window
                 f'sglang_num_running_reqs{{engine_type="{role}"}} {4 if int(t) % 2 else 8}',
+                # 3 requests streaming on average: 3 s of inter-token gaps per second
+                f'sglang_inter_token_latency_seconds_sum{{engine_type="{role}"}} {3 * t:.3f}',
             ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
@@ -191,6 +193,9 @@ def test_reads_a_real_prometheus(prometheus):
         # the gauge now, and its mean over the window (what the interval's TPOTs ran at)
         assert r["running_requests_decode"].value in (4, 8)
         assert r["running_requests_mean_decode"].value == pytest.approx(6, abs=1.0)
+        # the requests that decoded over the last scrape, from the inter-token gaps' sum (not
+        # the logged gauge)
+        assert r["decoding_requests_decode"].value == pytest.approx(3, rel=0.02)
         # the buckets read as the spread: 3 prompts at 500 and 2 at 2,500, each spread over its
         # bucket (the rate's extrapolation scales every bucket alike)
         mean = (3 * 500 + 2 * 2500) / 5

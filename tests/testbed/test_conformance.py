@@ -79,6 +79,12 @@ class Engine:
         async with self.session.post(self.url + path, json=body) as resp:
             return resp.status, await resp.json()
 
+    async def stream(self, path: str, body: dict[str, Any]) -> int:
+        """Post ``body`` with ``stream`` on and read the event stream to its end."""
+        async with self.session.post(self.url + path, json={**body, "stream": True}) as resp:
+            await resp.read()
+            return resp.status
+
 
 @contextlib.asynccontextmanager
 async def served(config: EngineConfig, timing: LinearTiming = TIMING) -> AsyncIterator[Engine]:
@@ -267,6 +273,26 @@ def test_sglang_gauges_refresh_every_decode_log_interval_and_when_idle():
             return seen
 
     assert run(scenario) == [0, 1, 1, 0]
+
+
+def test_sglang_inter_token_latency_sum_is_the_time_requests_spent_streaming():
+    # each chunk adds the seconds since its request's previous chunk to the sum: two requests
+    # decoding side by side for T seconds add about 2T, so the sum's rate is the mean number
+    # streaming (the planner bounds the logged running gauge with it). A request that does not
+    # stream sends its first chunk at 50 tokens: before that it adds nothing
+    async def scenario() -> tuple[float, float]:
+        async with served(config("prefill")) as p, served(config("decode")) as d:
+            bodies = [sglang_pd_request(p, 60 + k, 30) for k in range(2)]
+            done = asyncio.gather(*(p.post("/generate", b) for b in bodies),
+                                  *(d.stream("/generate", b) for b in bodies))
+            await until(lambda: _running(d))
+            started = asyncio.get_running_loop().time()
+            await done
+            streaming = asyncio.get_running_loop().time() - started
+            return (await d.metrics())["sglang:inter_token_latency_seconds_sum"], streaming
+
+    itl_sum, streaming = run(scenario)
+    assert 0.8 * 2 * streaming <= itl_sum <= 1.1 * 2 * streaming + 0.05, (itl_sum, streaming)
 
 
 def test_sglang_prefill_gauges_are_logged_per_prefill_batch():
