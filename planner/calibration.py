@@ -92,7 +92,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .model import Calibration, Load, PerformanceModel, Slo
-from .observe import Observation, Reading
+from .observe import Observation, Reading, fresh
 
 #: a factor outside this range is a broken metric, not a slow or fast engine
 FACTOR_BOUNDS = (0.5, 2.0)
@@ -147,7 +147,7 @@ def samples(
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
-        return None if r is None else r.fresh(now, max_age_seconds)
+        return fresh(r, now, max_age_seconds)
 
     raw = PerformanceModel(model.profile)
     decode = None
@@ -246,8 +246,8 @@ def rejected_too_many(obs: Observation, slo: Slo, max_age_seconds: float) -> boo
     the TTFT at the percentile falls on a request that never got a first token, however good
     the served requests' quantile looks. False when the observation carries no such reading."""
     now = obs.now_seconds
-    rejected = None if obs.rejected_rps is None else obs.rejected_rps.fresh(now, max_age_seconds)
-    rate = None if obs.rate_rps is None else obs.rate_rps.fresh(now, max_age_seconds)
+    rejected = fresh(obs.rejected_rps, now, max_age_seconds)
+    rate = fresh(obs.rate_rps, now, max_age_seconds)
     if not rejected or not rate or rate <= 0:
         return False
     return rejected / rate > 1.0 - slo.percentile

@@ -32,6 +32,12 @@ class Reading:
         return self.value if -max_age_seconds <= age <= max_age_seconds else None
 
 
+def fresh(reading: Reading | None, now_seconds: float, max_age_seconds: float) -> float | None:
+    """``reading``'s value where it was read and is fresh (:meth:`Reading.fresh`), else
+    ``None`` (unknown)."""
+    return None if reading is None else reading.fresh(now_seconds, max_age_seconds)
+
+
 @dataclass(frozen=True)
 class Warming:
     """An instance being started or switched: it will serve at ``ready_at_seconds``."""

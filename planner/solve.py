@@ -57,6 +57,7 @@ from .observe import (
     Observation,
     Reading,
     Role,
+    fresh,
     unusable,
 )
 
@@ -105,7 +106,7 @@ def current_load(
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
-        return None if r is None else r.fresh(now, max_age_seconds)
+        return fresh(r, now, max_age_seconds)
 
     rate = get(obs.rate_rps)
     isl = get(obs.mean_input_tokens)
@@ -293,7 +294,7 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
-        return None if r is None else r.fresh(now, config.max_age_seconds)
+        return fresh(r, now, config.max_age_seconds)
 
     learned = samples(obs, current_load(obs, config.max_age_seconds), history.prefill_queue,
                       slo=config.slo, model=config.model, max_age_seconds=config.max_age_seconds)
@@ -623,10 +624,8 @@ def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, lo
     A request that is not streamed sends its first chunk at 50 tokens and adds
     nothing before it: there the bound reads low, and the load model's need stands."""
     now, decode = observation.now_seconds, observation.decode
-    sequences = None if decode.running_requests is None else decode.running_requests.fresh(
-        now, cfg.max_age_seconds)
-    decoded = None if decode.decoding_requests is None else decode.decoding_requests.fresh(
-        now, cfg.max_age_seconds)
+    sequences = fresh(decode.running_requests, now, cfg.max_age_seconds)
+    decoded = fresh(decode.decoding_requests, now, cfg.max_age_seconds)
     if sequences is not None and decoded is not None:
         sequences = min(sequences, decoded)
     if sequences is None or sequences <= 0:
