@@ -51,6 +51,7 @@ from .planning import (
     history_from_json,
     history_keep,
     history_to_json,
+    plan_slot,
     planner_config,
     profile_identity,
     remembered_profile,
@@ -102,31 +103,39 @@ class PlannerLoop:
         self.drains = drains or Drains(kube, self.report)
         self.routers_seen: set[str] = set()
 
-    def tick_all(self) -> None:
+    def tick_all(self) -> float | None:
+        """One tick over every PDCluster; returns the seconds until the next plan falls due
+        (None: none scheduled), so the loop wakes for it rather than up to a tick late."""
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
         # PDClusters the loop must cost the API server next to nothing.
         pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
         self.routers_seen = set()
         self.drains.begin_tick()
+        dues: list[float] = []
         for body in self.kube.list_pdclusters():
             if body["metadata"].get("deletionTimestamp"):
                 continue
             key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
             try:
-                self.tick(body, time.time(), pods)
+                due = self.tick(body, time.time(), pods)
+                if due is not None:
+                    dues.append(due)
             except ApiException as exc:
                 log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
             except Exception:  # one PDCluster's failure must not stop the others'
                 log.exception("planner tick of %s failed", key)
         self.worker_lists.keep_only(self.routers_seen)
         self.drains.end_tick()
+        return min(dues) - time.time() if dues else None
 
     # ------------------------------------------------------------------------------------
-    def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey) -> None:
+    def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey) -> float | None:
+        """Read, plan when due, act, report; returns when this PDCluster's next plan is due
+        (None: not known, the next fast tick tries)."""
         try:
             spec = PDClusterSpec.model_validate(body.get("spec") or {})
         except ValueError:
-            return  # reconcile reports SpecValid=False
+            return None  # reconcile reports SpecValid=False
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         instance = names.base_name(name)
@@ -137,10 +146,11 @@ class PlannerLoop:
             spec, [pod_view(p, "router") for p in listed_pods.get((ns, instance, "router"), [])])
         listed = workers.listed()
         mode = spec.planner.mode
+        due = None
         if mode is not PlannerMode.OFF:
             self.report.ready(ns, name, pods)
             # plan (and report the decision)
-            decision = self._plan_if_due(body, spec, pods, now)
+            decision, due = self._plan_if_due(body, spec, pods, now)
             # act
             if mode is PlannerMode.AUTO and decision is not None:
                 targets = {Role.PREFILL: decision.prefill, Role.DECODE: decision.decode}
@@ -151,6 +161,7 @@ class PlannerLoop:
         # report what no event marks
         self._report_overdue(body, spec, [p for role in Role
                                           for p in listed_pods.get((ns, instance, role), [])], now)
+        return due
 
     def _report_overdue(self, body: dict[str, Any], spec: PDClusterSpec,
                         pods: list[dict[str, Any]], now: float) -> None:
@@ -166,9 +177,11 @@ class PlannerLoop:
                               now_rfc3339())
 
     def _plan_if_due(self, body: dict[str, Any], spec: PDClusterSpec,
-                     pods: Mapping[Role, list[PodView]], now: float) -> Decision | None:
-        """The decision in force: a new one when the planning interval has passed, else the
-        last one remembered (None before the first)."""
+                     pods: Mapping[Role, list[PodView]],
+                     now: float) -> tuple[Decision | None, float | None]:
+        """The decision in force: a new one when the schedule's next plan is due
+        (``planning.plan_slot``), else the last one remembered (None before the first); and
+        when the next plan falls due (None: unknown, as after a failure to plan)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         stored = self.memory.load(ns, name)
@@ -179,8 +192,10 @@ class PlannerLoop:
             stored = None
         history, last_plan = history_from_json(stored)
         decision = history.decisions[-1] if history.decisions else None
-        if last_plan is not None and now - last_plan < spec.planner.interval_seconds:
-            return decision
+        interval = spec.planner.interval_seconds
+        slot = plan_slot(last_plan, interval, now)
+        if slot is None:
+            return decision, None if last_plan is None else last_plan + interval
         previous = decision
         # the profile first: one that cannot be used holds the planner (the decision in
         # force stays), says why, and is read again next tick
@@ -188,7 +203,7 @@ class PlannerLoop:
         if resolved.profile is None:
             report_profile(self.kube, body, profile_status(None, resolved.source, None,
                                                            resolved.problem), resolved)
-            return previous
+            return previous, None
         # what was learned against another profile is not carried over to this one
         identity = profile_identity(resolved.profile)
         history, reset = calibration_for_profile(history, remembered_profile(stored), identity)
@@ -204,14 +219,14 @@ class PlannerLoop:
             role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds, readings_seconds=window),
         )
         decision, history = step(obs, config=config, history=history, now=now)
-        if not self.memory.save(owner_of(body), history_to_json(history, now, history_keep(config),
+        if not self.memory.save(owner_of(body), history_to_json(history, slot, history_keep(config),
                                                                 profile=identity)):
-            return previous  # another writer's newer memory stands; the next tick plans on it
+            return previous, None  # another writer's newer memory stands; the next tick plans on it
         self.report.plan_seconds(ns, name, time.monotonic() - started)
         self.report.decision(body, spec, decision, previous, snapshot, obs)
         report_profile(self.kube, body, profile_status(resolved.profile, resolved.source,
                                                        history.calibration), resolved)
-        return decision
+        return decision, slot + interval
 
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
         return [pod_view(p, role) for p in self.kube.list_pods(ns, names.selector_labels(name, role))]
@@ -240,10 +255,15 @@ def backoff_seconds(interval_seconds: float, failures: int,
     return min(cap_seconds, max(interval_seconds, 1.0) * 2.0 ** failures)
 
 
-async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_seconds: float,
+#: the shortest sleep between ticks: a plan due now (or overdue) never spins the loop
+MIN_SLEEP_SECONDS = 0.1
+
+
+async def supervise(name: str, tick: Callable[[], Awaitable[float | None]], interval_seconds: float,
                     heartbeats: Heartbeats = HEARTBEATS, *,
                     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-    """Run ``tick`` every ``interval_seconds`` for ever. Any failure (the API server
+    """Run ``tick`` every ``interval_seconds`` for ever, or sooner when a tick returns the
+    seconds until something falls due (the planner's next plan). Any failure (the API server
     restarting, a timeout, a bug) is logged with its exception, counted in
     ``pdscale_loop_errors_total{loop}`` and retried with capped exponential backoff; each
     finished tick, failed or not, is a heartbeat for the liveness probe."""
@@ -255,7 +275,7 @@ async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_sec
         while True:
             await sleep(delay)
             try:
-                await tick()
+                sooner = await tick()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -268,7 +288,8 @@ async def supervise(name: str, tick: Callable[[], Awaitable[None]], interval_sec
                 if failures:
                     log.info("%s loop: tick succeeded after %d failures", name, failures)
                 failures = 0
-                delay = interval_seconds
+                delay = interval_seconds if sooner is None else min(
+                    interval_seconds, max(MIN_SLEEP_SECONDS, sooner))
             heartbeats.beat(name, time.monotonic(), delay, bound)
     finally:  # stopped on purpose (cancelled): not stuck
         heartbeats.forget(name)

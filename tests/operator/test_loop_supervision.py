@@ -24,7 +24,7 @@ from pdscale.operator.kube import (
     api_client_from_environment,
     request_timeout_from_environment,
 )
-from pdscale.operator.planner_loop import backoff_seconds, supervise
+from pdscale.operator.planner_loop import MIN_SLEEP_SECONDS, backoff_seconds, supervise
 from pdscale.operator.telemetry import LOOP_ERRORS, Heartbeats, stuck_after_seconds
 
 
@@ -81,6 +81,24 @@ def test_a_failing_tick_is_logged_counted_and_retried_with_capped_backoff(caplog
     # the start, and every finished tick, failed or not, is a beat; stopping forgets the loop
     assert beats.recorded == delays
     assert "test-fails" not in beats.beats
+
+
+def test_a_tick_that_says_when_its_next_plan_is_due_is_woken_then_not_a_whole_tick_late():
+    soon = [3.5, 20.0, -4.0, None]
+    delays: list[float] = []
+
+    async def tick() -> float | None:
+        return soon.pop(0)
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) > 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        asyncio.run(supervise("test-due", tick, 5.0, RecordedBeats(), sleep=sleep))
+    # sooner when due sooner; never later than the tick; an overdue plan never spins the loop
+    assert delays == [5.0, 3.5, 5.0, MIN_SLEEP_SECONDS, 5.0]
 
 
 def test_cancelling_a_supervised_loop_stops_it_and_it_no_longer_counts_for_the_probe():

@@ -5,6 +5,7 @@ against an in-memory API, fake routers and fake engine probes."""
 from __future__ import annotations
 
 import copy
+import json
 import pathlib
 from dataclasses import replace
 
@@ -24,6 +25,7 @@ from pdscale.operator.fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.pdcluster import PDClusterSpec
 from pdscale.operator.planner_loop import PlannerLoop, pods_by_key
 from pdscale.operator.planner_memory import PlannerMemory
+from pdscale.operator.planning import EARLY_WAKE_SECONDS, plan_slot
 from pdscale.operator.routersync import SGLangWorkerList, WorkerSpec
 from pdscale.operator.telemetry import Reporter, decision_bound
 from pdscale.operator.vllm_discovery import Announcer, DiscoveryWorkerList, PrefillCount
@@ -326,6 +328,47 @@ def test_a_recommend_tick_plans_reports_remembers_and_changes_nothing():
     patches = len(kube.status_patches)
     loop.tick_all()
     assert len(kube.status_patches) == patches
+
+
+def test_plans_keep_the_interval_s_cadence_however_late_the_tick_that_runs_them():
+    """Each plan fills the schedule's next slot (interval after the last), not the time its
+    tick ran: ticks a few seconds apart, as the loop's, would otherwise stretch every
+    interval by up to a tick. The tick says when the next plan falls due, for the loop to
+    wake then."""
+    kube, lists = _cluster("Recommend")
+    loop = PlannerLoop(kube, worker_lists=lists)
+    body, pods = kube.get("PDCluster", NS, "demo"), pods_by_key(kube.pods)
+    interval = float(body["spec"]["planner"]["intervalSeconds"])
+
+    def last_slot() -> float:
+        return json.loads(PlannerMemory(kube).load(NS, "demo") or "{}")["lastPlanAtSeconds"]
+
+    start = 1_000.0
+    assert loop.tick(body, start, pods) == start + interval
+    assert last_slot() == start
+    decisions = len(kube.status_patches)
+    # before the slot: nothing planned, the same due time
+    assert loop.tick(body, start + interval - 1.0, pods) == start + interval
+    assert len(kube.status_patches) == decisions
+    # 2.7 s late: planned, stamped with its slot, the next one due a whole interval after it
+    assert loop.tick(body, start + interval + 2.7, pods) == start + 2 * interval
+    assert last_slot() == start + interval and len(kube.status_patches) > decisions
+    # a plan a whole interval late starts the schedule again from that tick
+    late = start + 4 * interval + 0.5
+    assert loop.tick(body, late, pods) == late + interval and last_slot() == late
+
+
+def test_plan_slots_of_ticks_every_few_seconds_stay_an_interval_apart():
+    slots, last, now = [], None, 0.0
+    while now < 200.0:
+        slot = plan_slot(last, 10.0, now)
+        if slot is not None:
+            slots.append(slot)
+            last = slot
+        now += 2.7
+    assert slots == [10.0 * k for k in range(len(slots))] and len(slots) == 20
+    assert plan_slot(100.0, 10.0, 110.0 - EARLY_WAKE_SECONDS / 2) == 110.0  # woken a hair early
+    assert plan_slot(100.0, 10.0, 109.0) is None
 
 
 def test_an_off_tick_only_keeps_the_router_list():
