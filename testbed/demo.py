@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory_name
 from pdscale.operator.pdcluster import PDClusterSpec
 
 from . import demo_replay
@@ -62,6 +63,9 @@ class Sample:
     decision: str
     explanation: str
     router_workers: int
+    #: the plan slot in force (the planner memory's ``lastPlanAtSeconds``) on this clock; None:
+    #: none yet, or a recording older than the field
+    planned_at_seconds: float | None = None
 
 
 @dataclass
@@ -162,7 +166,7 @@ def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, tim
 
 
 def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str, name: str,
-           t: float, phase: str, router: str) -> Sample:
+           t: float, phase: str, router: str, started_epoch: float | None = None) -> Sample:
     import urllib.request
 
     body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
@@ -184,7 +188,20 @@ def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: s
         workers = -1
     return Sample(t, phase, serving("prefill"), serving("decode"), recommended.get("prefill"),
                   recommended.get("decode"), planner.get("lastDecision", "-"),
-                  planner.get("explanation", ""), workers)
+                  planner.get("explanation", ""), workers,
+                  None if started_epoch is None else planned_at(core, namespace, name, started_epoch))
+
+
+def planned_at(core: client.CoreV1Api, namespace: str, name: str,
+               started_epoch: float) -> float | None:
+    """The planner memory's last plan slot on the run's clock (which began at
+    ``started_epoch``), so the replay can plan on the live loop's schedule."""
+    try:
+        memory = core.read_namespaced_config_map(planner_memory_name(name), namespace)
+        slot = json.loads((memory.data or {}).get(PLANNER_MEMORY_KEY) or "{}").get("lastPlanAtSeconds")
+    except (client.ApiException, ValueError):
+        return None
+    return None if not isinstance(slot, (int, float)) else float(slot) - started_epoch
 
 
 def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
@@ -204,7 +221,7 @@ def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
 
     # one clock for the samples and the requests' send times: the recording is replayed
     # against the samples, interval by interval
-    started = time.monotonic()
+    started, started_epoch = time.monotonic(), time.time()
 
     async def load() -> None:
         from aiohttp import ClientSession, TCPConnector
@@ -221,7 +238,7 @@ def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
     loader.start()
     while loader.is_alive():
         t = time.monotonic() - started
-        s = sample(custom, core, namespace, name, t, phase_at(t), url)
+        s = sample(custom, core, namespace, name, t, phase_at(t), url, started_epoch)
         result.samples.append(s)
         if on_sample is not None:
             on_sample(s, result)
@@ -315,14 +332,18 @@ def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) 
     oracle (and each replay router), and compare with the live run (demo_replay.fidelity)."""
     pdcluster, trace = out / demo_replay.PDCLUSTER_FILE, out / demo_replay.TRACE_FILE
     spec = PDClusterSpec.model_validate(yaml.safe_load(pdcluster.read_text())["spec"])
-    reports = demo_replay.replay_recording(pdcluster, trace)
     interval = float(spec.planner.interval_seconds)
+    # on the live loop's plan schedule: ticks a few seconds apart see a phase change differently
+    tick_phase = demo_replay.live_tick_phase(result.samples, interval)
+    reports = demo_replay.replay_recording(pdcluster, trace, tick_phase_seconds=tick_phase)
     phase_at = phase_clock(result.phases)
     rows = demo_replay.side_by_side(
         result.samples, reports["pdscale"]["decisions"], reports["oracle"]["decisions"],
         interval_seconds=interval, phase_at=phase_at)
     f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at)
-    f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace)
+    f["tick_phase_seconds"] = tick_phase
+    f["replayed_by_tick_phase"] = demo_replay.tick_phase_spread(pdcluster, trace, interval)
+    f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace, tick_phase)
     return f
 
 

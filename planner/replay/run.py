@@ -73,6 +73,9 @@ class ReplaySetup:
     #: trace time the scored window opens at; before it every policy runs unscored on the
     #: fleet (:func:`start_from` "running"). None: the whole trace is scored
     scored_from_seconds: float | None = None
+    #: the planner's ticks fall at this phase modulo the interval (SimConfig); None: from the
+    #: first arrival. A live run's recording replays on the live loop's schedule
+    tick_phase_seconds: float | None = None
 
     def knowing_the_fleet(self) -> ReplaySetup:
         """This setup with the planner believing the fleet's true performance (hindsight)."""
@@ -289,7 +292,8 @@ def simulate_fleet(
         early_rejection=setup.early_rejection, slo=setup.slo,
         decode_admission=setup.decode_admission, engine=setup.engine,
         prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
-        interval_seconds=setup.interval_seconds, initial_prefill=start[0],
+        interval_seconds=setup.interval_seconds, tick_phase_seconds=setup.tick_phase_seconds,
+        initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
         scored_from_seconds=setup.scored_from_seconds,
     )

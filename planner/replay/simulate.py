@@ -96,6 +96,10 @@ class SimConfig:
     prefill_chunk_tokens: int | None = None
     slo: Slo = field(default_factory=Slo)
     interval_seconds: float = 60.0
+    #: the planner ticks at times this phase modulo the interval (the first at or after the
+    #: first arrival), as a live loop whose schedule started elsewhere; None: at the first
+    #: arrival
+    tick_phase_seconds: float | None = None
     initial_prefill: int = 1
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
@@ -270,7 +274,9 @@ class _Replay:
             for _ in range(cfg.initial_decode):
                 fleet.add(Role.DECODE, t0, warm)
 
-        next_tick = t0 if self.controller is not None else math.inf
+        first_tick = t0 if cfg.tick_phase_seconds is None else (
+            t0 + (cfg.tick_phase_seconds - t0) % cfg.interval_seconds)
+        next_tick = first_tick if self.controller is not None else math.inf
         last_arrival = arr[-1] if n_req else t0
         report_every = max(1, n_req // 100)
         scored = cfg.scored_from_seconds

@@ -336,6 +336,24 @@ def test_the_replay_reports_the_prefill_gpus_busy_time_once_per_pass(model: Perf
         assert seen[61.0].prefill_forward_seconds.value == pytest.approx(5 / 3 * compute / speed)
 
 
+def test_the_replay_plans_on_a_stated_tick_schedule(model: PerformanceModel) -> None:
+    """A live loop's plans fall at its own phase of the interval (its schedule began when
+    the PDCluster was applied, not at the first request); a replay of its recording plans at
+    that phase too, the first tick at or after the first arrival."""
+    tr = Trace(name="three", arrival_seconds=[1.0, 30.0, 95.0], input_tokens=[100] * 3,
+               output_tokens=[2] * 3, hash_ids=[[0], [1], [2]], block_tokens=512)
+    for phase, first in ((None, 1.0), (4.0, 4.0), (0.0, 10.0), (23.5, 3.5)):
+        times: list[float] = []
+
+        def hold(obs: Observation, times: list[float] = times) -> tuple[int, int]:
+            times.append(obs.now_seconds)
+            return 1, 1
+
+        simulate(tr, model, SimConfig(interval_seconds=10.0, tick_phase_seconds=phase), hold)
+        assert times[0] == pytest.approx(first)
+        assert np.allclose(np.diff(times), 10.0) and times[-1] <= 95.0 < times[-1] + 10.0
+
+
 def test_interval_stats_weigh_tpot_by_tokens_as_the_inter_token_histogram() -> None:
     """The engines' inter-token histogram counts every token once, so the TPOT quantile the
     live reader gets weighs a request by its tokens: nine short, slow replies (2 tokens, one

@@ -160,3 +160,18 @@ def test_fidelity_reports_the_difference_in_points_and_checks_the_targets() -> N
     assert "+8.0 pp (NOT within 5 pp), by phase chat +8.0." in text and "88.9% of 9 intervals" in text
     # one disagreeing interval at the end is no sign of lateness (a shift only drops it)
     assert "late" not in text
+    f["replayed_by_tick_phase"] = {"0": 0.47, "5": 0.53}
+    assert "by phase chat +8.0; with the planner's ticks at other phases of its interval the " \
+           "replay meets 47.0%-53.0%. Decided" in demo_replay.fidelity_paragraph(f)
+
+
+def test_the_live_plan_schedule_is_read_off_the_first_slot_after_the_load_began() -> None:
+    def at(t: float, slot: float | None) -> Sample:
+        return Sample(t, "chat", 1, 1, 1, 1, "-", "", 2, slot)
+
+    # planned before the load (the PDCluster was applied first), then every 10 s at 7.3
+    samples = [at(-3.0, -12.7), at(0.0, -2.7), at(8.0, 7.3), at(10.0, 7.3), at(18.0, 17.3)]
+    assert demo_replay.live_tick_phase(samples, 10.0) == pytest.approx(7.3)
+    assert demo_replay.live_tick_phase(samples[:2], 10.0) == pytest.approx(7.3)  # from -2.7
+    # a recording older than the field: no schedule, the replay ticks from the first arrival
+    assert demo_replay.live_tick_phase([sample(0, (1, 1))], 10.0) is None
