@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,6 +306,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every policy runs it on the fleet, unscored (a planner already running); "
                              "hindsight: start sized from the scored trace's first warm-up; spec: from "
                              "the spec's replicas, as the operator starts (default: history)")
+    parser.add_argument("--tick-phase-seconds", type=_phase_seconds, default=None, metavar="S",
+                        help="the planner ticks S seconds after each multiple of its interval on "
+                             "the trace's clock, as a live loop whose schedule began elsewhere "
+                             "(its plans fall on the planner memory's lastPlanAtSeconds, an "
+                             "interval apart); default: at the first arrival. On the demo's "
+                             "recording the phase alone moves pdscale's attainment by 8 points")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time K times")
@@ -475,6 +482,13 @@ def spec_replicas(spec: PDClusterSpec) -> tuple[int, int]:
     return spec.prefill.replicas, spec.decode.replicas
 
 
+def _phase_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
     """The replay's fleet: the stack named, routed and admitted as the spec's router is
     rendered on the deployed stack (the what-if stacks keep their own), flags overriding."""
@@ -493,6 +507,7 @@ def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, tr
         early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
         decode_admission=args.decode_admission, fleet_model=truth,
         prefill_admission=router_admission(configured.spec) if deployed else None,
+        tick_phase_seconds=args.tick_phase_seconds,
     )
 
 

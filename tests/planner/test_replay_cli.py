@@ -116,3 +116,23 @@ def test_replay_starts_from_history_and_replays_synthetic_shapes(tmp_path: Path)
     assert 3000 < report["requests"] < 70 * 60 * 1.5 - 500
     assert report["served_only"]["requests"] == report["requests"] - report["rejected"]
     assert main(["replay", "--synthetic", "ramp", "--policy", "pdscale"]) == 2  # no --lengths
+
+
+def test_replay_ticks_at_a_stated_phase_of_the_interval(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A live loop's recording replays on that loop's schedule: every tick falls the stated
+    seconds after a multiple of the interval; a negative phase is refused, naming the flag."""
+    ticks = {}
+    for phase in (None, "23"):
+        out = tmp_path / f"phase{phase}.json"
+        extra = [] if phase is None else ["--tick-phase-seconds", phase]
+        assert main(["replay", "--trace", AZURE, "--policy", "pdscale", "--start-from", "spec",
+                     "--interval", "60", "--json", str(out), *extra]) == 0
+        ticks[phase] = [e["t"] for e in json.loads(out.read_text())["explanations"]]
+    assert len(ticks["23"]) > 10
+    assert {round(t % 60.0, 1) for t in ticks["23"]} == {23.0}
+    assert {round(t % 60.0, 1) for t in ticks[None]} != {23.0}
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["replay", "--trace", AZURE, "--policy", "pdscale", "--tick-phase-seconds", "-1"])
+    assert "--tick-phase-seconds" in capsys.readouterr().err
