@@ -327,7 +327,7 @@ def replay_flags(args: Any) -> Any:
     import argparse
 
     defaults = {"stack": "deployed", "router": None, "decode_router": None,
-                "early_rejection": None, "decode_admission": "off"}
+                "early_rejection": None, "decode_admission": "off", "tick_phase_seconds": None}
     return argparse.Namespace(**{k: getattr(args, k, v) for k, v in defaults.items()})
 
 
