@@ -166,7 +166,7 @@ def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, tim
 
 
 def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: str, name: str,
-           t: float, phase: str, router: str, started_epoch: float | None = None) -> Sample:
+           t: float, phase: str, router: str, started_epoch: float) -> Sample:
     import urllib.request
 
     body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
@@ -189,7 +189,7 @@ def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: s
     return Sample(t, phase, serving("prefill"), serving("decode"), recommended.get("prefill"),
                   recommended.get("decode"), planner.get("lastDecision", "-"),
                   planner.get("explanation", ""), workers,
-                  None if started_epoch is None else planned_at(core, namespace, name, started_epoch))
+                  planned_at(core, namespace, name, started_epoch))
 
 
 def planned_at(core: client.CoreV1Api, namespace: str, name: str,

@@ -136,8 +136,7 @@ def live_tick_phase(samples: Sequence[Any], interval_seconds: float) -> float | 
     ``lastPlanAtSeconds``) at or after the load began, else the last before it; the operator
     keeps its plans an interval apart (``operator.planning.plan_slot``). None: the samples
     saw none (a recording older than the field)."""
-    slots = sorted({s.planned_at_seconds for s in samples
-                    if getattr(s, "planned_at_seconds", None) is not None})
+    slots = sorted({s.planned_at_seconds for s in samples if s.planned_at_seconds is not None})
     if not slots:
         return None
     after = [t for t in slots if t >= 0.0]
