@@ -508,7 +508,7 @@ def _plan_for(
     ``future_decode`` gives decode its own), one load per interval of the horizon."""
     needs = _needs(cfg, observation, future, future_decode)
     timing = _timing(cfg, observation, now, future[0], len(future))
-    floor = _scale_down_floor(cfg, history, load, needs, timing.committed0)
+    floor = _scale_down_floor(cfg, history, load, needs, timing)
     program = _program(cfg, needs, timing, floor)
     x, how = _solve(program.c, program.A, program.lo, program.hi, program.ub,
                     program.integrality, cfg.solver_time_limit_seconds)
@@ -710,7 +710,7 @@ def _timing(cfg: PlannerConfig, observation: Observation, now: float, first: Loa
 
 # -- the stabilisation floor -----------------------------------------------------------------
 def _scale_down_floor(
-    cfg: PlannerConfig, history: History, load: Load, needs: _Needs, committed0: np.ndarray
+    cfg: PlannerConfig, history: History, load: Load, needs: _Needs, timing: _Timing
 ) -> np.ndarray:
     """Per role, the fewest instances the first interval may keep (shape (2,)).
 
@@ -718,7 +718,8 @@ def _scale_down_floor(
     (``stabilization_seconds``). A recommendation for scale-down is the need at a cap lowered
     by the tolerance: the survivors must absorb the load with margin, or per-minute noise
     removes a node only to re-add it minutes later. The floor never exceeds the budget split,
-    the instances there are (it never forces a scale-up), or the role's maximum."""
+    the nodes the budget leaves beyond the other role's need, the instances there are (it
+    never forces a scale-up), or the role's maximum."""
     model = cfg.model
     window_n = cfg.stabilization_intervals
     tol = 1.0 - cfg.scale_down_tolerance
@@ -745,7 +746,16 @@ def _scale_down_floor(
         for dec in history.decisions[-lead_n:]:
             floor = np.maximum(floor, np.array(dec.lead_need, dtype=float))
     floor = np.where(needs.over[0], np.minimum(floor, needs.need[:, 0]), floor)  # budget split wins
-    floor = np.minimum(floor, committed0)  # a floor never forces a scale-up
+    # The window guards against flapping; it is no claim on nodes the other role needs. When
+    # a load's shape flips under the budget (the demo's long documents -> agents: 16 prefill
+    # held by the window, decode needing 20 of 24 nodes), a held role keeps only what the
+    # budget leaves beyond the other's need up to when a node ordered now would serve (and
+    # never less than its own need): else the other role's additions wait out the window.
+    lead = min(timing.new_node, needs.need.shape[1] - 1)
+    other_need = needs.need[::-1, : lead + 1].max(axis=1)
+    room = cfg.nodes - timing.draining - other_need
+    floor = np.minimum(floor, np.maximum(needs.need[:, 0], room))
+    floor = np.minimum(floor, timing.committed0)  # a floor never forces a scale-up
     # ... nor keeps a fleet above a maxReplicas the user has lowered under it
     capped: np.ndarray = np.minimum(floor, [cfg.max_prefill, cfg.max_decode])
     return capped

@@ -442,3 +442,21 @@ def test_a_need_at_an_instance_boundary_keeps_the_node_it_would_re_add() -> None
     # without the tolerance the node is removed; far below the boundary it goes either way
     assert plan(obs(rate, p=60, d=8), config=replace(c, scale_down_tolerance=0.0), now=600.0).decode == 7
     assert plan(obs(0.8 * rate, p=60, d=8), config=c, now=600.0).decode < 8
+
+
+def test_a_held_role_gives_up_the_nodes_the_other_one_needs_under_the_budget() -> None:
+    # Prefill-heavy load before, decode-heavy now: the window holds prefill at its earlier
+    # count, but decode needs those nodes, and gets them in this decision, not a window later.
+    c = cfg(stabilization_window_seconds=600, forecast_method="last")
+    now_obs = obs(20.0, 30, 2, isl=2000, osl=800)
+    need_p, need_d = MODEL.instances_needed(
+        Load(20.0, 2000, 800, 0.4), c.slo, prefill_utilization=c.prefill_utilization,
+        decode_utilization=c.decode_utilization, ttft_queueing=True, service_cv=c.prefill_service_cv)
+    assert need_p + 4 < 30 and need_d > 4
+    c = replace(c, nodes=need_p + need_d + 2)
+    h = History()
+    for k in range(3):
+        h = h.record(None, Decision(k * 60.0, 30, 2, 1, 0.03, 1, "", desired=(30, 2)))
+    dec = plan(now_obs, config=c, history=h, now=600.0)
+    assert dec.decode >= need_d
+    assert dec.prefill + dec.decode <= c.nodes

@@ -89,11 +89,31 @@ def test_the_floor_holds_the_window_s_highest_need_but_never_forces_a_scale_up()
     n = _needs(cfg, fleet(2, 2), [LOAD] * 4, None)
     earlier = Decision(0.0, 9, 9, 1.0, 0.03, 1.0, "", desired=(9, 9))
     history = History(decisions=(earlier,))
-    floor = _scale_down_floor(cfg, history, LOAD, n, np.array([12.0, 8.0]))
+    floor = _scale_down_floor(cfg, history, LOAD, n, _timing(cfg, fleet(12, 8), 0.0, LOAD, 4))
     # prefill: held at the window's 9; decode: 9 capped by max_decode = 6
     assert floor.tolist() == [9.0, 6.0]
     # ... and never above what is there
-    assert _scale_down_floor(cfg, history, LOAD, n, np.array([4.0, 3.0])).tolist() == [4.0, 3.0]
+    there = _timing(cfg, fleet(4, 3), 0.0, LOAD, 4)
+    assert _scale_down_floor(cfg, history, LOAD, n, there).tolist() == [4.0, 3.0]
+
+
+def test_the_floor_yields_the_budget_the_other_role_needs() -> None:
+    # The load's shape flipped: the window would hold prefill at its earlier 10 above need,
+    # but with those held decode's need would not fit the budget. Prefill keeps only what the
+    # budget leaves beyond decode's need (3 spare nodes, one of them draining).
+    p, d = need_of(LOAD, config())
+    cfg = config(stabilization_window_seconds=600.0, nodes=p + d + 3)
+    history = History(decisions=(Decision(0.0, p + 10, 1, 1.0, 0.03, 1.0, "", desired=(p + 10, 1)),))
+    obs = fleet(p + 10, 1, draining=1)
+    n = _needs(cfg, obs, [LOAD] * 4, None)
+    assert not n.over.any()
+    floor = _scale_down_floor(cfg, history, LOAD, n, _timing(cfg, obs, 0.0, LOAD, 4))
+    assert floor.tolist() == [p + 2, 1.0]
+    # with room for both, the window holds as before
+    roomy = config(stabilization_window_seconds=600.0, nodes=p + d + 20)
+    n = _needs(roomy, obs, [LOAD] * 4, None)
+    floor = _scale_down_floor(roomy, history, LOAD, n, _timing(roomy, obs, 0.0, LOAD, 4))
+    assert floor[0] == p + 10
 
 
 def test_an_added_node_serves_after_its_warm_up() -> None:
@@ -112,7 +132,7 @@ def test_the_programme_keeps_a_fleet_that_fits_and_buys_what_is_missing() -> Non
     obs = fleet(p, d + 2)
     n = _needs(cfg, obs, [LOAD] * H, None)
     t = _timing(cfg, obs, 0.0, LOAD, H)
-    floor = _scale_down_floor(cfg, History(), LOAD, n, t.committed0)
+    floor = _scale_down_floor(cfg, History(), LOAD, n, t)
     program = _program(cfg, n, t, floor)
     assert program.A.shape[1] == 8 * H and program.c.shape == (8 * H,)
     x, how = _solve(program.c, program.A, program.lo, program.hi, program.ub,
