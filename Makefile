@@ -6,7 +6,7 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo cluster down chart-sync e2e-kind image chart-package
+.PHONY: setup test lint demo cluster down chart-sync e2e-kind image chart-package dynamo-venv
 
 setup:
 	@e2e/setup
@@ -16,9 +16,15 @@ lint: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-# Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e).
-test: lint
-	$(VENV)/bin/pytest
+# Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e), the real
+# Dynamo planner's included: its venv is built here (about a minute, once), and the tests that
+# drive it fail rather than skip when it is missing.
+test: lint dynamo-venv
+	PDSCALE_REQUIRE_DYNAMO=1 $(VENV)/bin/pytest
+
+# NVIDIA Dynamo 1.6.1's planner in a venv of its own (it pins an older kubernetes client).
+dynamo-venv:
+	bench/dynamo/setup_venv.sh
 
 # The whole loop here: cluster, Prometheus, chart, operator, real router, simulated fleet,
 # a phased load; ends with out/demo/demo.png and a summary.
