@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
-from ..solve import History
+from ..solve import History, prefill_share
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -187,6 +187,7 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
     if not loads:
         return cfg.min_prefill, cfg.min_decode
     p, d = cfg.min_prefill, cfg.min_decode
+    busy_p = busy_d = 0.0
     for ld in loads:
         np_, nd = setup.model.instances_needed(
             ld, setup.slo,
@@ -194,9 +195,12 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
             ttft_queueing=True, service_cv=cfg.prefill_service_cv,
             pooled_prefill=cfg.prefill_queue == "pooled",
         )
-        p, d = max(p, np_), max(d, nd)
-    if p + d > setup.nodes:
-        p = max(cfg.min_prefill, setup.nodes * p // (p + d))
+        fp, fd = setup.model.fluid_demand(ld, setup.slo)
+        p, d, busy_p, busy_d = max(p, np_), max(d, nd), max(busy_p, fp), max(busy_d, fd)
+    if p + d > setup.nodes:  # split as the planner splits an over-budget need
+        share = prefill_share(float(setup.nodes), np.array([[p], [d]], dtype=float),
+                              np.array([[busy_p], [busy_d]]))
+        p = max(cfg.min_prefill, math.floor(float(share[0]) + 1e-9))
         d = max(cfg.min_decode, setup.nodes - p)
     return p, d
 

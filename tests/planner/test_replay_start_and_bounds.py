@@ -8,10 +8,12 @@ after it happens, the second as it happens, the full oracle before it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from planner_replay_helpers import replay_setup
 
-from pdscale.planner.replay.run import run_policy
+from pdscale.planner.replay.run import initial_fleet, interval_loads, run_policy
 from pdscale.planner.replay.traces import Trace
 
 INTERVAL_SECONDS = 60.0
@@ -53,6 +55,19 @@ def test_a_stated_start_is_where_every_dynamic_policy_starts_within_the_bounds()
     # a static fleet is its own start
     assert run_policy(setup, "static:4P4D", start_fleet=(1, 1))["initial_fleet"] == {
         "prefill": 4, "decode": 4}
+
+
+def test_a_start_over_budget_is_split_as_the_planner_splits_it() -> None:
+    # a strict TTFT for long prompts asks prefill for nearly the whole budget in queueing
+    # margin; the start fleet, like the planner, first covers decode's fluid demand
+    n = 4000
+    trace = Trace(name="flat", arrival_seconds=[1 + i / 8 for i in range(n)], input_tokens=[12000] * n,
+                  output_tokens=[340] * n, hash_ids=[()] * n, block_tokens=512)
+    setup = replay_setup(trace, ttft_seconds=1.0, nodes=10)
+    busy_p, busy_d = setup.model.fluid_demand(interval_loads(trace, INTERVAL_SECONDS)[1], setup.slo)
+    p, d = initial_fleet(setup)
+    assert p + d == 10 and d >= math.ceil(busy_d) and p >= math.floor(busy_p)
+    assert run_policy(setup, "pdscale")["initial_fleet"]["decode"] == d
 
 
 def test_the_oracles_see_a_step_before_as_and_one_interval_after_it_happens() -> None:

@@ -95,6 +95,18 @@ def test_stale_metrics_hold() -> None:
     assert dec.held and (dec.prefill, dec.decode) == (6, 6)
 
 
+def test_over_budget_covers_each_roles_fluid_demand_before_any_margin() -> None:
+    # A strict TTFT behind a router that picks prefill at random asks prefill for a wide
+    # queueing margin (88 instances where 8 are busy). Split in proportion to need, a 15-node
+    # budget left decode 2 where 5.1 are busy at the TPOT target: every request misses TPOT.
+    c = cfg(nodes=15, slo=Slo(2.0, 0.05, 0.99), prefill_queue="split")
+    busy_p, busy_d = MODEL.fluid_demand(Load(20.0, 12000, 343, 0.4), c.slo)
+    dec = plan(obs(20.0, 13, 2, isl=12000, osl=343), config=c, now=600.0)
+    assert dec.shortfall and dec.prefill + dec.decode == 15
+    assert dec.decode >= math.ceil(busy_d) and dec.prefill >= math.floor(busy_p)
+    assert "fluid demand first" in dec.explanation
+
+
 def test_over_budget_divides_shortfall_in_proportion_and_says_so() -> None:
     c = cfg(nodes=20)
     dec = plan(obs(200.0, 10, 10, isl=12000, osl=343), config=c, now=600.0)

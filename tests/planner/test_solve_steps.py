@@ -27,6 +27,7 @@ from pdscale.planner.solve import (
     _serving_rows,
     _solve,
     _timing,
+    prefill_share,
 )
 
 MODEL = PerformanceModel(load_profile())
@@ -162,3 +163,18 @@ def test_actions_are_said_per_role_and_none_as_no_change() -> None:
         "+1 prefill; -1 decode; switch 1 decode->prefill (cheaper than a new node)",
         f"new nodes serve after {t.new_node} interval(s) of warm-up",
     ]
+
+
+def test_over_budget_the_fluid_demands_come_first_then_the_margins_in_proportion() -> None:
+    need = np.array([[46.0, 46.0, 46.0], [8.0, 8.0, 8.0]])
+    busy = np.array([[20.0, 20.0, 20.0], [7.0, 7.0, 7.0]])
+    share = prefill_share(np.array([18.0, 27.0, 39.0]), need, busy)
+    # 18 < 27 busy: in proportion to the fluid demands, both roles equally over-run
+    assert share[0] == 18 * 20 / 27
+    # exactly the fluid demands
+    assert share[1] == 20
+    # 12 nodes of margin left: prefill's margin is 26, decode's 1
+    assert share[2] == 20 + 12 * 26 / 27
+    # a fluid demand above the need (the need is at least the minimum, the demand a model's
+    # fraction) counts as the need: prefill keeps 4 and has no margin, decode takes the rest
+    assert prefill_share(np.array(10.0), np.array([[4.0], [8.0]]), np.array([[6.0], [5.0]]))[0] == 4
