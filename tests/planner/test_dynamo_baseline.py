@@ -285,3 +285,35 @@ def test_the_real_dynamo_planner_runs_a_replay_and_follows_a_step(model: Perform
     after = max(t["prefill"] for t in ticks if t["t"] > 900.0)
     assert after > before
     assert report["requests"] == len(trace.arrival_seconds)
+
+
+# -- the comparison at matched GPU-hours ---------------------------------------------------------
+
+
+def test_the_matched_row_is_pdscale_under_the_largest_budget_within_dynamos_gpu_hours() -> None:
+    from planner_replay_helpers import replay_setup
+    from rich.console import Console
+
+    from pdscale.planner.replay.run import run_policy
+    from pdscale.planner.replay.traces import Trace
+
+    db = bench_module("dynamo_bench")
+    n = 3000
+    trace = Trace(name="flat", arrival_seconds=[1 + i / 3 for i in range(n)], input_tokens=[8000] * n,
+                  output_tokens=[300] * n, hash_ids=[()] * n, block_tokens=512)
+
+    def setup_for(nodes: int) -> tuple[None, object, None]:
+        return None, replay_setup(trace, ttft_seconds=2.0, nodes=nodes), None
+
+    spent = {b: run_policy(setup_for(b)[1], "pdscale")["gpu_hours"] for b in range(2, 9)}
+    assert spent[3] < spent[6]  # the budget binds over this range
+    row = db.budget_matched(setup_for, spent[5] + 1e-6, 8, Console(quiet=True))
+    assert row is not None and row["gpu_hours"] <= spent[5] + 1e-6
+    assert row["node_budget"] == max(b for b, g in spent.items() if g <= spent[5] + 1e-6)
+    assert row["policy"].startswith("pdscale@budget")
+    # even two nodes spend more: no row, rather than one that spends more than Dynamo
+    assert db.budget_matched(setup_for, spent[2] / 2, 8, Console(quiet=True)) is None
+    checked = db.check_against_dynamo({"pdscale": {"gpu_hours": 99.0, "slo_attainment": 0.9, "policy": "pdscale"},
+                                       "dynamo": {"gpu_hours": 50.0, "slo_attainment": 0.1},
+                                       row["policy"]: {**row, "gpu_hours": 49.0, "slo_attainment": 0.5}})
+    assert checked["met"] and row["policy"] in checked["value"]
