@@ -75,12 +75,15 @@ class DecodeBatches:
         rng: random.Random | None = None,
         blocks: Sequence[tuple[int, ...]] = (),
         block_tokens: int = 512,
+        recorded: Sequence[int] | None = None,
     ) -> None:
         if mode not in DECODE_ADMISSIONS:
             raise ValueError(f"decode_admission must be one of {DECODE_ADMISSIONS}, got {mode!r}")
         if router not in DECODE_ROUTERS:
             raise ValueError(f"decode_router must be one of {DECODE_ROUTERS}, got {router!r}")
         self.router = router
+        #: request -> position among the ready decodes it went to live (-1: the router picks)
+        self._recorded = recorded
         self.rng = rng or random.Random(1)
         self._count = 0  # round robin's counter
         self._blocks, self.block_tokens = blocks, block_tokens
@@ -120,6 +123,8 @@ class DecodeBatches:
         ready, load = self.fleet.ready_decode, self.load
         if len(ready) == 1:
             return ready[0]
+        if self._recorded is not None and 0 <= self._recorded[r] < len(ready):
+            return ready[self._recorded[r]]
         if self.router == "round-robin":
             self._count += 1
             return ready[(self._count - 1) % len(ready)]

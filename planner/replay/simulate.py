@@ -121,6 +121,11 @@ class SimConfig:
     scored_from_seconds: float | None = None
     #: prefix cache capacity per prefill instance in blocks; None = from the profile
     cache_blocks: int | None = None
+    #: the (prefill, decode) instance each request of the trace went to in a live run, as
+    #: positions among the ready instances of each role (-1: not known); they replace both
+    #: routers' choices, so that a fidelity check compares the engines apart from the
+    #: router's draw (bench/engine_fidelity.py). For a fixed fleet. None: the routers choose.
+    recorded_routes: tuple[tuple[int, int], ...] | None = None
     seed: int = 1
 
 
@@ -214,8 +219,12 @@ class _Replay:
             on_finish=self._decode_finished, on_shed=self._decode_shed,
             router=config.decode_router, rng=random.Random(config.seed + 1),
             blocks=trace.hash_ids, block_tokens=block,
+            recorded=None if config.recorded_routes is None else [d for _, d in config.recorded_routes],
         )
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
+        if config.recorded_routes is not None and len(config.recorded_routes) != len(trace):
+            raise ValueError(f"recorded_routes has {len(config.recorded_routes)} routes for "
+                             f"{len(trace)} requests")
         if config.engine not in ENGINES:
             raise ValueError(f"engine must be one of {tuple(ENGINES)}, got {config.engine!r}")
         chunk = config.prefill_chunk_tokens or ENGINES[config.engine]
@@ -457,7 +466,12 @@ class _Replay:
         if among is not None and len(among) < len(fleet.ready_prefill):
             allowed = set(among)
             hits = {j: h for j, h in hits.items() if j in allowed}
-        i = self.router.choose(t, n_in, hits, among, blocks=blocks)
+        routes = cfg.recorded_routes
+        k = routes[r][0] if routes is not None else -1
+        if 0 <= k < len(fleet.ready_prefill):
+            i = fleet.ready_prefill[k]
+        else:
+            i = self.router.choose(t, n_in, hits, among, blocks=blocks)
         hit_tok = min(hits.get(i, 0) * self._block_tokens, n_in)
         start = max(fleet.busy[i], t)
         done = start + self._prefill_seconds(n_in, hit_tok)

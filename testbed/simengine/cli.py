@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-lease-seconds", type=float, default=30.0,
                    help="vllm dialect: a prefill keeps a finished request's KV pinned this "
                    "long for its decode to pull")  # fmt: skip
+    p.add_argument("--request-log", default=None,
+                   help="append one JSON line per request taken (rid, role, port): which "
+                        "instance served it (the harness's; no engine has it)")
     p.add_argument("--log-level", default="INFO")
     add_timing_arguments(p)
     return p
@@ -178,6 +181,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         bucket_inter_token_latency=_buckets(args.bucket_inter_token_latency),
         bucket_e2e_request_latency=_buckets(args.bucket_e2e_request_latency),
         max_total_tokens=args.max_total_tokens, kv_lease_seconds=args.kv_lease_seconds,
+        request_log=args.request_log,
     )  # fmt: skip
 
 

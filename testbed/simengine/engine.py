@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 import uuid
@@ -42,7 +43,15 @@ from .prefix_cache import PrefixCache
 from .sglang import SGLang
 from .timing import TimingModel
 from .vllm import Vllm
-from .wire import full_response, is_loopback, max_new_tokens, prompt_tokens, sse, stream_chunk
+from .wire import (
+    full_response,
+    is_loopback,
+    max_new_tokens,
+    prompt_key,
+    prompt_tokens,
+    sse,
+    stream_chunk,
+)
 
 log = logging.getLogger("pdscale.testbed.simengine")
 
@@ -101,6 +110,12 @@ class EngineConfig:
     #: vLLM prefill (NIXL): a finished request's KV stays pinned this long for its decode to
     #: pull (wall seconds), then is freed and a later pull fails
     kv_lease_seconds: float = 30.0
+    #: append one JSON line per request taken (its prompt's digest, ``wire.prompt_key``, its
+    #: ``rid`` and this engine's role and port):
+    #: which instance served which request, for a replay that must route as the live router
+    #: did (bench/engine_fidelity.py). The harness's, not an engine's: SGLang logs no such
+    #: file. None = no log.
+    request_log: str | None = None
 
 
 @dataclass
@@ -639,6 +654,10 @@ class SimEngine:
             tokens = prompt_tokens(body)
             n_out = max_new_tokens(api, body)
             rid = str(body.get("rid") or uuid.uuid4().hex)
+            if self.config.request_log:
+                with open(self.config.request_log, "a") as f:  # small, once per request
+                    f.write(json.dumps({"prompt": prompt_key(tokens), "rid": rid, "role": self.role.value,
+                                        "port": self.config.port}) + "\n")
             if self.role == Role.PREFILL:
                 return await self._serve_prefill(request, api, body, tokens, rid, arrived)
             return await self._serve_decode(request, api, body, tokens, n_out, rid, arrived)

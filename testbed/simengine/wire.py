@@ -7,10 +7,19 @@ prompts as words), so lengths and shared prefixes are exact without a tokenizer.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
+
+
+def prompt_key(tokens: Sequence[str]) -> str:
+    """A short digest of a prompt's tokens, to tell which request an engine took: the
+    harness cannot pass an id through the router (sglang-router 0.3.2 drops ``rid`` from a
+    chat request)."""
+    return hashlib.sha1("\x00".join(tokens).encode()).hexdigest()[:16]
 
 
 def prompt_tokens(body: dict[str, Any]) -> list[str]:

@@ -355,3 +355,37 @@ def test_a_sequence_joining_a_running_step_gets_its_next_token_a_full_step_later
     b = asyncio.run(scenario())
     assert 0.065 <= b[1] - b[0] < 0.11, b
     assert 0.04 <= b[2] - b[1] < 0.07, b
+
+
+def test_the_request_log_names_each_prompt_an_engine_took(tmp_path):
+    # the fidelity harness's record of which instance served which request (the router
+    # drops a chat request's rid, so the prompt's digest is the key)
+    import asyncio
+    import json
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pdscale.testbed.simengine import EngineConfig, SimEngine
+    from pdscale.testbed.simengine.wire import prompt_key
+
+    log = tmp_path / "requests.jsonl"
+
+    async def scenario() -> None:
+        engine = SimEngine(EngineConfig("decode", "127.0.0.1", 0, request_log=str(log)),
+                           LinearTiming(decode_step_seconds=0.001))
+        await engine.start()
+        api = TestClient(TestServer(engine.app(), host="127.0.0.1"))
+        await api.start_server()
+        try:
+            for text in ("one two three", "four five"):
+                body = {"model": "sim-model", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+                assert (await api.post("/v1/chat/completions", json=body)).status == 200
+        finally:
+            await api.close()
+            await engine.close()
+
+    asyncio.run(scenario())
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [x["prompt"] for x in lines] == [prompt_key(["one", "two", "three"]), prompt_key(["four", "five"])]
+    assert {x["role"] for x in lines} == {"decode"}
+    assert prompt_key(["one", "two"]) != prompt_key(["one two"])  # tokens, not their text

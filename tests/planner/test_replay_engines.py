@@ -162,3 +162,24 @@ def test_the_forward_time_runs_from_the_pass_that_takes_a_prompt_to_the_one_that
     alone = model.prefill_seconds(4000)
     forward = [o.prefill_forward_seconds for o in seen if o.prefill_forward_seconds is not None]
     assert forward[0].value == pytest.approx((alone + 3 * shared) / 4)
+
+
+def test_recorded_routes_replace_both_routers_choices(model: PerformanceModel) -> None:
+    # a fidelity check replays each request on the instances the live routers chose
+    n = 8
+    tr = Trace("t", [0.001 * k for k in range(n)], [4000] * n, [200] * n, [()] * n, BLOCK)
+
+    def run(routes: tuple[tuple[int, int], ...] | None) -> SimResult:
+        cfg = SimConfig(router="round-robin", decode_router="round-robin", initial_prefill=2,
+                        initial_decode=2, slo=Slo(ttft_seconds=60.0), recorded_routes=routes)
+        return simulate(tr, model, cfg)
+
+    spread = run(None)
+    assert np.array_equal(run(tuple((k % 2, k % 2) for k in range(n))).ttft_seconds, spread.ttft_seconds)
+    piled = run(((0, 1),) * n)  # every prompt on one prefill, every sequence on one decode
+    assert piled.ttft_seconds.max() > 1.5 * spread.ttft_seconds.max()
+    assert np.nanmean(piled.tpot_seconds) > np.nanmean(spread.tpot_seconds)
+    # a route not known (-1) leaves the choice to the router
+    assert np.array_equal(run(((-1, -1),) * n).ttft_seconds, spread.ttft_seconds)
+    with pytest.raises(ValueError, match="8 requests"):
+        run(((0, 0),) * 3)
