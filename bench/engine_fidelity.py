@@ -16,7 +16,12 @@ Issue 15's fidelity check. For each case (a FIXED fleet and a load), the harness
    engine model ("sglang") with the same chunk size and routers (the gateway's CacheAware as
    it really picks: at random for sglang-router 0.3.2, smg's own tree rule for smg;
    round-robin decode), no early rejection and no decode admission,
-4. compares attainment under the case's SLO, TTFT and TPOT p50/p90 and the prefix hit rate.
+4. compares attainment under the case's SLO, TTFT and TPOT p50/p90 and the prefix hit rate,
+5. and replays the recording once more on the instances the live routers chose ("routed as
+   live"): each engine logs the prompts it takes (``--request-log``, matched by
+   ``wire.prompt_key``), and the replay's ``SimConfig.recorded_routes`` replaces both of its
+   routers' choices. A random router's draw is one of many; with the live draw, what is left
+   is the engines' model and the HTTP path.
 
 Everything is in model seconds: the live latencies are multiplied back by the time
 compression. Prints a table, writes out/engine_fidelity.json (or ``--out``), progress on
@@ -38,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,8 +60,10 @@ from pdscale.testbed.loadgen import (
     RequestSpec,
     percentile,
     plan_requests,
+    request_body,
     run_load,
 )
+from pdscale.testbed.simengine.wire import prompt_key, prompt_tokens
 
 HERE = Path(__file__).parent
 OUT = HERE.parent / "out" / "engine_fidelity.json"
@@ -134,6 +141,9 @@ class Live:
     cached_tokens: float
     #: requests each prefill engine finished (the router's split)
     per_prefill: list[float]
+    #: request index -> (prefill, decode) engine it went to, positions in the fleet's lists
+    #: (from the engines' request logs; a request an engine never saw is missing)
+    routes: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression: float,
@@ -145,9 +155,11 @@ def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression:
     net = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}"
     fleet = h.Fleet(workdir, net)
     extra = engine_args(profile, compression=compression, chunk_tokens=chunk_tokens)
+    logs = {role: [workdir / f"requests-{role}-{k}.jsonl" for k in range(n)]
+            for role, n in (("prefill", case.prefill), ("decode", case.decode))}
     try:
-        prefill = [fleet.start_engine("prefill", *extra) for _ in range(case.prefill)]
-        decode = [fleet.start_engine("decode", *extra) for _ in range(case.decode)]
+        prefill = [fleet.start_engine("prefill", *extra, "--request-log", str(f)) for f in logs["prefill"]]
+        decode = [fleet.start_engine("decode", *extra, "--request-log", str(f)) for f in logs["decode"]]
         # the policies a PDCluster renders by default (operator/router.py); it sets no
         # --policy, whose default is cache_aware (the harness's round_robin is overridden)
         fleet.start_router(prefill, decode, "--policy", "cache_aware",
@@ -170,7 +182,35 @@ def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression:
     scaled = [replace(r, sent_seconds=r.sent_seconds * compression, ttft_seconds=model(r.ttft_seconds),
                       tpot_seconds=model(r.tpot_seconds), e2e_seconds=model(r.e2e_seconds))
               for r in records]  # fmt: skip
-    return Live(scaled, prompt, cached, per_prefill)
+    return Live(scaled, prompt, cached, per_prefill, served_by(specs, logs["prefill"], logs["decode"]))
+
+
+def served_by(specs: list[RequestSpec], prefill_logs: list[Path],
+              decode_logs: list[Path]) -> dict[int, tuple[int, int]]:
+    """Request index -> (prefill, decode) position that served it, from the engines' request
+    logs (one file per engine, in fleet order), matched by the prompt's digest; requests
+    both roles saw, whose prompt no other request shares."""
+    key: dict[str, int | None] = {}
+    for s in specs:
+        k = prompt_key(prompt_tokens(request_body("chat", s, "sim-model")[1]))
+        key[k] = None if k in key else s.index  # a prompt sent twice cannot be told apart
+    seen: list[dict[int, int]] = [{}, {}]
+    for side, files in enumerate((prefill_logs, decode_logs)):
+        for k, f in enumerate(files):
+            if not f.exists():  # an engine that took no request writes nothing
+                continue
+            for line in f.read_text().splitlines():
+                index = key.get(json.loads(line)["prompt"])
+                if index is not None:
+                    seen[side][index] = k
+    return {i: (k, seen[1][i]) for i, k in seen[0].items() if i in seen[1]}
+
+
+def trace_routes(records: list[RequestRecord], routes: dict[int, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The routes in the recorded trace's order (:func:`trace_rows`: by send time, then
+    index), -1 where an engine never saw the request (the replay's router picks there)."""
+    ordered = sorted(records, key=lambda r: (r.sent_seconds, r.index))
+    return tuple(routes.get(r.index, (-1, -1)) for r in ordered)
 
 
 # -------------------------------------------------------------------- replay
@@ -184,11 +224,12 @@ def recorded_trace(specs: list[RequestSpec], records: list[RequestRecord], *, bl
 
 def replay(case: Case, trace: Trace, *, profile: str, chunk_tokens: int,
            router: str | None = None, model: PerformanceModel | None = None,
-           seed: int = 1) -> SimResult:
+           seed: int = 1, routes: tuple[tuple[int, int], ...] | None = None) -> SimResult:
     """The same recording through the replay: the deployed stack (its prefill and decode
     routers, as a PDCluster renders them by default) on the case's fixed fleet. ``router``
     replaces the prefill router (how much of a difference is the routing's); ``model`` the
-    profile's (a control that must miss the targets)."""
+    profile's (a control that must miss the targets); ``routes`` both routers' choices by
+    the live ones (what is left is the engines')."""
     model = model or PerformanceModel(load_profile(profile))
     deployed = STACKS["deployed"]
     config = SimConfig(router=router or deployed["router"],
@@ -196,7 +237,8 @@ def replay(case: Case, trace: Trace, *, profile: str, chunk_tokens: int,
                        early_rejection=False, engine="sglang",
                        prefill_chunk_tokens=chunk_tokens, slo=slo(case),
                        initial_prefill=case.prefill, initial_decode=case.decode,
-                       decode_admission="off", start_ready=True, seed=seed)  # fmt: skip
+                       decode_admission="off", start_ready=True, seed=seed,
+                       recorded_routes=routes)  # fmt: skip
     return simulate(trace, model, config)
 
 
@@ -289,12 +331,18 @@ def run_case(case: Case, *, profile: str, compression: float, chunk_tokens: int,
     spread = {k: sorted(d[k] for d in draws) for k in ("attainment", *QUANTILES)}
     by_router["random"]["over_seeds"] = {
         k: {"min": v[0], "median": v[len(v) // 2], "max": v[-1]} for k, v in spread.items()}
+    # every request on the instances the live routers chose: the engines' model alone
+    routes = trace_routes(live.records, live.routes)
+    routed = replay_figures(case, replay(case, trace, profile=profile, chunk_tokens=chunk_tokens,
+                                         routes=routes), trace.output_tokens)
+    routed["requests_routed_as_live"] = sum(1 for p, _ in routes if p >= 0)
     return {
         "case": asdict(case), "gateway": gateway, "profile": profile,
         "time_compression": compression,
         "chunk_tokens": chunk_tokens, "live_wall_seconds": wall,
         "live": live_f, "replay": replay_f, "difference": compare(live_f, replay_f),
         "replay_by_router": by_router,
+        "replay_routed_as_live": routed, "difference_routed_as_live": compare(live_f, routed),
     }
 
 
@@ -309,15 +357,13 @@ def table(reports: list[dict[str, Any]]) -> Any:
     for rep in reports:
         live, rp, diff = rep["live"], rep["replay"], rep["difference"]
         name = f"{rep.get('run', rep['case']['name'])} ({rep['gateway']})"
-        a = diff.get("attainment_pp")
-        t.add_row(name, f"attainment (TTFT <= {rep['case']['slo_ttft_seconds']:g} s, TPOT <= "
-                  f"{rep['case']['slo_tpot_seconds']:g} s)", f"{live['attainment']:.1%}",
-                  f"{rp['attainment']:.1%}", f"{a['difference']:+.1f} pp" if a else "-",
-                  ("met" if a and a["within"] else "NOT met") + " (2 pp)")
-        for q in QUANTILES:
-            d = diff.get(q)
-            t.add_row("", q, _s(live[q]), _s(rp[q]), f"{d['difference']:+.1%}" if d else "-",
-                      ("met" if d and d["within"] else "NOT met") + " (10%)")
+        _measured_rows(t, name, f"attainment (TTFT <= {rep['case']['slo_ttft_seconds']:g} s, TPOT "
+                       f"<= {rep['case']['slo_tpot_seconds']:g} s)", live, rp, diff)
+        routed = rep.get("replay_routed_as_live")
+        if routed:
+            _measured_rows(t, "", f"routed as live ({routed['requests_routed_as_live']} of "
+                           f"{routed['requests']}): attainment", live, routed,
+                           rep["difference_routed_as_live"], prefix="routed as live: ")
         h = diff.get("prefix_hit_rate_pp")
         t.add_row("", "prefix hit rate", _p(live["prefix_hit_rate"]), _p(rp["prefix_hit_rate"]),
                   f"{h['difference']:+.1f} pp" if h else "-", "")
@@ -338,6 +384,19 @@ def table(reports: list[dict[str, Any]]) -> Any:
                           f"{seeds['ttft_p50']['min']:.2f}-{seeds['ttft_p50']['max']:.2f} / "
                           f"{seeds['ttft_p90']['min']:.2f}-{seeds['ttft_p90']['max']:.2f} s", "", "")
     return t
+
+
+def _measured_rows(t: Any, name: str, attainment: str, live: dict[str, Any], rp: dict[str, Any],
+                   diff: dict[str, Any], prefix: str = "") -> None:
+    """Attainment and the latency quantiles, live against a replay, with the targets."""
+    a = diff.get("attainment_pp")
+    t.add_row(name, attainment, f"{live['attainment']:.1%}", f"{rp['attainment']:.1%}",
+              f"{a['difference']:+.1f} pp" if a else "-",
+              ("met" if a and a["within"] else "NOT met") + " (2 pp)")
+    for q in QUANTILES:
+        d = diff.get(q)
+        t.add_row("", prefix + q, _s(live[q]), _s(rp[q]), f"{d['difference']:+.1%}" if d else "-",
+                  ("met" if d and d["within"] else "NOT met") + " (10%)")
 
 
 def _s(v: float | None) -> str:

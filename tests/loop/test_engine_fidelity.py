@@ -89,6 +89,42 @@ def test_a_replay_of_a_fleet_off_by_a_little_misses_a_target(one_prefill, prefil
     assert not all(missed[key]["within"] for key in TARGETS), missed
 
 
+@pytest.fixture(scope="module")
+def two_prefills(tmp_path_factory):
+    """The bench's 2P2D case behind sglang-router (random prefill choice), live then
+    replayed, once with the replay's own routers and once on the instances the live routers
+    chose (read from the engines' request logs)."""
+    ef = bench()
+    case = next(c for c in ef.CASES if c.name == "2p2d")
+    tmp = tmp_path_factory.mktemp("fidelity-2p")
+    (tmp / "logs").mkdir()
+    report = ef.run_case(case, profile=PROFILE, compression=COMPRESSION, chunk_tokens=CHUNK,
+                         workdir=tmp / "logs", recording=tmp / "recording",
+                         log=lambda msg: print(msg))  # fmt: skip
+    print({k: (report["live"][k], report["replay_routed_as_live"][k]) for k in ("attainment", *ef.QUANTILES)})
+    return report
+
+
+def test_replay_routed_as_live_predicts_two_prefills(two_prefills):
+    # Two prefills behind sglang-router, which picks one at random: the replay's own random
+    # draw is one of many (20 seeds span 13 pp), so it is compared on the live draw. What is
+    # left is the engines' model and the HTTP path's delay. Four runs measured (replay - live):
+    # attainment -1.1 / +0.5 / +2.2 / +0.0 pp, TTFT p50 -2.7% to -5.0%, p90 -1.3% to -3.3%,
+    # TPOT p50 -2.0% to +0.5%, p90 -1.8% to +10.9%: every target (2 pp, 10%) met in two runs,
+    # one missed by 0.2 pp or 0.9% in the others. Replayed with its own random router the same
+    # runs were +4.4 to +18.1 pp, TTFT p90 -10% to -43%, TPOT p90 -18% to -33%. One run is
+    # held to 1.5x the targets, what that noise needs; the bench prints the targets themselves.
+    report = two_prefills
+    routed, diff = report["replay_routed_as_live"], report["difference_routed_as_live"]
+    assert report["live"]["failed"] == 0
+    assert routed["requests_routed_as_live"] == routed["requests"]
+    # both prefills served: the routes are not one instance's by accident
+    assert min(report["live"]["requests_per_prefill"]) >= 0.2 * routed["requests"]
+    assert abs(diff["attainment_pp"]["difference"]) <= 1.5 * 2.0, (report["live"], routed)
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(diff[key]["difference"]) <= 1.5 * 0.10, (key, report["live"], routed)
+
+
 def _prefills_chosen(fleet, gateway: str, n: int) -> list[int]:
     """Which of two prefills served each of ``n`` sequential requests that share a prefix."""
     ef = bench()
