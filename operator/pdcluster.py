@@ -579,7 +579,11 @@ class PlannerSpec(_Model):
     )
     interval_seconds: int = Field(default=60, ge=10, le=3600, description="Decision interval.")
     node_budget: int | None = Field(
-        default=None, ge=1, description="Most nodes prefill plus decode may use together."
+        default=None, ge=1, description=(
+            "Most nodes prefill plus decode may use together. When the load needs more, each "
+            "role first gets the instances its load keeps fully busy, then the rest is shared "
+            "in proportion to the margins each asks for; the decision says OVER BUDGET."
+        ),
     )
     prometheus_url: str | None = Field(
         default=None,
