@@ -40,19 +40,25 @@ def bench() -> ModuleType:
     return sys.modules[name]
 
 
-@pytest.fixture(scope="module")
-def one_prefill(tmp_path_factory):
-    """The bench's short fleet (1 prefill, 2 decodes, about 110% prefill load, 182 requests
-    over 100 model s; 25 s of wall time), live then replayed."""
+def live_then_replayed(tmp_path_factory, name: str, replay: str = "replay"):
+    """The bench's case ``name`` run live, then replayed (``replay``: the report's entry
+    printed beside the live figures): the module, the case, the report, the recording."""
     ef = bench()
-    case = next(c for c in ef.CASES if c.name == "1p2d-short")
-    tmp = tmp_path_factory.mktemp("fidelity")
+    case = next(c for c in ef.CASES if c.name == name)
+    tmp = tmp_path_factory.mktemp(f"fidelity-{name}")
     (tmp / "logs").mkdir()
     report = ef.run_case(case, profile=PROFILE, compression=COMPRESSION, chunk_tokens=CHUNK,
                          workdir=tmp / "logs", recording=tmp / "recording",
                          log=lambda msg: print(msg))  # fmt: skip
-    print({k: (report["live"][k], report["replay"][k]) for k in ("attainment", *ef.QUANTILES)})
+    print({k: (report["live"][k], report[replay][k]) for k in ("attainment", *ef.QUANTILES)})
     return ef, case, report, tmp / "recording" / "trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def one_prefill(tmp_path_factory):
+    """The bench's short fleet (1 prefill, 2 decodes, about 110% prefill load, 182 requests
+    over 100 model s; 25 s of wall time), live then replayed."""
+    return live_then_replayed(tmp_path_factory, "1p2d-short")
 
 
 TARGETS = ("attainment_pp", "ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
@@ -94,15 +100,7 @@ def two_prefills(tmp_path_factory):
     """The bench's 2P2D case behind sglang-router (random prefill choice), live then
     replayed, once with the replay's own routers and once on the instances the live routers
     chose (read from the engines' request logs)."""
-    ef = bench()
-    case = next(c for c in ef.CASES if c.name == "2p2d")
-    tmp = tmp_path_factory.mktemp("fidelity-2p")
-    (tmp / "logs").mkdir()
-    report = ef.run_case(case, profile=PROFILE, compression=COMPRESSION, chunk_tokens=CHUNK,
-                         workdir=tmp / "logs", recording=tmp / "recording",
-                         log=lambda msg: print(msg))  # fmt: skip
-    print({k: (report["live"][k], report["replay_routed_as_live"][k]) for k in ("attainment", *ef.QUANTILES)})
-    return report
+    return live_then_replayed(tmp_path_factory, "2p2d", replay="replay_routed_as_live")[2]
 
 
 def test_replay_routed_as_live_predicts_two_prefills(two_prefills):
