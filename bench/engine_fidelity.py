@@ -78,6 +78,8 @@ OTHER_ROUTERS = ("random", "least-queue", "cache-aware", "smg-cache-aware")
 GATEWAY_ROUTER = {"sglang-router": STACKS["deployed"]["router"], "smg": "smg-cache-aware"}
 #: random routing replayed with this many seeds (its spread is reported)
 RANDOM_SEEDS = 20
+#: the API the load is sent in (and its prompts read back from the engines' request logs)
+API = "chat"
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression:
         wall_specs = [replace(s, at_seconds=s.at_seconds / compression) for s in specs]
         log(f"{case.name}: {len(specs)} requests over {specs[-1].at_seconds:.0f} model s "
             f"({specs[-1].at_seconds / compression:.0f} wall s), {case.prefill}P{case.decode}D")
-        records = asyncio.run(run_load(fleet.router_url, wall_specs, api="chat",
+        records = asyncio.run(run_load(fleet.router_url, wall_specs, api=API,
                                        timeout_seconds=600.0))  # fmt: skip
         prompt = sum(e.metric("sglang:prompt_tokens_total") for e in prefill)
         cached = sum(e.metric("sglang:cached_tokens_total") for e in prefill)
@@ -192,7 +194,7 @@ def served_by(specs: list[RequestSpec], prefill_logs: list[Path],
     both roles saw, whose prompt no other request shares."""
     key: dict[str, int | None] = {}
     for s in specs:
-        k = prompt_key(prompt_tokens(request_body("chat", s, "sim-model")[1]))
+        k = prompt_key(prompt_tokens(request_body(API, s, "sim-model")[1]))
         key[k] = None if k in key else s.index  # a prompt sent twice cannot be told apart
     seen: list[dict[int, int]] = [{}, {}]
     for side, files in enumerate((prefill_logs, decode_logs)):

@@ -545,17 +545,11 @@ def _needs(
     its minimum and the room the decode minimum leaves, and decode the rest."""
     model = cfg.model
     cache: dict[Load, tuple[int, int]] = {}
-    fluid: dict[Load, tuple[float, float]] = {}
 
     def needed(ld: Load) -> tuple[int, int]:
         if ld not in cache:
             cache[ld] = _instances_needed(cfg, ld)
         return cache[ld]
-
-    def busy(ld: Load) -> tuple[float, float]:
-        if ld not in fluid:
-            fluid[ld] = model.fluid_demand(ld, cfg.slo)
-        return fluid[ld]
 
     need = np.array(
         [[needed(ld)[0] for ld in future],
@@ -577,9 +571,9 @@ def _needs(
     total = need.sum(axis=0)
     over = total > avail
     if over.any():
-        stable = np.array([[busy(ld)[0] for ld in future],
-                           [busy(ld)[1] for ld in (future_decode or future)]])
-        p_share = np.floor(prefill_share(avail, need, stable) + 1e-9)
+        busy = np.array([[model.fluid_demand(ld, cfg.slo)[0] for ld in future],
+                         [model.fluid_demand(ld, cfg.slo)[1] for ld in (future_decode or future)]])
+        p_share = np.floor(prefill_share(avail, need, busy) + 1e-9)
         p_share = np.clip(p_share, cfg.min_prefill, max(avail - cfg.min_decode, cfg.min_prefill))
         need[0] = np.where(over, p_share, need[0])
         need[1] = np.where(over, np.maximum(avail - p_share, cfg.min_decode), need[1])

@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vllm dialect: a prefill keeps a finished request's KV pinned this "
                    "long for its decode to pull")  # fmt: skip
     p.add_argument("--request-log", default=None,
-                   help="append one JSON line per request taken (rid, role, port): which "
-                        "instance served it (the harness's; no engine has it)")
+                   help="append one JSON line per request taken (prompt digest, rid, role, "
+                        "port): which instance served it (the harness's; no engine has it)")
     p.add_argument("--log-level", default="INFO")
     add_timing_arguments(p)
     return p

@@ -111,10 +111,9 @@ class EngineConfig:
     #: pull (wall seconds), then is freed and a later pull fails
     kv_lease_seconds: float = 30.0
     #: append one JSON line per request taken (its prompt's digest, ``wire.prompt_key``, its
-    #: ``rid`` and this engine's role and port):
-    #: which instance served which request, for a replay that must route as the live router
-    #: did (bench/engine_fidelity.py). The harness's, not an engine's: SGLang logs no such
-    #: file. None = no log.
+    #: ``rid`` and this engine's role and port): which instance served which request, for a
+    #: replay that must route as the live router did (bench/engine_fidelity.py). The
+    #: harness's, not an engine's: SGLang logs no such file. None = no log.
     request_log: str | None = None
 
 
