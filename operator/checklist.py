@@ -286,7 +286,15 @@ def _check_ports(spec: PDClusterSpec) -> list[Problem]:
 
 
 def _check_roles(spec: PDClusterSpec) -> list[Problem]:
-    return [p for role in ("prefill", "decode") for p in _check_role(role, getattr(spec, role))]
+    from .engines import decode_batch_cap  # engines needs Derived from here
+
+    out = [p for role in ("prefill", "decode") for p in _check_role(role, getattr(spec, role))]
+    try:
+        decode_batch_cap(spec)  # the planner and the replay size decode with it
+    except ValueError as exc:
+        field, _, message = str(exc).partition(": ")
+        out.append(Problem(field, message))
+    return out
 
 
 def _check_placement(spec: PDClusterSpec) -> list[Problem]:

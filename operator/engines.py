@@ -58,6 +58,52 @@ def _user_args(spec: PDClusterSpec, role: str) -> list[str]:
     return [*spec.engine.extra_args, *getattr(spec, role).extra_args]
 
 
+#: the flag that caps an engine's running batch, per engine kind
+DECODE_BATCH_CAP_FLAG = {EngineKind.SGLANG: "--max-running-requests", EngineKind.VLLM: "--max-num-seqs"}
+
+
+def decode_batch_cap(spec: PDClusterSpec) -> int | None:
+    """Sequences one decode instance runs at most, as the tenant's extra arguments set it
+    (None: not set, the engine's own limit). The planner sizes decode with it and the replay's
+    engines queue behind it, as the real engines do: a cap below the batch the TPOT target
+    allows makes each instance carry fewer sequences than the profile says.
+
+    - SGLang ``--max-running-requests`` is the instance's, split among its DP ranks and rounded
+      down to a multiple of them (``Scheduler.__init__``: ``per_dp_max_running_requests``).
+    - vLLM ``--max-num-seqs`` is each DP rank's: every rank is its own engine core with its own
+      scheduler, so the instance runs ``dataParallelSize`` times as many.
+
+    The last occurrence wins, as in the engines' argument parsers; ``--flag=value`` is read
+    too. Raises ValueError naming the field for a value that is not a whole number above 0."""
+    if getattr(spec, "engine", None) is None:
+        return None  # pdscale replay's spec of the CRD's defaults names no engine
+    flag = DECODE_BATCH_CAP_FLAG[spec.engine.kind]
+    found: tuple[str, str] | None = None
+    for source, args in (("spec.engine.extraArgs", spec.engine.extra_args),
+                         ("spec.decode.extraArgs", spec.decode.extra_args)):
+        for i, arg in enumerate(args):
+            if arg == flag:
+                found = (source, args[i + 1] if i + 1 < len(args) else "")
+            elif arg.startswith(flag + "="):
+                found = (source, arg.partition("=")[2])
+    if found is None:
+        return None
+    source, text = found
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{source}: {flag} needs a whole number above 0, got {text!r}")
+    dp = spec.parallelism.decode.data_parallel_size
+    if spec.engine.kind is EngineKind.VLLM:
+        return value * dp
+    if value < dp:
+        raise ValueError(f"{source}: {flag} {value} is below parallelism.decode.dataParallelSize "
+                         f"{dp}; SGLang rounds it down to a multiple of its DP ranks, 0")
+    return value // dp * dp
+
+
 #: SGLang's default histogram buckets, seconds (``TokenizerMetricsCollector``,
 #: python/sglang/srt/metrics/collector.py): TTFT starts at 0.1 s and jumps 4 -> 6 s, inter-token latency 40 -> 60 ms, so a
 #: percentile near a 5 s or 50 ms SLO is interpolated inside one wide bucket.

@@ -228,7 +228,10 @@ class EngineSpec(_Model):
         default=8000, ge=1, le=65535, description="HTTP port of the engine (API, /health, /metrics)."
     )
     extra_args: list[str] = Field(
-        default_factory=list, description="Extra command-line arguments for both roles."
+        default_factory=list,
+        description="Extra command-line arguments for both roles. A decode batch cap here "
+        "(SGLang --max-running-requests, vLLM --max-num-seqs) is read by the planner, which "
+        "sizes decode instances to carry no more sequences than it.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment for both roles.")
 
@@ -437,7 +440,10 @@ class RoleSpec(_Model):
         description="Pod terminationGracePeriodSeconds; must exceed preStopDrainSeconds.",
     )
     extra_args: list[str] = Field(
-        default_factory=list, description="Extra arguments for this role only."
+        default_factory=list,
+        description="Extra arguments for this role only, after engine.extraArgs (the last "
+        "occurrence of a flag wins). On decode, a batch cap (SGLang --max-running-requests for "
+        "the instance, vLLM --max-num-seqs per DP rank) is read by the planner.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment, this role.")
 

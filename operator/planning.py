@@ -17,11 +17,11 @@ from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
-from pdscale.planner.profile import Profile, ProfileError, shipped_profile
+from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
 
-from . import router
+from . import engines, router
 from .pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
@@ -79,6 +79,9 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
       role switch is a drain plus a fresh pod of the other role here, so it costs the same.
       The horizon is derived from it, so that the solver sees a new instance come online and
       prices its warm-up.
+    - A decode batch cap in the engines' arguments (SGLang ``--max-running-requests``, vLLM
+      ``--max-num-seqs``, in ``extraArgs``) lowers the profile's ``decode.max_batch``: an
+      instance runs no more, and the rest wait in its queue (``engines.decode_batch_cap``).
     - The node budget defaults to the two roles' maxima together.
     - A removed decode instance drains for ``preStopDrainSeconds``.
     - Fleets count requests as they complete: a prefill backlog reads as load, cleared over
@@ -97,8 +100,10 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         raise ProfileError(f"spec.planner.profileConfigMap: the profile is in ConfigMap "
                            f"{p.profile_config_map.name!r}; pass it (the operator reads it; "
                            f"pdscale profile export writes it to a file for --profile)")
+    # the engines' batch cap is the deployment's: decode instances carry no more than it
+    capped = capped_profile(profile or shipped_profile(p.profile), engines.decode_batch_cap(spec))
     return build_config(
-        model=PerformanceModel(profile or shipped_profile(p.profile)),
+        model=PerformanceModel(capped),
         slo=Slo(
             ttft_seconds=spec.slo.ttft_seconds,
             tpot_seconds=spec.slo.tpot_seconds,

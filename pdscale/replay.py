@@ -141,15 +141,17 @@ def parse_fleet_speed(text: str) -> tuple[float, float]:
 
 
 def fleet_model(config: PlannerConfig, *, profile_path: str | None = None,
-                speed: str | None = None) -> PerformanceModel | None:
+                speed: str | None = None, decode_batch_cap: int | None = None
+                ) -> PerformanceModel | None:
     """The simulated fleet's true model for ``--fleet-profile`` / ``--fleet-speed`` (None: the
     fleet is what the planner believes). The speed scales the fleet profile's compute (the
     planner's profile when no file is named). The warm-ups stay the planner's: they are the
-    deployment's figures (spec ``warmupSeconds``), and this what-if is about compute."""
+    deployment's figures (spec ``warmupSeconds``), and this what-if is about compute; so does
+    the engines' ``decode_batch_cap`` (``engines.decode_batch_cap``), an argument they run with."""
     if profile_path is None and speed is None:
         return None
     from pdscale.planner.model import PerformanceModel
-    from pdscale.planner.profile import ProfileError, load_profile, scaled_profile
+    from pdscale.planner.profile import ProfileError, capped_profile, load_profile, scaled_profile
 
     believed = config.model.profile
     try:
@@ -158,6 +160,7 @@ def fleet_model(config: PlannerConfig, *, profile_path: str | None = None,
         if speed is not None:
             prefill_speed, decode_speed = parse_fleet_speed(speed)
             profile = scaled_profile(profile, prefill_speed=prefill_speed, decode_speed=decode_speed)
+        profile = capped_profile(profile, decode_batch_cap)
     except ProfileError as exc:
         raise ConfigurationError(f"--fleet-profile: {exc}") from None
     return PerformanceModel(profile)
@@ -213,6 +216,7 @@ def configure(
     refuses is refused here, naming the flag. Raises :class:`ConfigurationError`."""
     import pydantic
 
+    from pdscale.operator.engines import decode_batch_cap
     from pdscale.operator.planning import PLANNER_SPEC_FIELDS, planner_config
     from pdscale.planner.profile import ProfileError
 
@@ -265,6 +269,9 @@ def configure(
         else:
             source = "default"
         rows.append((f"{section}.{alias}", "unset" if value is None else value, source))
+    cap = decode_batch_cap(spec)
+    if cap is not None:  # read from the engines' extra arguments (planner_config)
+        rows.append(("decode batch cap (extraArgs), sequences per instance", str(cap), spec_source))
     return Configured(spec, config, tuple(rows))
 
 
@@ -517,6 +524,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from pdscale.operator.engines import decode_batch_cap
     from pdscale.planner.replay.run import run_policy
     from pdscale.planner.replay.traces import TraceError
 
@@ -532,7 +540,8 @@ def run_trace(args: argparse.Namespace) -> int:
         return 2
     config = configured.config
     try:
-        truth = fleet_model(config, profile_path=args.fleet_profile, speed=args.fleet_speed)
+        truth = fleet_model(config, profile_path=args.fleet_profile, speed=args.fleet_speed,
+                            decode_batch_cap=decode_batch_cap(configured.spec))
     except ConfigurationError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2

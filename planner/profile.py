@@ -179,3 +179,16 @@ def scaled_profile(profile: Profile, *, prefill_speed: float = 1.0, decode_speed
             "per_context_token_seconds": d.per_context_token_seconds / decode_speed,
         }),
     })
+
+
+def capped_profile(profile: Profile, decode_batch_cap: int | None) -> Profile:
+    """``profile`` on engines whose decode batch is capped at ``decode_batch_cap`` sequences per
+    instance (SGLang's ``--max-running-requests``, vLLM's ``--max-num-seqs``): the deployment's
+    cap, not the hardware's, so it lowers ``decode.max_batch`` and never raises it. None: no
+    cap, the profile as it is."""
+    if decode_batch_cap is None or decode_batch_cap >= profile.decode.max_batch:
+        return profile
+    if decode_batch_cap < 1:
+        raise ProfileError(f"a decode batch cap must be at least 1, got {decode_batch_cap}")
+    return profile.model_copy(update={
+        "decode": profile.decode.model_copy(update={"max_batch": decode_batch_cap})})

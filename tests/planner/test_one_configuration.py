@@ -15,6 +15,7 @@ import yaml
 
 from pdscale.main import main
 from pdscale.operator.checklist import validate
+from pdscale.operator.engines import decode_batch_cap
 from pdscale.operator.pdcluster import PDClusterSpec, SLOSpec
 from pdscale.operator.planning import PLANNER_SPEC_FIELDS, planner_config
 from pdscale.planner.model import Slo, calibrate_slo
@@ -57,7 +58,10 @@ def test_the_operator_and_the_replay_build_the_same_configuration(path: Path) ->
     assert replay_run.planner_config(ReplaySetup(trace=EMPTY, planner=configured.config)) == live
     # and the output says every field came from the file or the CRD's defaults
     assert {source for _, _, source in configured.sources} <= {f"file {path}", "default"}
-    assert len(configured.sources) == len(PLANNER_SPEC_FIELDS)
+    # one row per field, and one for a decode batch cap in the engines' arguments
+    # (sglang-glm-4p8d.yaml's decode runs --max-running-requests 128)
+    capped = decode_batch_cap(configured.spec) is not None
+    assert len(configured.sources) == len(PLANNER_SPEC_FIELDS) + capped
 
 
 def test_a_flag_is_the_field_edited_in_the_file(tmp_path: Path) -> None:
