@@ -137,10 +137,34 @@ _ENGINE_FLAGS: dict[str, tuple[str, int | None]] = {
 }
 
 
+#: the engines' data-parallel size flags (SGLang, vLLM), as the operator renders them
+_DP_FLAGS = ("--dp-size", "--data-parallel-size")
+
+
+def _flag_value(container_args: list[str], names: tuple[str, ...]) -> str | None:
+    """The last value of any of ``names`` in ``container_args`` (``--flag v`` or ``--flag=v``)."""
+    found = None
+    for i, arg in enumerate(container_args):
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            found = inline if eq else (container_args[i + 1] if i + 1 < len(container_args) else None)
+    return found
+
+
+def _instance_batch_cap(flag: str, value: str, dp: int) -> str:
+    """The batch one instance runs for an engine's cap flag: SGLang's ``--max-running-requests``
+    is the instance's, rounded down to a multiple of its DP ranks; vLLM's ``--max-num-seqs`` is
+    each DP rank's (the planner reads both the same way: operator/engines.py)."""
+    cap = int(value)
+    return str(cap * dp if flag == "--max-num-seqs" else cap // dp * dp)
+
+
 def engine_flags(container_args: list[str]) -> list[str]:
     """The sim's flags for the engine server flags in a pod's ``container_args`` that change
     what the sim reports (buckets, log interval, batch and memory caps); others are dropped.
-    Pure; ``--flag=value`` and ``--flag value...`` both read."""
+    Pure; ``--flag=value`` and ``--flag value...`` both read. A batch cap becomes the
+    instance's, over its DP ranks, as the engine applies it."""
+    dp = int(_flag_value(container_args, _DP_FLAGS) or 1)
     out: list[str] = []
     i = 0
     while i < len(container_args):
@@ -157,6 +181,8 @@ def engine_flags(container_args: list[str]) -> list[str]:
             values = values[:1]
         if eq and arity is None:
             values = inline.replace(",", " ").split()  # one value holding the list
+        if values and name in ("--max-running-requests", "--max-num-seqs"):
+            values = [_instance_batch_cap(name, values[0], dp)]
         if values:
             out += [flag, *values]
     return out

@@ -234,6 +234,12 @@ def test_engine_flags_of_a_pod_become_the_sims_flags():
         "--max-running-requests", "32"]
     assert engine_flags(["--bucket-inter-token-latency=0.01,0.02"]) == [
         "--bucket-inter-token-latency", "0.01", "0.02"]
+    # a batch cap is the instance's over its DP ranks, as each engine applies it: SGLang's is
+    # the instance's rounded down to a multiple of the ranks, vLLM's is each rank's
+    assert engine_flags(["--dp-size", "8", "--max-running-requests", "100"]) == [
+        "--max-running-requests", "96"]
+    assert engine_flags(["--max-num-seqs=16", "--data-parallel-size", "2"]) == [
+        "--max-running-requests", "32"]
     args = build_parser().parse_args(["--role", "decode", "--host", "127.0.0.1", "--port", "1",
                                       *engine_flags(sglang)])  # fmt: skip
     config = config_from_args(args)
