@@ -439,6 +439,40 @@ def test_a_prefill_miss_teaches_headroom_only_where_queueing_could_explain_it() 
     assert recalibrate(refusing, c, history).prefill_headroom > 1.0
 
 
+def test_headroom_that_idle_prefill_instances_did_not_need_is_given_back() -> None:
+    """Headroom bought by queueing misses is given back while the misses go on on instances
+    idle even at their peak: that extra capacity did not prevent them (the prompts' own
+    compute did them), so it is not kept at its cap for the rest of the day. A miss on busy
+    instances still raises it; a latency between half the target and the target moves
+    nothing."""
+    from pdscale.planner.model import Calibration
+    from pdscale.planner.solve import HEADROOM_MIN_PREFILL_BUSY, recalibrate
+
+    c = cfg(nodes=200, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05, percentile=0.99))
+    last = Decision(at_seconds=0.0, prefill=40, decode=40, predicted_ttft_seconds=1.0,
+                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
+    bought = History(decisions=(last,), calibration=Calibration(prefill_headroom=1.5))
+
+    def observed(peak_rps: float, ttft: float) -> Observation:
+        o = obs(20.0, 40, 40, now=60.0)
+        return replace(o, peak_rate_rps=Reading(peak_rps, 60.0),
+                       ttft_at_percentile_seconds=Reading(ttft, 60.0), rejected_rps=Reading(0.0, 60.0))
+
+    load = current_load(observed(20.0, 6.0), 180.0)
+    assert load is not None
+    service = MODEL.prefill_service_seconds(load)
+    idle_peak = 0.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    busy_peak = 1.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    assert idle_peak >= 20.0
+    given_back = recalibrate(observed(idle_peak, 6.0), c, bought).prefill_headroom
+    assert 1.0 < given_back < 1.5
+    assert recalibrate(observed(busy_peak, 6.0), c, bought).prefill_headroom > 1.5
+    assert recalibrate(observed(idle_peak, 1.5), c, bought).prefill_headroom == 1.5
+    # never below the model
+    at_model = replace(bought, calibration=Calibration(prefill_headroom=1.0))
+    assert recalibrate(observed(idle_peak, 6.0), c, at_model).prefill_headroom == 1.0
+
+
 def test_a_need_at_an_instance_boundary_keeps_the_node_it_would_re_add() -> None:
     # A decode need just under 7 instances at the cap (6.9): the next minute's windowed mean
     # lengths move it across the boundary and back. The default tolerance (3%) keeps the 8th
