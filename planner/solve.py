@@ -1167,7 +1167,8 @@ def _load_clauses(
     learned = [f"{n} x{h:.2f}" for n, h in zip(_ROLES, (cal.prefill_headroom, cal.decode_headroom),
                                                strict=True) if h > 1.0 + 1e-9]
     if learned:
-        parts.append(f"headroom {', '.join(learned)} (learned from misses at the SLO percentile on a settled fleet)")
+        parts.append(f"headroom {', '.join(learned)} (learned from misses at the SLO percentile "
+                     "on a settled fleet; prefill's given back while its idle instances still miss)")
     speeds = [f"{n} x{1.0 / f:.2f}" for n, f in zip(_ROLES, (cal.prefill_factor, cal.decode_factor),
                                                    strict=True) if abs(f - 1.0) > 1e-3]
     if speeds:
