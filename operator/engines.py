@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdscale.planner.profile import instance_batch_cap
+
 from .checklist import Derived
 from .pdcluster import EngineKind, KVCacheDType, KVCacheLayout, PDClusterSpec
 
@@ -68,10 +70,8 @@ def decode_batch_cap(spec: PDClusterSpec) -> int | None:
     engines queue behind it, as the real engines do: a cap below the batch the TPOT target
     allows makes each instance carry fewer sequences than the profile says.
 
-    - SGLang ``--max-running-requests`` is the instance's, split among its DP ranks and rounded
-      down to a multiple of them (``Scheduler.__init__``: ``per_dp_max_running_requests``).
-    - vLLM ``--max-num-seqs`` is each DP rank's: every rank is its own engine core with its own
-      scheduler, so the instance runs ``dataParallelSize`` times as many.
+    SGLang's ``--max-running-requests`` is the instance's over its DP ranks, vLLM's
+    ``--max-num-seqs`` each rank's (``profile.instance_batch_cap``).
 
     The last occurrence wins, as in the engines' argument parsers; ``--flag=value`` is read
     too. Raises ValueError naming the field for a value that is not a whole number above 0."""
@@ -96,12 +96,11 @@ def decode_batch_cap(spec: PDClusterSpec) -> int | None:
     if value < 1:
         raise ValueError(f"{source}: {flag} needs a whole number above 0, got {text!r}")
     dp = spec.parallelism.decode.data_parallel_size
-    if spec.engine.kind is EngineKind.VLLM:
-        return value * dp
-    if value < dp:
+    cap = instance_batch_cap(flag, value, dp)
+    if cap < 1:
         raise ValueError(f"{source}: {flag} {value} is below parallelism.decode.dataParallelSize "
                          f"{dp}; SGLang rounds it down to a multiple of its DP ranks, 0")
-    return value // dp * dp
+    return cap
 
 
 #: SGLang's default histogram buckets, seconds (``TokenizerMetricsCollector``,

@@ -419,6 +419,7 @@ def calibrate_slo(
     slo: Slo,
     prefill_settled: bool,
     decode_settled: bool,
+    prefill_idle: bool = False,
 ) -> PerformanceModel:
     """Move each role's headroom from the observed latency at the SLO's percentile (the
     readings ``*_at_percentile_seconds``, quantile ``slo.percentile``) against its target.
@@ -427,7 +428,10 @@ def calibrate_slo(
     x the relative miss; one below half the target lets it decay by ``HEADROOM_DECAY``. A
     role moves only when ``*_settled``: its fleet was, by the model, enough for the load (the
     caller decides: ``solve._taught_roles``); a miss on a fleet the model already calls short
-    says nothing about the model. Unknown readings change nothing."""
+    says nothing about the model. ``prefill_idle``: prefill's fleet was enough and warm but
+    too idle for queueing to explain a miss; a miss then gives headroom back by
+    ``HEADROOM_DECAY``, since idle instances did not prevent it and more would not either.
+    Unknown readings change nothing."""
     cal = model.calibration
     lo, hi = HEADROOM_BOUNDS
 
@@ -444,6 +448,9 @@ def calibrate_slo(
     hp = cal.prefill_headroom
     if prefill_settled:
         hp = step(hp, ttft_at_percentile_seconds, slo.ttft_seconds)
+    elif (prefill_idle and ttft_at_percentile_seconds is not None
+          and ttft_at_percentile_seconds > slo.ttft_seconds):
+        hp = max(lo, hp * (1.0 - HEADROOM_DECAY))
     hd = cal.decode_headroom
     if decode_settled:
         hd = step(hd, tpot_at_percentile_seconds, slo.tpot_seconds)

@@ -192,3 +192,15 @@ def capped_profile(profile: Profile, decode_batch_cap: int | None) -> Profile:
         raise ProfileError(f"a decode batch cap must be at least 1, got {decode_batch_cap}")
     return profile.model_copy(update={
         "decode": profile.decode.model_copy(update={"max_batch": decode_batch_cap})})
+
+
+def instance_batch_cap(flag: str, value: int, data_parallel_size: int) -> int:
+    """Sequences one instance runs for an engine's batch-cap ``flag`` set to ``value``: SGLang's
+    ``--max-running-requests`` is the instance's, split among its DP ranks and rounded down to a
+    multiple of them (``Scheduler.__init__``: ``per_dp_max_running_requests``); vLLM's
+    ``--max-num-seqs`` is each DP rank's, every rank being its own engine core with its own
+    scheduler. The operator (``engines.decode_batch_cap``) and the simulated engines read a
+    cap through this one rule."""
+    if flag == "--max-num-seqs":
+        return value * data_parallel_size
+    return value // data_parallel_size * data_parallel_size

@@ -47,7 +47,7 @@ from .calibration import learn_compute, rejected_too_many, samples
 from .config import PlannerConfig
 from .decision import Decision
 from .forecast import forecast, rise_margin
-from .model import HEADROOM_BOUNDS, HEADROOM_DECAY, Calibration, Load, calibrate_slo
+from .model import HEADROOM_BOUNDS, Calibration, Load, calibrate_slo
 from .observe import (
     MAX_INSTANCES,
     MAX_MEAN_TOKENS,
@@ -312,14 +312,9 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
         slo=config.slo,
         prefill_settled=prefill_taught,
         decode_settled=decode_taught,
+        prefill_idle=prefill_idle,
     )
-    cal = model.calibration
-    if prefill_idle and ttft is not None and ttft > config.slo.ttft_seconds:
-        # a miss that idle instances did not prevent is not one more instances would: the
-        # headroom bought earlier is given back, as when the target is met with ease
-        cal = replace(cal, prefill_headroom=max(HEADROOM_BOUNDS[0],
-                                                cal.prefill_headroom * (1.0 - HEADROOM_DECAY)))
-    return cal
+    return model.calibration
 
 
 #: a prefill TTFT miss teaches headroom only while its ready instances were at least this
@@ -330,7 +325,7 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
 #: 15 s on a fleet 15-35% busy: without the gate the headroom sat at its 2x cap and the day
 #: cost 4,254 GPU-hours (96.98%), with it 3,617 (96.82%); on the mean rate instead of the
 #: peak it also blocked Azure's bursts (92.8% -> 90.1%). Below it, a miss also gives back
-#: headroom (``recalibrate``): bought while the fleet queued, it had made the fleet idle, and
+#: headroom (``model.calibrate_slo``, ``prefill_idle``): bought while the fleet queued, it had made the fleet idle, and
 #: the 2x cap was then held for the rest of the day while the long prompts kept missing. The
 #: headroom now settles where the fleet is about this busy at its peak. Replayed, pdscale and
 #: the oracle (which learns the same way): ServeGen 14% fewer GPU-hours for 0.5 pp (random

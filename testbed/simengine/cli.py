@@ -14,6 +14,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from pdscale.planner.observe import Role
+from pdscale.planner.profile import instance_batch_cap
 
 from .engine import DIALECTS, EngineConfig, SimEngine
 from .timing import LinearTiming, TimingModel, planner_timing
@@ -151,14 +152,6 @@ def _flag_value(container_args: list[str], names: tuple[str, ...]) -> str | None
     return found
 
 
-def _instance_batch_cap(flag: str, value: str, dp: int) -> str:
-    """The batch one instance runs for an engine's cap flag: SGLang's ``--max-running-requests``
-    is the instance's, rounded down to a multiple of its DP ranks; vLLM's ``--max-num-seqs`` is
-    each DP rank's (the planner reads both the same way: operator/engines.py)."""
-    cap = int(value)
-    return str(cap * dp if flag == "--max-num-seqs" else cap // dp * dp)
-
-
 def engine_flags(container_args: list[str]) -> list[str]:
     """The sim's flags for the engine server flags in a pod's ``container_args`` that change
     what the sim reports (buckets, log interval, batch and memory caps); others are dropped.
@@ -182,7 +175,7 @@ def engine_flags(container_args: list[str]) -> list[str]:
         if eq and arity is None:
             values = inline.replace(",", " ").split()  # one value holding the list
         if values and name in ("--max-running-requests", "--max-num-seqs"):
-            values = [_instance_batch_cap(name, values[0], dp)]
+            values = [str(instance_batch_cap(name, int(values[0]), dp))]
         if values:
             out += [flag, *values]
     return out
