@@ -342,6 +342,7 @@ def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) 
         interval_seconds=interval, phase_at=phase_at)
     f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at)
     f["tick_phase_seconds"] = tick_phase
+    f["replayed_by_router_draw"] = demo_replay.router_draw_spread(pdcluster, trace, tick_phase)
     f["replayed_by_tick_phase"] = demo_replay.tick_phase_spread(pdcluster, trace, interval)
     f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace, tick_phase)
     return f

@@ -76,6 +76,9 @@ class ReplaySetup:
     #: the planner's ticks fall at this phase modulo the interval (SimConfig); None: from the
     #: first arrival. A live run's recording replays on the live loop's schedule
     tick_phase_seconds: float | None = None
+    #: the random routers' draws (SimConfig.seed): a live router's are another draw, so a
+    #: recording's replay is judged against several
+    router_seed: int = 1
 
     def knowing_the_fleet(self) -> ReplaySetup:
         """This setup with the planner believing the fleet's true performance (hindsight)."""
@@ -299,7 +302,7 @@ def simulate_fleet(
         interval_seconds=setup.interval_seconds, tick_phase_seconds=setup.tick_phase_seconds,
         initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
-        scored_from_seconds=setup.scored_from_seconds,
+        scored_from_seconds=setup.scored_from_seconds, seed=setup.router_seed,
     )
     return simulate(setup.trace, setup.fleet, cfg, controller, progress=progress)
 

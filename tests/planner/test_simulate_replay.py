@@ -354,6 +354,23 @@ def test_the_replay_plans_on_a_stated_tick_schedule(model: PerformanceModel) -> 
         assert np.allclose(np.diff(times), 10.0) and times[-1] <= 95.0 < times[-1] + 10.0
 
 
+def test_the_router_seed_is_another_draw_of_a_random_router(model: PerformanceModel) -> None:
+    """A live router's random prefill choices are one draw among many: the replay takes the
+    draw as a seed, the same seed gives the same replay, another seed other choices (a fleet
+    of four prefills taking twelve prompts at once), and a router that draws nothing ignores it."""
+    tr = Trace(name="burst", arrival_seconds=[0.0] * 12, input_tokens=[4000] * 12,
+               output_tokens=[2] * 12, hash_ids=[[i] for i in range(12)], block_tokens=512)
+
+    def ttfts(router: str, seed: int) -> tuple[float, ...]:
+        setup = replace(replay_setup(tr, router=router), router_seed=seed)
+        report = run_policy(setup, "static:4P1D")
+        return tuple(report[f"ttft_p{q}"] for q in (50, 90, 99))
+
+    assert ttfts("random", 1) == ttfts("random", 1)
+    assert len({ttfts("random", seed) for seed in range(1, 5)}) > 1
+    assert ttfts("round-robin", 1) == ttfts("round-robin", 2)
+
+
 def test_interval_stats_weigh_tpot_by_tokens_as_the_inter_token_histogram() -> None:
     """The engines' inter-token histogram counts every token once, so the TPOT quantile the
     live reader gets weighs a request by its tokens: nine short, slow replies (2 tokens, one
