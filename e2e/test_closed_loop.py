@@ -178,11 +178,6 @@ def test_kubectl_get_pdc_shows_the_decision(run):
 REPLAY_TOLERANCE_PP = 10.0
 
 
-def _span_distance_pp(value: float, draws: list[float]) -> float:
-    """How far ``value`` lies outside the span of ``draws``, in percentage points (0 inside)."""
-    return 100 * max(min(draws) - value, value - max(draws), 0.0)
-
-
 def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
     """The loop records what it sent and what the client saw; replaying that recording with
     the PDCluster it ran, over the router's draws, comes within REPLAY_TOLERANCE_PP of the
@@ -215,8 +210,8 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
     replayed = list(demo_replay.router_draw_spread(pdcluster, trace, phase).values())
     control = list(demo_replay.router_draw_spread(pdcluster, trace, phase, fleet=fast).values())
     spread = demo_replay.tick_phase_spread(pdcluster, trace, INTERVAL_SECONDS).values()
-    near = _span_distance_pp(live["slo_attainment"], replayed)
-    far = _span_distance_pp(live["slo_attainment"], control)
+    near = demo_replay.span_distance_pp(live["slo_attainment"], replayed)
+    far = demo_replay.span_distance_pp(live["slo_attainment"], control)
     print(f"live {live['slo_attainment']:.1%}; replayed at the live tick phase {phase:.1f} s of "
           f"{INTERVAL_SECONDS} s over {len(replayed)} router draws "
           f"{min(replayed):.1%}-{max(replayed):.1%} ({near:.1f} pp outside), on a fleet 1.5x as "

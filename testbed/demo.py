@@ -340,9 +340,10 @@ def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) 
     rows = demo_replay.side_by_side(
         result.samples, reports["pdscale"]["decisions"], reports["oracle"]["decisions"],
         interval_seconds=interval, phase_at=phase_at)
-    f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at)
+    draws = demo_replay.router_draw_spread(pdcluster, trace, tick_phase)
+    f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at,
+                             router_draws=draws)
     f["tick_phase_seconds"] = tick_phase
-    f["replayed_by_router_draw"] = demo_replay.router_draw_spread(pdcluster, trace, tick_phase)
     f["replayed_by_tick_phase"] = demo_replay.tick_phase_spread(pdcluster, trace, interval)
     f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace, tick_phase)
     return f
@@ -362,7 +363,8 @@ def report_replay(console: Any, result: DemoResult, summary: dict[str, Any], out
     replay = compare_with_replay(result, summary, out)
     record["replay"] = replay
     summary["replay"] = {k: replay[k] for k in (
-        "attainment_difference_pp", "counts_agree_share", "intervals_compared")} | {
+        "attainment_difference_pp", "attainment_outside_router_draws_pp", "counts_agree_share",
+        "intervals_compared")} | {
         "replayed_slo_attainment": replay["replayed"]["slo_attainment"],
         "oracle_slo_attainment": (replay["oracle"] or {}).get("slo_attainment")}
     record["summary"] = summary

@@ -161,6 +161,11 @@ def tick_phase_spread(pdcluster: Path, trace: Path, interval_seconds: float,
     return out
 
 
+def span_distance_pp(value: float, draws: Sequence[float]) -> float:
+    """How far ``value`` lies outside the span of ``draws``, in percentage points (0 inside)."""
+    return 100.0 * max(min(draws) - value, value - max(draws), 0.0)
+
+
 #: draws of the replay's random routers (ReplaySetup.router_seed) a live run is judged against
 ROUTER_DRAWS = range(1, 7)
 
@@ -334,10 +339,13 @@ def interval_attainment_by_phase(per_interval: Sequence[dict[str, Any]], interva
 
 def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
              rows: Sequence[IntervalCounts], *, interval_seconds: float,
-             phase_at: Callable[[float], str]) -> dict[str, Any]:
+             phase_at: Callable[[float], str],
+             router_draws: dict[int, float] | None = None) -> dict[str, Any]:
     """The figures the issue asks for: live, replayed and oracle attainment (overall and per
     phase), their difference in percentage points, the share of intervals whose decided
-    counts agree within +-1, and a note on where they part."""
+    counts agree within +-1, and a note on where they part. ``router_draws``: pdscale's
+    attainment over draws of the random router (:func:`router_draw_spread`); the live run is
+    one more draw, so how far it lies outside their span is reported too."""
     def outcome(report: dict[str, Any]) -> dict[str, Any]:
         return {"slo_attainment": report["slo_attainment"],
                 "slo_attainment_by_phase": interval_attainment_by_phase(
@@ -353,6 +361,8 @@ def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
     by_phase = {phase: 100.0 * (replayed_by_phase[phase] - v)
                 for phase, v in live["slo_attainment_by_phase"].items()
                 if v is not None and replayed_by_phase.get(phase) is not None}
+    outside = (None if live["slo_attainment"] is None or not router_draws
+               else span_distance_pp(live["slo_attainment"], list(router_draws.values())))
     return {
         "router": replayed.get("router"),
         "live": {"slo_attainment": live["slo_attainment"],
@@ -366,6 +376,8 @@ def fidelity(live: dict[str, Any], reports: dict[str, dict[str, Any]],
         "oracle_now": outcome(reports["oracle:now"]) if "oracle:now" in reports else None,
         "attainment_difference_pp": diff,
         "attainment_within_tolerance": diff is not None and abs(diff) <= ATTAINMENT_TOLERANCE_PP,
+        "replayed_by_router_draw": router_draws,
+        "attainment_outside_router_draws_pp": outside,
         "attainment_difference_pp_by_phase": by_phase,
         "counts_agree_share": share,
         "counts_agree_within_target": share is not None and share >= AGREEMENT_TARGET,
@@ -399,6 +411,10 @@ def fidelity_paragraph(f: dict[str, Any]) -> str:
     if draws:
         text += (f"; over {len(draws)} draws of the replay's random router (the live router's "
                  f"was one more) {pct(min(draws.values()))}-{pct(max(draws.values()))}")
+        outside = f.get("attainment_outside_router_draws_pp")
+        if outside is not None:
+            text += (" with live inside" if outside == 0 else
+                     f", live {outside:.1f} pp outside")
     spread = f.get("replayed_by_tick_phase")
     if spread:
         text += (f"; with the planner's ticks at other phases of its interval the replay meets "

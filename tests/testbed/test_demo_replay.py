@@ -163,9 +163,15 @@ def test_fidelity_reports_the_difference_in_points_and_checks_the_targets() -> N
     f["replayed_by_tick_phase"] = {"0": 0.47, "5": 0.53}
     assert "by phase chat +8.0; with the planner's ticks at other phases of its interval the " \
            "replay meets 47.0%-53.0%. Decided" in demo_replay.fidelity_paragraph(f)
-    f["replayed_by_router_draw"] = {1: 0.5, 2: 0.41, 3: 0.46}
+    f = fidelity(live, {"pdscale": report(0.50)}, rows[1:], interval_seconds=10.0, phase_at=phase,
+                 router_draws={1: 0.5, 2: 0.45, 3: 0.47})
+    assert f["attainment_outside_router_draws_pp"] == pytest.approx(3.0)
     assert "chat +8.0; over 3 draws of the replay's random router (the live router's was one " \
-           "more) 41.0%-50.0%; with the planner's ticks" in demo_replay.fidelity_paragraph(f)
+           "more) 45.0%-50.0%, live 3.0 pp outside." in demo_replay.fidelity_paragraph(f)
+    f = fidelity(live, {"pdscale": report(0.50)}, rows[1:], interval_seconds=10.0, phase_at=phase,
+                 router_draws={1: 0.5, 2: 0.41})
+    assert f["attainment_outside_router_draws_pp"] == 0.0
+    assert "41.0%-50.0% with live inside." in demo_replay.fidelity_paragraph(f)
 
 
 def test_the_live_plan_schedule_is_read_off_the_first_slot_after_the_load_began() -> None:
