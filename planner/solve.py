@@ -1159,6 +1159,15 @@ def _load_clauses(
         parts.append(f"decode {needs.decode_from_sequences} for the sequences running now "
                      "(rates and lengths lag: they are counted as requests finish)")
     cal = cfg.model.calibration
+    model, context = cfg.model, cfg.model.decode_mean_context(load)
+    at_cap = model.fluid_demand(load, cfg.slo)[1] / cfg.decode_utilization
+    if model.decode_instances_at_percentile(load.rate_rps * load.mean_output_tokens, cfg.slo,
+                                            context) > at_cap:
+        parts.append(
+            f"decode at {model.decode_sequences_at_percentile(cfg.slo, context):.2f} sequences "
+            f"per instance on average, so that a request at p{100 * cfg.slo.percentile:g} finds "
+            f"a batch of at most {model.decode_batch_at_slo(cfg.slo.tpot_seconds, context)} "
+            "(batches this small vary more than the utilisation cap allows for)")
     learned = [f"{n} x{h:.2f}" for n, h in zip(_ROLES, (cal.prefill_headroom, cal.decode_headroom),
                                                strict=True) if h > 1.0 + 1e-9]
     if learned:

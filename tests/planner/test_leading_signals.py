@@ -59,21 +59,21 @@ def steady(c: PlannerConfig, intervals: int, *, rate: float, isl: float, osl: fl
 
 
 def test_decode_sequences_with_stale_lengths_are_sized_in_one_step() -> None:
-    """Chat turned into agents: lengths still say chat (40 tokens out, 3 decodes), but 24
-    sequences run on the decodes, 8 each at TPOT 10 + 8 x 20 = 170 ms. At the 50 ms target the
-    same arrivals would keep 24 x 50 / 170 = 7.06 running; the other 16.94 are a backlog that
-    resides 24 / 2 = 12 s and decays over the 20 s warm-up to 16.94 x e^(-20/12) = 3.20. One
-    step asks for all of it: ceil(10.26 / (2 x 0.8)) = 7."""
+    """Short answers turned into agents: lengths still say 10 tokens out (2 decodes for 2
+    req/s), but 24 sequences run on the 3 decodes, 8 each at TPOT 10 + 8 x 20 = 170 ms. At the
+    50 ms target the same arrivals would keep 24 x 50 / 170 = 7.06 running; the other 16.94 are
+    a backlog that resides 24 / 2 = 12 s and decays over the 20 s warm-up to
+    16.94 x e^(-20/12) = 3.20. One step asks for all of it: ceil(10.26 / (2 x 0.8)) = 7."""
     c = config()
-    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
-    o = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=10.0, p=2, d=3)
+    o = observe(60.0, rate=2.0, isl=100.0, osl=10.0, p=2, d=3, decode_running=24.0)
     decision, _ = step(o, config=c, history=h, now=60.0)
     assert decision.decode == 7, decision.explanation
     assert "decode 7 for the sequences running now" in decision.explanation
-    # the sequences made the difference: unread, the stale lengths keep 3
+    # the sequences made the difference: unread, the stale lengths keep 2
     unread = replace(o, decode=replace(o.decode, running_requests=None, queue_depth=None))
     without, _ = step(unread, config=c, history=h, now=60.0)
-    assert without.decode == 3
+    assert without.decode == 2
 
 
 def test_a_stale_running_gauge_is_bounded_by_the_sequences_that_decoded() -> None:
@@ -105,27 +105,27 @@ def test_a_short_decode_s_backlog_is_not_bought_behind_a_long_warm_up() -> None:
     ceil(7.06 / 1.6) = 5. Sequences at the target (6 on 3 decodes: TPOT 10 + 2 x 20 = 50 ms)
     are load, not backlog: ceil(6 / 1.6) = 4, whatever the warm-up."""
     c = config(warmup_seconds=600.0)
-    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
-    o = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=10.0, p=2, d=3)
+    o = observe(60.0, rate=2.0, isl=100.0, osl=10.0, p=2, d=3, decode_running=24.0)
     decision, _ = step(o, config=c, history=h, now=60.0)
     assert "decode 5 for the sequences running now" in decision.explanation
     at_target = replace(o, decode=replace(o.decode, running_requests=Reading(6.0, 60.0)))
     for cfg in (c, config()):
-        d, _ = step(at_target, config=cfg, history=steady(cfg, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3),
+        d, _ = step(at_target, config=cfg, history=steady(cfg, 6, rate=2.0, isl=100.0, osl=10.0, p=2, d=3),
                     now=60.0)
         assert "decode 4 for the sequences running now" in d.explanation
 
 
 def test_the_sequences_need_is_held_by_the_scale_down_window_then_released() -> None:
     c = config()
-    h = steady(c, 6, rate=2.0, isl=100.0, osl=40.0, p=2, d=3)
-    busy = observe(60.0, rate=2.0, isl=100.0, osl=40.0, p=2, d=3, decode_running=24.0)
+    h = steady(c, 6, rate=2.0, isl=100.0, osl=10.0, p=2, d=3)
+    busy = observe(60.0, rate=2.0, isl=100.0, osl=10.0, p=2, d=3, decode_running=24.0)
     first, h = step(busy, config=c, history=h, now=60.0)
     assert first.decode == 7
     decisions = []
     for k in range(1, 8):  # the backlog has cleared: the fleet is at 7 and calm
         now = 60.0 + 10.0 * k
-        o = observe(now, rate=2.0, isl=100.0, osl=40.0, p=2, d=7, decode_running=2.0)
+        o = observe(now, rate=2.0, isl=100.0, osl=10.0, p=2, d=7, decode_running=2.0)
         d, h = step(o, config=c, history=h, now=now)
         decisions.append(d.decode)
     assert decisions[0] == 7  # held within the 30 s window
