@@ -1166,7 +1166,8 @@ def _load_clauses(
         parts.append(
             f"decode at {model.decode_sequences_at_percentile(cfg.slo, context):.2f} sequences "
             f"per instance on average, so that a request at p{100 * cfg.slo.percentile:g} finds "
-            f"a batch of at most {model.decode_batch_at_slo(cfg.slo.tpot_seconds, context)} "
+            f"a batch within the TPOT target's "
+            f"{model.decode_batch_limit(cfg.slo.tpot_seconds, context):.2f} "
             "(batches this small vary more than the utilisation cap allows for)")
     learned = [f"{n} x{h:.2f}" for n, h in zip(_ROLES, (cal.prefill_headroom, cal.decode_headroom),
                                                strict=True) if h > 1.0 + 1e-9]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 from scipy.stats import poisson
 
 from pdscale.planner.config import build_config
-from pdscale.planner.model import Load, PerformanceModel, Slo
+from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.profile import shipped_profile
 from pdscale.planner.replay.run import ReplaySetup, run_policy
 from pdscale.planner.replay.traces import Trace
@@ -35,6 +36,25 @@ def test_the_mean_batch_a_percentile_allows() -> None:
     assert H200.decode_sequences_at_percentile(Slo(15.0, 0.05, 0.99), context) > 0.8 * b
     # no batch meets the target: none
     assert DEMO.decode_sequences_at_percentile(Slo(5.0, 0.005, 0.9), 120.0) == 0.0
+
+
+def test_a_slower_decode_moves_the_mean_smoothly() -> None:
+    """A decode 10% slower than its profile reaches 50 ms at a batch of 1.77, not 2: whole
+    batches would drop it to the 0.11 of a batch of one (23 decodes for 2 req/s of chat, where
+    the live demo held its maximum of 16); a request's TPOT averages its batch over its life,
+    so the mean follows the real batch."""
+    slower = replace(DEMO, calibration=Calibration(decode_factor=1.1))
+    assert slower.decode_batch_at_slo(0.05, 120.0) == 1
+    assert math.isclose(slower.decode_batch_limit(0.05, 120.0), 1.7727, abs_tol=1e-4)
+    m = slower.decode_sequences_at_percentile(SLO, 120.0)
+    assert 0.40 < m < DEMO.decode_sequences_at_percentile(SLO, 120.0)
+    factors = [1.0, 1.02, 1.05, 1.1, 1.2, 1.5]
+    means = [replace(DEMO, calibration=Calibration(decode_factor=f)).decode_sequences_at_percentile(SLO, 120.0)
+             for f in factors]
+    assert means == sorted(means, reverse=True)
+    needs = [replace(DEMO, calibration=Calibration(decode_factor=f)).instances_needed(
+        CHAT, SLO, decode_utilization=0.8, ttft_queueing=True)[1] for f in factors]
+    assert needs[0] == 7 and needs[3] <= 9, needs
 
 
 def test_small_batches_are_sized_at_the_percentile_and_large_ones_at_the_cap() -> None:
