@@ -156,13 +156,13 @@ class PerformanceModel:
         The sequences on one instance come and go at random (Poisson arrivals, each staying
         its own output x TPOT): a request arriving finds a Poisson number of others, of mean
         the instance's mean batch ``m`` (PASTA), so it meets the target if it finds at most
-        ``b - 1``, ``b`` the largest batch meeting it (:meth:`decode_batch_at_slo`). ``m`` is
-        the largest mean with P(N <= b - 1) >= percentile, ``b`` taken as the real batch at
-        which TPOT reaches the target (a request's TPOT averages the batch over its life, so
-        a decode 10% slower than its profile, b = 1.77 rather than 2, keeps 0.42 per instance,
-        not the 0.11 a batch of one would: sized at the whole batch, the live demo's chat, its
-        decode learned 9% slow, asked for 23 decodes and held its maximum of 16). Where ``b`` is large this sits near
-        ``b`` (b = 160 at p99: m = 132, above the 0.8 utilisation cap), and where it is small
+        ``b - 1``, ``b`` the batch at which TPOT reaches the target (:meth:`decode_batch_limit`).
+        ``m`` is the largest mean with P(N <= b - 1) >= percentile. ``b`` is a real number, not
+        a whole batch: a request's TPOT averages the batch over its life, so a decode 10%
+        slower than its profile, b = 1.77 rather than 2, keeps 0.42 per instance, not the 0.11
+        a batch of one would (sized at the whole batch, the live demo's chat, its decode
+        learned 9% slow, asked for 23 decodes and held its maximum of 16). Where ``b`` is
+        large this sits near ``b`` (b = 160 at p99: m = 132, above the 0.8 utilisation cap), and where it is small
         it is far below: at the demo's b = 2 and p90, m = 0.53, not the cap's 1.6. On a
         steady 2 req/s of 40-token answers the cap's 3 decodes met both targets for 68% of
         requests in the replay, these 7 for 99.8% (tests/planner/test_decode_percentile.py).
@@ -171,18 +171,19 @@ class PerformanceModel:
         b = self.decode_batch_limit(slo.tpot_seconds, mean_context_tokens)
         return 0.0 if b < 1.0 else _poisson_mean_within(b - 1.0, slo.percentile)
 
-    def decode_instances_at_percentile(self, tokens_per_second: float, slo: Slo,
-                                       mean_context_tokens: float) -> float:
+    def decode_instances_at_percentile(self, load: Load, slo: Slo) -> float:
         """Decode instances (fractional) at :meth:`decode_sequences_at_percentile` per
-        instance for a decoded flow of ``tokens_per_second``: by Little's law the flow keeps
-        flow x TPOT sequences running, and at a mean batch ``m`` a request sees 1 + m.
+        instance for ``load``'s decoded flow (rate x output tokens): by Little's law the flow
+        keeps flow x TPOT sequences running, and at a mean batch ``m`` a request sees 1 + m.
         ``inf`` when no batch meets the target."""
+        tokens_per_second = load.rate_rps * load.mean_output_tokens
         if tokens_per_second <= 0:
             return 0.0
-        m = self.decode_sequences_at_percentile(slo, mean_context_tokens)
+        context = self.decode_mean_context(load)
+        m = self.decode_sequences_at_percentile(slo, context)
         if m <= 0:
             return math.inf
-        return tokens_per_second * self.tpot_seconds(1.0 + m, mean_context_tokens) / m
+        return tokens_per_second * self.tpot_seconds(1.0 + m, context) / m
 
     def decode_tokens_per_second_at_slo(self, tpot_slo_seconds: float, mean_context: float) -> float:
         """Output tokens/s of one decode instance running its largest SLO-meeting batch."""
@@ -240,8 +241,7 @@ class PerformanceModel:
         nd = math.ceil(round(d * self.calibration.decode_headroom / decode_utilization, 9))
         if ttft_queueing:
             # the cap is the margin where batches are large; where they are small, the percentile
-            at_percentile = self.decode_instances_at_percentile(
-                load.rate_rps * load.mean_output_tokens, slo, self.decode_mean_context(load))
+            at_percentile = self.decode_instances_at_percentile(load, slo)
             if math.isfinite(at_percentile):
                 nd = max(nd, math.ceil(round(at_percentile * self.calibration.decode_headroom, 9)))
         if ttft_queueing and load.peak_rate_rps and load.rate_rps > 0:

@@ -1161,8 +1161,7 @@ def _load_clauses(
     cal = cfg.model.calibration
     model, context = cfg.model, cfg.model.decode_mean_context(load)
     at_cap = model.fluid_demand(load, cfg.slo)[1] / cfg.decode_utilization
-    if model.decode_instances_at_percentile(load.rate_rps * load.mean_output_tokens, cfg.slo,
-                                            context) > at_cap:
+    if model.decode_instances_at_percentile(load, cfg.slo) > at_cap:
         parts.append(
             f"decode at {model.decode_sequences_at_percentile(cfg.slo, context):.2f} sequences "
             f"per instance on average, so that a request at p{100 * cfg.slo.percentile:g} finds "
