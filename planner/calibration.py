@@ -6,9 +6,10 @@ fleet runs faster or slower by something like 25%. ``Calibration.prefill_factor`
 model predicts; this module moves them, each interval, towards what the engines report for
 the load they were given. Pure: a function of the observation and the last calibration.
 
-Decode. TPOT is the model's TPOT at the batch each instance runs, so the reported median TPOT
-over the predicted TPOT at the observed batch (running sequences / ready instances) and the
-load's mean context is the factor, whether the fleet is short or not. Measured on the
+Decode. TPOT is the model's TPOT at the batch each instance runs, so the interval's mean
+inter-token latency over the predicted TPOT at the batch it ran at (sequences decoding /
+ready instances) and the load's mean context is the factor, whether the fleet is short or
+not. Measured on the
 Mooncake trace x6 (bench/model_error_bench.py's fleets): the per-interval ratio's median was
 1.03 with the right profile, 1.28 on a fleet 25% slower (1.25 expected), 0.82 on one 25%
 faster (0.80), each interval within about +-15%.
@@ -152,11 +153,21 @@ def samples(
     raw = PerformanceModel(model.profile)
     decode = None
     d = obs.decode
-    # the batch the interval's TPOTs ran at: the interval's mean where it is read, else now's
-    running = get(d.running_requests_mean)
-    if running is None:
-        running = get(d.running_requests)
-    tpot = get(obs.tpot_p50_seconds)
+    # The interval's mean inter-token latency at the batch it ran at, both from the histogram
+    # that timed the tokens (its sum over its count, and its sum's rate by Little's law): the
+    # median interpolated within SGLang's 0.1-0.2 s bucket, and the running gauge, set only
+    # when a batch is logged, lagged a batch that changed. On the demo's recording (a
+    # Prometheus rerun of its run at 291fa1e) they read the decode 1.21x slow as chat filled
+    # it and up to 2.7x fast once long documents had emptied it; these read 1.00-1.06 on
+    # every interval whose decodes had been ready all through
+    running = get(d.decoding_requests_mean)
+    tpot = get(obs.tpot_mean_seconds)
+    if running is None or tpot is None:
+        # a source without them: the gauge's mean (or now's) and the median
+        running = get(d.running_requests_mean)
+        if running is None:
+            running = get(d.running_requests)
+        tpot = get(obs.tpot_p50_seconds)
     if load is None or load.rate_rps <= 0:
         return ComputeSamples(None, None, "both")
     if not d.recently_ready and running and d.ready and tpot:

@@ -67,6 +67,11 @@ class RoleState:
     #: is never stale: that gauge is set only when a batch is logged, and an idle decode keeps
     #: showing its last busy batch for up to 30 s
     decoding_requests: Reading | None = None
+    #: decode: the requests decoding averaged over the interval, by the same law over the
+    #: whole window (``rate`` where the reading above takes ``irate``): the batch the
+    #: interval's inter-token latencies ran at, read from the histogram that timed them and
+    #: never stale (calibration's batch; the gauge's mean above lags a batch that changes)
+    decoding_requests_mean: Reading | None = None
 
     @property
     def provisioned(self) -> int:
@@ -103,6 +108,10 @@ class Observation:
     ttft_at_percentile_seconds: Reading | None = None
     tpot_p50_seconds: Reading | None = None
     tpot_at_percentile_seconds: Reading | None = None
+    #: the mean inter-token latency over the interval's tokens (the histogram's sum over its
+    #: count: exact, where a quantile is interpolated within a bucket, 0.1-0.2 s wide in
+    #: SGLang's). What calibration learns the decode's speed from (calibration.py)
+    tpot_mean_seconds: Reading | None = None
     #: requests refused by the router or timed out before their first token, per second: the
     #: latency quantiles above cover served requests only, so calibration counts these as TTFT
     #: misses. None where the stack exports no such counter (the shipped Prometheus queries
@@ -169,12 +178,14 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "ttft_at_percentile_seconds": (0.0, MAX_TTFT_SECONDS),
     "tpot_p50_seconds": (0.0, MAX_TPOT_SECONDS),
     "tpot_at_percentile_seconds": (0.0, MAX_TPOT_SECONDS),
+    "tpot_mean_seconds": (0.0, MAX_TPOT_SECONDS),
     "prefill_forward_seconds": (0.0, MAX_TTFT_SECONDS),
     "prefill_busy_seconds_per_request": (0.0, MAX_TTFT_SECONDS),
     "queue_depth": (0.0, MAX_QUEUE),
     "running_requests": (0.0, MAX_QUEUE),
     "running_requests_mean": (0.0, MAX_QUEUE),
     "decoding_requests": (0.0, MAX_QUEUE),
+    "decoding_requests_mean": (0.0, MAX_QUEUE),
 }
 
 
@@ -243,7 +254,8 @@ def unusable(obs: Observation, max_age_seconds: float) -> str | None:
             return why
         sources += [(f"{role}.queue_depth", st.queue_depth), (f"{role}.running_requests", st.running_requests),
                     (f"{role}.running_requests_mean", st.running_requests_mean),
-                    (f"{role}.decoding_requests", st.decoding_requests)]
+                    (f"{role}.decoding_requests", st.decoding_requests),
+                    (f"{role}.decoding_requests_mean", st.decoding_requests_mean)]
     for name, r in sources:
         if r is None:
             continue

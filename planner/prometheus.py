@@ -36,6 +36,7 @@ READINGS = (
     "ttft_at_percentile_seconds",
     "tpot_p50_seconds",
     "tpot_at_percentile_seconds",
+    "tpot_mean_seconds",
     "queue_depth_prefill",
     "queue_depth_decode",
     "running_requests_prefill",
@@ -43,6 +44,7 @@ READINGS = (
     "running_requests_mean_prefill",
     "running_requests_mean_decode",
     "decoding_requests_decode",
+    "decoding_requests_mean_decode",
     "rejected_rps",
     "prefill_forward_seconds",
     "prefill_busy_seconds_per_request",
@@ -110,6 +112,10 @@ SGLANG_QUERIES: Mapping[str, str] = {
         "histogram_quantile({quantile}, sum by (le) (rate("
         f'{_sglang("inter_token_latency_seconds_bucket", "decode")}[{{window}}])))'
     ),
+    "tpot_mean_seconds": (
+        f'sum(rate({_sglang("inter_token_latency_seconds_sum", "decode")}[{{window}}]))'
+        f' / sum(rate({_sglang("inter_token_latency_seconds_count", "decode")}[{{window}}]))'
+    ),
     # Every queue a request waits in before its role works on it, summed in one selector (a
     # queue an engine version does not export adds nothing; none at all is unknown). Prefill:
     # the scheduler's waiting queue and the bootstrap queue (waiting for its decode peer), named
@@ -136,6 +142,8 @@ SGLANG_QUERIES: Mapping[str, str] = {
     # running gauge is set only when a batch is logged (every 40 decode steps, or 30 s when
     # idle): an idle decode shows its last batch.
     "decoding_requests_decode": f'sum(irate({_sglang("inter_token_latency_seconds_sum", "decode")}[{{window}}]))',
+    # the same over the whole window: the batch the interval's inter-token latencies ran at
+    "decoding_requests_mean_decode": f'sum(rate({_sglang("inter_token_latency_seconds_sum", "decode")}[{{window}}]))',
     # Requests the router refused (smg's prefill admission: queue full or timed out), which
     # the planner counts as TTFT misses. Zero where smg is not scraped but the engines are:
     # sglang-router refuses nothing (an smg whose metrics are not scraped goes unseen).
@@ -197,6 +205,10 @@ VLLM_QUERIES: Mapping[str, str] = {
         "histogram_quantile({quantile}, sum by (le) (rate("
         'vllm:inter_token_latency_seconds_bucket{{{sel},role="decode"}}[{window}])))'
     ),
+    "tpot_mean_seconds": (
+        'sum(rate(vllm:inter_token_latency_seconds_sum{{{sel},role="decode"}}[{window}]))'
+        ' / sum(rate(vllm:inter_token_latency_seconds_count{{{sel},role="decode"}}[{window}]))'
+    ),
     "queue_depth_prefill": 'sum(vllm:num_requests_waiting{{{sel},role="prefill"}})',
     # a decode's requests waiting for room to run (reason="capacity"), where vLLM splits its
     # waiting gauge by reason: those deferred on their KV pull are no lack of decode capacity;
@@ -211,6 +223,7 @@ VLLM_QUERIES: Mapping[str, str] = {
     "running_requests_mean_decode": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{window}]))',
     # the sum of every token's inter-token latency over the last scrape: requests decoding
     "decoding_requests_decode": 'sum(irate(vllm:inter_token_latency_seconds_sum{{{sel},role="decode"}}[{window}]))',
+    "decoding_requests_mean_decode": 'sum(rate(vllm:inter_token_latency_seconds_sum{{{sel},role="decode"}}[{window}]))',
     # vllm-router refuses nothing: zero wherever the engines are scraped
     "rejected_rps": '0 * sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))',
     # from the step that schedules the prompt to its first token, on the prefill side
@@ -466,6 +479,7 @@ def observation_from(
             running_requests=r.get(f"running_requests_{role}"),
             running_requests_mean=r.get(f"running_requests_mean_{role}"),
             decoding_requests=r.get(f"decoding_requests_{role}"),
+            decoding_requests_mean=r.get(f"decoding_requests_mean_{role}"),
         )
 
     return Observation(
@@ -479,6 +493,7 @@ def observation_from(
         ttft_at_percentile_seconds=r.get("ttft_at_percentile_seconds"),
         tpot_p50_seconds=r.get("tpot_p50_seconds"),
         tpot_at_percentile_seconds=r.get("tpot_at_percentile_seconds"),
+        tpot_mean_seconds=r.get("tpot_mean_seconds"),
         rejected_rps=r.get("rejected_rps"),
         prefill_forward_seconds=r.get("prefill_forward_seconds"),
         prefill_busy_seconds_per_request=r.get("prefill_busy_seconds_per_request"),

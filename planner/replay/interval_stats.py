@@ -144,6 +144,9 @@ class IntervalStats:
             ttft_at_percentile_seconds=q(self.ttft, self.percentile),
             tpot_p50_seconds=per_token(0.5),
             tpot_at_percentile_seconds=per_token(self.percentile),
+            # the histogram's sum over its count: every inter-token interval once
+            tpot_mean_seconds=(Reading(float(np.average(self.tpot, weights=self.tpot_tokens)), now)
+                               if sum(self.tpot_tokens) > 0 else None),
             rejected_rps=load(self.rejections / span),
             prefill_forward_seconds=(Reading(float(np.mean(self.prefill_forward)), now)
                                      if self.prefill_forward else None),
@@ -189,9 +192,10 @@ def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued
         return RoleState(len(ready), warming, draining, recently, Reading(float(queued), now), None)
     run = sum(len(fleet.running[i]) for i in ready)
     # the batches are counted exactly, never stale: they are also the requests decoding now
-    # (what the inter-token latency's sum over the last scrape gives live)
+    # (what the inter-token latency's sum over the last scrape gives live), and their mean
+    # over the scrapes the requests decoding over the interval (its sum's rate)
     return RoleState(
         len(ready), warming, draining, recently,
         Reading(float(queued), now), Reading(float(run), now), running_mean,
-        decoding_requests=Reading(float(run), now),
+        decoding_requests=Reading(float(run), now), decoding_requests_mean=running_mean,
     )

@@ -227,3 +227,29 @@ def test_the_prefill_gpus_busy_time_per_prompt_teaches_its_speed_both_ways_at_an
     # warming instances' first passes teach nothing; a zero is not a reading
     assert _learn(model, 12, busy=2.0 * service, recently_ready=1).prefill_factor == 1.0
     assert _learn(model, 12, busy=0.0).prefill_factor == 1.0
+
+
+def test_the_decode_is_read_from_the_histogram_that_timed_its_tokens(model: PerformanceModel) -> None:
+    """Where the mean inter-token latency and the requests decoding over the interval are read
+    (the histogram's sum over its count, and its sum's rate), they set the decode's sample:
+    the median (interpolated within a wide bucket) and the running gauge (set only when a batch
+    is logged, so it lags a batch that changes) do not. On the demo's run at 291fa1e the old
+    pair read a decode of the profile's speed 1.21x slow as chat filled it."""
+    right = _obs(model, 60.0, running=400.0)
+    t = right.now_seconds
+    ctx = model.decode_mean_context(LOAD)
+    mean_tpot = model.tpot_seconds(400.0 / right.decode.ready, ctx)
+    # a stale gauge (half the batch) and a median 20% high: the old pair reads it slow
+    misleading = replace(
+        right, tpot_p50_seconds=Reading(mean_tpot * 1.2, t),
+        decode=replace(right.decode, running_requests=Reading(200.0, t),
+                       running_requests_mean=Reading(200.0, t)))
+    old = samples(misleading, LOAD, None, slo=SLO, model=model, max_age_seconds=AGE).decode
+    assert old is not None and old > 1.2
+    read = replace(misleading, tpot_mean_seconds=Reading(mean_tpot, t),
+                   decode=replace(misleading.decode, decoding_requests_mean=Reading(400.0, t)))
+    new = samples(read, LOAD, None, slo=SLO, model=model, max_age_seconds=AGE).decode
+    assert new == pytest.approx(1.0, rel=1e-9)
+    # and a decode 25% slower reads as such from them
+    slow = replace(read, tpot_mean_seconds=Reading(mean_tpot * 1.25, t))
+    assert samples(slow, LOAD, None, slo=SLO, model=model, max_age_seconds=AGE).decode == pytest.approx(1.25)

@@ -147,6 +147,8 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang_num_running_reqs{{engine_type="{role}"}} {4 if int(t) % 2 else 8}',
                 # 3 requests streaming on average: 3 s of inter-token gaps per second
                 f'sglang_inter_token_latency_seconds_sum{{engine_type="{role}"}} {3 * t:.3f}',
+                # 75 tokens a second between them: 40 ms each on average
+                f'sglang_inter_token_latency_seconds_count{{engine_type="{role}"}} {75 * t:.3f}',
             ]
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
@@ -196,6 +198,9 @@ def test_reads_a_real_prometheus(prometheus):
         # the requests that decoded over the last scrape, from the inter-token gaps' sum (not
         # the logged gauge)
         assert r["decoding_requests_decode"].value == pytest.approx(3, rel=0.02)
+        # and over the whole window, with the gaps' mean: what calibration reads the decode by
+        assert r["decoding_requests_mean_decode"].value == pytest.approx(3, rel=0.02)
+        assert r["tpot_mean_seconds"].value == pytest.approx(0.04, rel=0.02)
         # the buckets read as the spread: 3 prompts at 500 and 2 at 2,500, each spread over its
         # bucket (the rate's extrapolation scales every bucket alike)
         mean = (3 * 500 + 2 * 2500) / 5
