@@ -340,9 +340,12 @@ def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) 
     rows = demo_replay.side_by_side(
         result.samples, reports["pdscale"]["decisions"], reports["oracle"]["decisions"],
         interval_seconds=interval, phase_at=phase_at)
-    draws = demo_replay.router_draw_spread(pdcluster, trace, tick_phase)
-    f = demo_replay.fidelity(summary, reports, rows, interval_seconds=interval, phase_at=phase_at,
-                             router_draws=draws)
+    by_draw = demo_replay.router_draw_replays(pdcluster, trace, tick_phase)
+    f = demo_replay.fidelity(
+        summary, reports, rows, interval_seconds=interval, phase_at=phase_at,
+        router_draws={seed: r["slo_attainment"] for seed, r in by_draw.items()},
+        agreement_between_router_draws=demo_replay.agreement_between_draws(
+            [r["decisions"] for r in by_draw.values()]))
     f["tick_phase_seconds"] = tick_phase
     f["replayed_by_tick_phase"] = demo_replay.tick_phase_spread(pdcluster, trace, interval)
     f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace, tick_phase)

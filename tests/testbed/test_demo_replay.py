@@ -12,6 +12,7 @@ from pdscale.testbed.demo import Sample, phase_clock
 from pdscale.testbed.demo_replay import (
     IntervalCounts,
     agreement,
+    agreement_between_draws,
     best_lag,
     difference_note,
     fidelity,
@@ -172,6 +173,24 @@ def test_fidelity_reports_the_difference_in_points_and_checks_the_targets() -> N
                  router_draws={1: 0.5, 2: 0.41})
     assert f["attainment_outside_router_draws_pp"] == 0.0
     assert "41.0%-50.0% with live inside." in demo_replay.fidelity_paragraph(f)
+    f = fidelity(live, {"pdscale": report(0.50)}, rows[1:], interval_seconds=10.0, phase_at=phase,
+                 agreement_between_router_draws=0.72)
+    assert f["counts_agree_between_router_draws"] == 0.72
+    assert ("88.9% of 9 intervals (target 90%), where the replay's own router draws agree with "
+            "each other in 72.0% on average: ") in demo_replay.fidelity_paragraph(f)
+
+
+def test_draws_of_the_router_are_compared_pair_by_pair_tick_by_tick() -> None:
+    def draw(*counts: tuple[int, int]) -> list[dict[str, int]]:
+        return [{"t": 10 * k, "prefill": p, "decode": d} for k, (p, d) in enumerate(counts)]
+
+    a = draw((1, 2), (2, 5), (16, 1), (3, 12))
+    b = draw((1, 2), (2, 7), (16, 2), (3, 12))    # decode 2 off at the second tick
+    c = draw((1, 2), (2, 5), (12, 1))             # a tick short; prefill 4 off at the third
+    # a-b 3/4, a-c 2/3, b-c 1/3 (ticks both have)
+    assert agreement_between_draws([a, b, c]) == pytest.approx((3 / 4 + 2 / 3 + 1 / 3) / 3)
+    assert agreement_between_draws([a, b, c], tolerance=4) == pytest.approx(1.0)
+    assert agreement_between_draws([a]) is None
 
 
 def test_the_live_plan_schedule_is_read_off_the_first_slot_after_the_load_began() -> None:
