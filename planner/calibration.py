@@ -10,9 +10,11 @@ Decode. TPOT is the model's TPOT at the batch each instance runs, so the interva
 inter-token latency over the predicted TPOT at the batch it ran at (sequences decoding /
 ready instances) and the load's mean context is the factor, whether the fleet is short or
 not. Measured on the
-Mooncake trace x6 (bench/model_error_bench.py's fleets): the per-interval ratio's median was
-1.03 with the right profile, 1.28 on a fleet 25% slower (1.25 expected), 0.82 on one 25%
-faster (0.80), each interval within about +-15%.
+Mooncake trace x6 (bench/model_error_bench.py's fleets, with the median TPOT and the running
+gauge's mean, which the replay reads as exactly as the mean and the requests decoding): the
+per-interval ratio's median was 1.03 with the right profile, 1.28 on a fleet 25% slower (1.25
+expected), 0.82 on one 25% faster (0.80), each interval within about +-15%. Live, only the
+mean and the requests decoding are read exactly (``samples``).
 
 Prefill. Its latency mixes queueing and compute, so it is learned from the GPUs instead:
 
@@ -97,6 +99,10 @@ from .observe import Observation, Reading, fresh
 
 #: a factor outside this range is a broken metric, not a slow or fast engine
 FACTOR_BOUNDS = (0.5, 2.0)
+#: fewer sequences decoding than this on average over the interval (the whole fleet mostly
+#: idle: the demo's long documents, 4 tokens out, decoded 0.01-0.13) say nothing of the
+#: decode's speed: a mean over a handful of requests' gaps read 1.23 there
+MIN_DECODING = 1.0
 #: EWMA weight of one interval's sample
 WEIGHT = 0.3
 #: samples this close (relative) to the current factor leave it alone
@@ -170,9 +176,19 @@ def samples(
         tpot = get(obs.tpot_p50_seconds)
     if load is None or load.rate_rps <= 0:
         return ComputeSamples(None, None, "both")
-    if not d.recently_ready and running and d.ready and tpot:
-        predicted = raw.tpot_seconds(running / d.ready, raw.decode_mean_context(load))
-        if predicted > 0:
+    if not d.recently_ready and running is not None and running >= MIN_DECODING and d.ready and tpot:
+        batch, context = running / d.ready, raw.decode_mean_context(load)
+        predicted = raw.tpot_seconds(batch, context)
+        # Where batches are small, the mean over tokens depends on how the sequences spread
+        # over the instances as much as on their speed (tokens come from the busier batches):
+        # spread at random (Poisson) it is above TPOT at the mean batch, spread evenly (round
+        # robin, at a steady load) it is at it. Learned there, the spread reads as speed: on
+        # the demo's run at e6c73b0 a chat still filling two decodes (1.1 sequences each)
+        # read 1.22x slow, taken whole as the decode's first sample, and chat held 16
+        # decodes where its replay held 9. So a sample is taken only where the two agree
+        # within the dead band (the demo's instance from about 3.6 sequences; an 8xH200
+        # decode, at tens to 150, always)
+        if predicted > 0 and raw.tpot_token_mean_seconds(batch, context) <= (1 + DEADBAND) * predicted:
             decode = tpot / predicted
     prefill, direction = None, "both"
     p = obs.prefill

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from pdscale.planner.calibration import (
@@ -18,6 +19,7 @@ from pdscale.planner.calibration import (
 )
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState
+from pdscale.planner.profile import load_profile
 
 SLO = Slo(ttft_seconds=15.0, tpot_seconds=0.05, percentile=0.99)
 LOAD = Load(20.0, 8000.0, 300.0, 0.4)
@@ -253,3 +255,49 @@ def test_the_decode_is_read_from_the_histogram_that_timed_its_tokens(model: Perf
     # and a decode 25% slower reads as such from them
     slow = replace(read, tpot_mean_seconds=Reading(mean_tpot * 1.25, t))
     assert samples(slow, LOAD, None, slo=SLO, model=model, max_age_seconds=AGE).decode == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("mean_batch", [0.2, 0.7, 3.0, 50.0])
+def test_the_mean_over_tokens_is_what_poisson_batches_give(mean_batch: float) -> None:
+    """``tpot_token_mean_seconds`` against a count: instances at Poisson batches, each adding
+    b / TPOT(b) tokens a second and b seconds of inter-token gaps (the histogram's count and
+    sum). Where batches are small the mean is well above TPOT at the mean batch (an idle
+    instance adds no token, a busier one adds more); where they are large the two agree."""
+    demo = PerformanceModel(load_profile("demo-sim"))
+    rng = np.random.default_rng(7)
+    batches = rng.poisson(mean_batch, 200_000)
+    busy = batches[batches > 0].astype(float)
+    tpots = np.array([demo.tpot_seconds(b, 100.0) for b in busy])
+    counted = busy.sum() / (busy / tpots).sum()  # gaps' seconds over tokens
+    assert demo.tpot_token_mean_seconds(mean_batch, 100.0) == pytest.approx(counted, rel=0.01)
+    at_mean = demo.tpot_seconds(mean_batch, 100.0)
+    if mean_batch < 1:
+        assert counted > 1.05 * at_mean
+    if mean_batch >= 50:
+        assert counted == pytest.approx(at_mean, rel=0.01)
+
+
+def test_the_decode_is_learned_only_where_the_spread_of_its_sequences_does_not_matter(
+        model: PerformanceModel) -> None:
+    """The demo's instance (10 ms a step + 20 ms a sequence) at 1.1 sequences: a mean
+    inter-token latency 1.22x TPOT at the mean batch is what Poisson batches of the profile's
+    speed give (1.44x), so it says nothing of the speed and is not taken; at 5 sequences each
+    it is (a decode 22% slow). Under one sequence decoding on average, nothing is taken. An
+    8xH200 decode is learned at any batch."""
+    demo = PerformanceModel(load_profile("demo-sim"))
+    load = Load(2.0, 100.0, 40.0, 0.0)
+    ctx = demo.decode_mean_context(load)
+
+    def sample(m: PerformanceModel, decoding: float, ready: int, ratio: float) -> float | None:
+        t = 60.0
+        tpot = ratio * m.tpot_seconds(decoding / ready, ctx)
+        obs = Observation(
+            now_seconds=t, rate_rps=Reading(2.0, t), tpot_mean_seconds=Reading(tpot, t),
+            tpot_p50_seconds=Reading(tpot, t),
+            decode=RoleState(ready=ready, decoding_requests_mean=Reading(decoding, t)))
+        return samples(obs, load, None, slo=SLO, model=m, max_age_seconds=AGE).decode
+
+    assert sample(demo, 2.2, 2, 1.22) is None
+    assert sample(demo, 10.0, 2, 1.22) == pytest.approx(1.22)
+    assert sample(demo, 0.5, 1, 1.22) is None
+    assert sample(model, 2.2, 2, 1.22) == pytest.approx(1.22)
