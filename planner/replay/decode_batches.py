@@ -112,6 +112,11 @@ class DecodeBatches:
         #: the sequence number of instance i's one live finish event (older ones are stale)
         self._event: dict[int, int] = {}
         self._started: dict[int, float] = {}
+        #: the inter-token gaps streamed since the last :meth:`take_gaps`: their seconds (each
+        #: sequence of a batch adds each step's time) and their count (one per sequence per
+        #: step), as an engine's inter-token histogram sums and counts them as tokens stream
+        self._gap_seconds = 0.0
+        self._gaps = 0.0
 
     # -- routing ------------------------------------------------------------------------------
     def load(self, i: int) -> int:
@@ -209,6 +214,23 @@ class DecodeBatches:
         lin = a - g / 2.0
         k = dt / a if g <= 0 else (-lin + math.sqrt(lin * lin + 2.0 * g * dt)) / g
         self._steps[i] = self._steps.get(i, 0.0) + k
+        self._gap_seconds += b * dt
+        self._gaps += b * k
+
+    def take_gaps(self, now: float) -> tuple[float, float]:
+        """The inter-token gaps streamed since the last call, every batch counted up to
+        ``now``: (their seconds, their count); resets them. Over an interval these are the
+        inter-token histogram's sum and count: their ratio the mean gap of the tokens streamed
+        in it, the sum over the interval the requests decoding (Little's law). A finished
+        request's TPOT is its gaps' mean over its whole decode, which lags a batch that
+        grows: on the demo's chat ramp the replay read its decode fast where the live
+        histogram read it slow."""
+        for i in list(self._at):
+            if self.fleet.running[i]:
+                self._advance(i, now)
+        out = (self._gap_seconds, self._gaps)
+        self._gap_seconds = self._gaps = 0.0
+        return out
 
     def _step_time(self, i: int) -> tuple[float, float]:
         """(the next step's seconds, its growth per step) of instance ``i``'s batch now: the

@@ -108,10 +108,12 @@ class IntervalStats:
         self.scrapes += 1
 
     def observe(self, now: float, fleet: Fleet, waiting_decode: int, *,
-                queued_prefill: int) -> Observation:
+                queued_prefill: int, gaps: tuple[float, float] | None = None) -> Observation:
         """The interval ending ``now`` and the fleet at ``now``; ``queued_prefill`` requests
         wait for their prefill on ready instances, ``waiting_decode`` requests wait for any
-        ready decode instance. Resets the counters."""
+        ready decode instance; ``gaps``: the inter-token gaps streamed in the interval (their
+        seconds and count, ``DecodeBatches.take_gaps``; None: the finished requests' TPOTs
+        and the scraped batches stand in). Resets the counters."""
         span = self.span_seconds
         n = self.arrivals
         # before a whole interval has been watched, the load is unknown, not zero
@@ -144,9 +146,7 @@ class IntervalStats:
             ttft_at_percentile_seconds=q(self.ttft, self.percentile),
             tpot_p50_seconds=per_token(0.5),
             tpot_at_percentile_seconds=per_token(self.percentile),
-            # the histogram's sum over its count: every inter-token interval once
-            tpot_mean_seconds=(Reading(float(np.average(self.tpot, weights=self.tpot_tokens)), now)
-                               if sum(self.tpot_tokens) > 0 else None),
+            tpot_mean_seconds=self._mean_gap(now, gaps),
             rejected_rps=load(self.rejections / span),
             prefill_forward_seconds=(Reading(float(np.mean(self.prefill_forward)), now)
                                      if self.prefill_forward else None),
@@ -155,7 +155,8 @@ class IntervalStats:
             prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
             decode=role_state(fleet, Role.DECODE, now, span, waiting_decode,
                               running_mean=(Reading(self.decode_running_scraped / self.scrapes, now)
-                                            if self.scrapes else None)),
+                                            if self.scrapes else None),
+                              decoding_mean=None if gaps is None else load(gaps[0] / span)),
         )
         self.decode_running_scraped = self.scrapes = 0
         self.arrivals = self.rejections = 0
@@ -169,6 +170,15 @@ class IntervalStats:
         self.input_buckets = [0] * len(self.input_buckets)
         return obs
 
+    def _mean_gap(self, now: float, gaps: tuple[float, float] | None) -> Reading | None:
+        """The inter-token histogram's sum over its count: the gaps streamed in the interval
+        (None: none streamed), or without them the finished requests' TPOTs by their gaps."""
+        if gaps is not None:
+            return Reading(gaps[0] / gaps[1], now) if gaps[1] > 0 else None
+        if sum(self.tpot_tokens) <= 0:
+            return None
+        return Reading(float(np.average(self.tpot, weights=self.tpot_tokens)), now)
+
     def _square_ratio(self, load: Callable[[float], Reading | None]) -> Reading | None:
         bounds = (*SGLANG_PROMPT_TOKENS_BUCKETS, math.inf)
         ratio = square_ratio_from_buckets(list(zip(bounds, itertools.accumulate(self.input_buckets),
@@ -177,7 +187,8 @@ class IntervalStats:
 
 
 def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued: int, *,
-               running_mean: Reading | None = None) -> RoleState:
+               running_mean: Reading | None = None,
+               decoding_mean: Reading | None = None) -> RoleState:
     """``role``'s instances by state at ``now`` and its queue readings, in requests as the
     engines count them: ``queued`` requests wait (prefill: for their prefill on a ready
     instance, as SGLang's ``num_queue_reqs`` and vLLM's ``num_requests_waiting``; decode: for
@@ -192,10 +203,11 @@ def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued
         return RoleState(len(ready), warming, draining, recently, Reading(float(queued), now), None)
     run = sum(len(fleet.running[i]) for i in ready)
     # the batches are counted exactly, never stale: they are also the requests decoding now
-    # (what the inter-token latency's sum over the last scrape gives live), and their mean
-    # over the scrapes the requests decoding over the interval (its sum's rate)
+    # (what the inter-token latency's sum over the last scrape gives live); over the interval,
+    # the gaps' seconds over its length (the sum's rate), else the scrapes' mean
     return RoleState(
         len(ready), warming, draining, recently,
         Reading(float(queued), now), Reading(float(run), now), running_mean,
-        decoding_requests=Reading(float(run), now), decoding_requests_mean=running_mean,
+        decoding_requests=Reading(float(run), now),
+        decoding_requests_mean=running_mean if decoding_mean is None else decoding_mean,
     )

@@ -366,7 +366,8 @@ class _Replay:
         self._run_events(now)
         waiting = len(self.waiting_decode) + self.decode.waiting()
         out = self.controller(self.stats.observe(now, fleet, waiting,
-                                                 queued_prefill=self._queued_prefill(now)))
+                                                 queued_prefill=self._queued_prefill(now),
+                                                 gaps=self.decode.take_gaps(now)))
         tp, td = out[0], out[1]
         reconcile(
             fleet, tp, td, now, (out[2], out[3]) if len(out) >= 4 else None,

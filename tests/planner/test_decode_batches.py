@@ -151,3 +151,24 @@ def test_a_one_token_output_finishes_at_its_start(model: PerformanceModel) -> No
     run = Run(model, [(1000, 1)])
     run.decode.place(0, 3.0)
     assert run.finished == {0: 3.0} and not run.fleet.running[0]
+
+
+def test_the_gaps_streamed_are_counted_in_the_interval_they_stream(model: PerformanceModel) -> None:
+    """What an engine's inter-token histogram sums and counts over an interval: each sequence
+    of a batch adds each step's time and one gap, when the step runs, not when the request
+    finishes. A batch that grows from one sequence to two within the interval shows the
+    interval's gaps at the steps' times then (the finished requests' TPOTs would lag it)."""
+    run = Run(model, [(2000, 2001), (2000, 2001)])
+    run.decode.place(0, 0.0)
+    one = stepped(model, [2001], 100)
+    run.until(one)
+    seconds, count = run.decode.take_gaps(one)
+    assert seconds == pytest.approx(one, rel=1e-9) and count == pytest.approx(100, rel=1e-6)
+    run.decode.place(1, one)
+    two = stepped(model, [2101, 2001], 50)
+    run.until(one + two)
+    seconds, count = run.decode.take_gaps(one + two)
+    # two sequences, 50 steps each, each adding the step's time
+    assert seconds == pytest.approx(2 * two, rel=1e-9) and count == pytest.approx(100, rel=1e-6)
+    assert seconds / count == pytest.approx(two / 50, rel=1e-9)
+    assert run.decode.take_gaps(one + two) == (0.0, 0.0)  # taken: reset
