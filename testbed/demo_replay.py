@@ -115,6 +115,7 @@ def replay_recording(pdcluster: Path, trace: Path,
     schedule on the recording's clock (:func:`live_tick_phase`), for the replay to plan when
     it did; None: from the first arrival. ``router_seed``: the random routers' draws (the live
     router's were another)."""
+    from pdscale.planner.model import Load
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
     from pdscale.replay import configure, read_spec, routing, spec_replicas
@@ -124,12 +125,20 @@ def replay_recording(pdcluster: Path, trace: Path,
     recorded = read_mooncake(trace, block_tokens=config.model.profile.prefill.block_tokens)
     routes = routing(configured.spec)
     router = router or routes["router"]
+    # The live loop started from the spec's replicas on an idle fleet, and the load began
+    # once they had warmed up and joined the router (demo.router_url): its planner had
+    # measured zero load for a warm-up, so its first interval with requests was a measurement
+    # (part of it idle) and its forecast saw the load rise from nothing. A replay that knew no
+    # load before a whole interval of the recording held its first tick and saw no rise: on
+    # the demo's run at 9609359 it ordered chat 2-5 decodes fewer at each of its first ticks
     setup = ReplaySetup(trace=recorded, planner=config, router=router,
                         decode_router=routes["decode_router"], fleet_model=fleet,
-                        tick_phase_seconds=tick_phase_seconds, router_seed=router_seed)
-    # the live loop started from the spec's replicas with no history: so does the replay
+                        tick_phase_seconds=tick_phase_seconds, router_seed=router_seed,
+                        idle_before=True)
     start = spec_replicas(configured.spec)
-    return {policy: run_policy(setup, policy, start_fleet=start) | {"router": router}
+    warmup = max(configured.spec.prefill.warmup_seconds, configured.spec.decode.warmup_seconds)
+    idle = [Load(0.0, 0.0, 0.0, 0.0)] * max(1, math.ceil(warmup / config.interval_seconds))
+    return {policy: run_policy(setup, policy, start_fleet=start, history=idle) | {"router": router}
             for policy in policies}
 
 

@@ -38,7 +38,8 @@ from .fleet import DRAINING, READY, WARMING, Fleet
 class IntervalStats:
     """Counters of the current interval (``span_seconds`` long), reset by :meth:`observe`."""
 
-    def __init__(self, span_seconds: float, percentile: float) -> None:
+    def __init__(self, span_seconds: float, percentile: float, *,
+                 measured_from_start: bool = False) -> None:
         self.span_seconds = span_seconds
         #: the SLO's share of requests: the quantile of the latencies observed, as the live
         #: metrics reader asks Prometheus for it (prometheus.render_queries)
@@ -73,8 +74,9 @@ class IntervalStats:
         #: there were: the interval's mean batch, as Prometheus' avg_over_time of the gauge
         self.decode_running_scraped = 0
         self.scrapes = 0
-        #: when the last observation was made (nan: none yet)
-        self.last_observed = math.nan
+        #: when the last observation was made (nan: none yet, so the first interval's load is
+        #: unknown; -inf: the counters ran from the start, before which nothing arrived)
+        self.last_observed = -math.inf if measured_from_start else math.nan
 
     def arrival(self, now: float) -> None:
         """A request reached the router at ``now``."""

@@ -100,6 +100,10 @@ class SimConfig:
     #: first arrival), as a live loop whose schedule started elsewhere; None: at the first
     #: arrival
     tick_phase_seconds: float | None = None
+    #: the fleet ran idle before the trace began (a live run's recording: its planner measured
+    #: zero load until the first request), so the first interval is a measurement from the
+    #: trace's start; False: it is unknown, not zero (a trace cut out of a longer day)
+    idle_before: bool = False
     initial_prefill: int = 1
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
@@ -221,7 +225,8 @@ class _Replay:
             blocks=trace.hash_ids, block_tokens=block,
             recorded=None if config.recorded_routes is None else [d for _, d in config.recorded_routes],
         )
-        self.stats = IntervalStats(config.interval_seconds, config.slo.percentile)
+        self.stats = IntervalStats(config.interval_seconds, config.slo.percentile,
+                                   measured_from_start=config.idle_before)
         if config.recorded_routes is not None and len(config.recorded_routes) != len(trace):
             raise ValueError(f"recorded_routes has {len(config.recorded_routes)} routes for "
                              f"{len(trace)} requests")

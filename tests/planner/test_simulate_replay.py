@@ -96,6 +96,14 @@ def test_role_switch_drains_then_warms(model: PerformanceModel, donor: Trace) ->
     assert later[-1].prefill.ready == 3 and later[-1].decode.ready == 1
     # the first observation has no measured interval: its load is unknown, not zero
     assert calls[0].rate_rps is None
+    # unless the fleet idled before the trace (a live run's recording): then it is measured,
+    # and nothing arrived before the first request
+    calls.clear()
+    simulate(tr, model, SimConfig(initial_prefill=2, initial_decode=2, idle_before=True), switch_one)
+    first = calls[0]
+    arrived = sum(1 for a in tr.arrival_seconds if a < first.now_seconds)
+    assert first.rate_rps is not None
+    assert first.rate_rps.value == pytest.approx(arrived / SimConfig().interval_seconds)
 
 
 def test_report_has_the_issue_fields(model: PerformanceModel, donor: Trace) -> None:
