@@ -164,8 +164,8 @@ def samples(
     # median interpolated within SGLang's 0.1-0.2 s bucket, and the running gauge, set only
     # when a batch is logged, lagged a batch that changed. On the demo's recording (a
     # Prometheus rerun of its run at 291fa1e) they read the decode 1.21x slow as chat filled
-    # it and up to 2.7x fast once long documents had emptied it; these read 1.00-1.06 on
-    # every interval whose decodes had been ready all through
+    # it and up to 2.7x fast once long documents had emptied it; these read 1.01 and
+    # 1.00-1.02 there (a batch still filling reads slow on both: the gate below)
     running = get(d.decoding_requests_mean)
     tpot = get(obs.tpot_mean_seconds)
     if running is None or tpot is None:

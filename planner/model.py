@@ -144,7 +144,9 @@ class PerformanceModel:
         spread = 10.0 * math.sqrt(mean_batch) + 10.0
         batches = np.arange(max(1, math.floor(mean_batch - spread)),
                             math.ceil(mean_batch + spread) + 1)
-        tpots = np.array([self.tpot_seconds(float(b), mean_context_tokens) for b in batches])
+        # TPOT is affine in the batch from one sequence on: two points give every batch's
+        one = self.tpot_seconds(1.0, mean_context_tokens)
+        tpots = one + (batches - 1) * (self.tpot_seconds(2.0, mean_context_tokens) - one)
         tokens_per_second = float(np.sum(poisson.pmf(batches, mean_batch) * batches / tpots))
         return mean_batch / tokens_per_second
 

@@ -215,8 +215,8 @@ def agreement_between_draws(decisions: Sequence[Sequence[dict[str, Any]]],
     for a, b in itertools.combinations(decisions, 2):
         n = min(len(a), len(b))
         if n:
-            shares.append(sum(abs(a[k]["prefill"] - b[k]["prefill"]) <= tolerance
-                              and abs(a[k]["decode"] - b[k]["decode"]) <= tolerance
+            shares.append(sum(counts_agree((a[k]["prefill"], a[k]["decode"]),
+                                           (b[k]["prefill"], b[k]["decode"]), tolerance)
                               for k in range(n)) / n)
     return sum(shares) / len(shares) if shares else None
 
@@ -237,6 +237,11 @@ def router_sensitivity(pdcluster: Path, trace: Path,
 
 
 # -------------------------------------------------------------------- comparison (pure)
+def counts_agree(a: tuple[int, int], b: tuple[int, int], tolerance: int = COUNT_TOLERANCE) -> bool:
+    """Two (prefill, decode) decisions within ``tolerance`` for both roles."""
+    return abs(a[0] - b[0]) <= tolerance and abs(a[1] - b[1]) <= tolerance
+
+
 @dataclass(frozen=True)
 class IntervalCounts:
     """One replayed interval beside the live loop: decided prefill/decode counts."""
@@ -258,8 +263,8 @@ class IntervalCounts:
         """Live and replayed decisions within ``tolerance`` for both roles; None: no live one."""
         if self.live_prefill is None or self.live_decode is None:
             return None
-        return (abs(self.live_prefill - self.replay_prefill) <= tolerance
-                and abs(self.live_decode - self.replay_decode) <= tolerance)
+        return counts_agree((self.live_prefill, self.live_decode),
+                            (self.replay_prefill, self.replay_decode), tolerance)
 
 
 def side_by_side(samples: Sequence[Any], replay_decisions: Sequence[dict[str, Any]],

@@ -225,7 +225,7 @@ class DecodeBatches:
         request's TPOT is its gaps' mean over its whole decode, which lags a batch that
         grows: on the demo's chat ramp the replay read its decode fast where the live
         histogram read it slow."""
-        for i in list(self._at):
+        for i in self._at:
             if self.fleet.running[i]:
                 self._advance(i, now)
         out = (self._gap_seconds, self._gaps)
