@@ -124,10 +124,11 @@ def load_pdcluster(name: str, namespace: str, prometheus_url: str,
 
 
 def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, timeout: float = 180,
-               *, model: str = "sim-model") -> str:
-    """The router pod's address once its router serves: it lists at least one prefill and one
-    decode worker (the first instances have warmed up and joined), or, for a router whose
-    workers come from its discovery and are not listed (vllm-router), it answers a request."""
+               *, model: str = "sim-model", prefill: int = 1, decode: int = 1) -> str:
+    """The router pod's address once its router serves: it lists at least ``prefill`` prefill
+    and ``decode`` decode workers (the instances have warmed up and joined), or, for a router
+    whose workers come from its discovery and are not listed (vllm-router), it answers a
+    request."""
     import urllib.request
 
     def serves(url: str) -> bool:
@@ -158,7 +159,7 @@ def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, tim
                         stats = json.loads(r.read()).get("stats") or {}
                 except (OSError, ValueError):
                     continue
-                if stats.get("prefill_count", 0) >= 1 and stats.get("decode_count", 0) >= 1:
+                if stats.get("prefill_count", 0) >= prefill and stats.get("decode_count", 0) >= decode:
                     return url
         time.sleep(1)
     raise TimeoutError(f"the router of {namespace}/{name} had no prefill and decode worker "
@@ -214,7 +215,13 @@ def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     body = body or load_pdcluster(name, namespace, stack.prometheus.url)
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-    url = router_url(core, namespace, name, body["spec"]["router"]["port"])
+    # The load starts once the spec's whole starting fleet serves, as a replay of the
+    # recording starts it: at the first worker listed, the e2e's first requests all went to
+    # one of its two decodes (its second joined 2 s later) and half of them missed TPOT
+    spec = body["spec"]
+    url = router_url(core, namespace, name, spec["router"]["port"],
+                     prefill=spec["prefill"].get("replicas", 1),
+                     decode=spec["decode"].get("replicas", 1))
     specs = plan_requests(phases, seed=seed)
     result = DemoResult(phases=[asdict(p) for p in phases], specs=specs)
     phase_at = phase_clock(result.phases)
