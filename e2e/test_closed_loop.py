@@ -198,22 +198,28 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
     live = result.summary(slo["ttftMilliseconds"] / 1000, slo["tpotMilliseconds"] / 1000)
     pdcluster, trace = tmp_path / demo_replay.PDCLUSTER_FILE, tmp_path / demo_replay.TRACE_FILE
     assert len(trace.read_text().splitlines()) == len(result.records)
-    # The replay plans when the live loop did: where the ticks fall against a load change
-    # moves the replayed figure by several points on its own (demo_replay.tick_phase_spread).
-    phase = demo_replay.live_tick_phase(result.samples, INTERVAL_SECONDS)
+    # The replay plans when the live loop did (where the ticks fall against a load change
+    # moves the replayed figure by several points on its own: demo_replay.tick_phase_spread)
+    # and its new instances serve as late as the live ones did (the control plane and the
+    # router's discovery add seconds to the warm-up: demo_replay.join_delay).
+    timing = demo_replay.live_timing(result.samples, INTERVAL_SECONDS,
+                                     pdc["spec"]["decode"]["warmupSeconds"])
+    phase = timing.tick_phase_seconds
     assert phase is not None, "the samples saw no plan slot in the planner's memory"
     fast = PerformanceModel(scaled_profile(load_profile(pdc["spec"]["planner"]["profile"]),
                                            prefill_speed=1.5, decode_speed=1.5))
     # sglang-router picks PD prefills at random: the live run was one draw, the replay's
     # seeds are others (at one phase, six span up to 16 pp on this load; CI once failed a
     # single draw 13.4 pp above live)
-    replayed = list(demo_replay.router_draw_spread(pdcluster, trace, phase).values())
-    control = list(demo_replay.router_draw_spread(pdcluster, trace, phase, fleet=fast).values())
-    spread = demo_replay.tick_phase_spread(pdcluster, trace, INTERVAL_SECONDS).values()
+    replayed = list(demo_replay.router_draw_spread(pdcluster, trace, timing).values())
+    control = list(demo_replay.router_draw_spread(pdcluster, trace, timing, fleet=fast).values())
+    spread = demo_replay.tick_phase_spread(pdcluster, trace, INTERVAL_SECONDS,
+                                           timing=timing).values()
     near = demo_replay.span_distance_pp(live["slo_attainment"], replayed)
     far = demo_replay.span_distance_pp(live["slo_attainment"], control)
     print(f"live {live['slo_attainment']:.1%}; replayed at the live tick phase {phase:.1f} s of "
-          f"{INTERVAL_SECONDS} s over {len(replayed)} router draws "
+          f"{INTERVAL_SECONDS} s, instances joining {timing.join_delay_seconds:.1f} s after "
+          f"their warm-up, over {len(replayed)} router draws "
           f"{min(replayed):.1%}-{max(replayed):.1%} ({near:.1f} pp outside), on a fleet 1.5x as "
           f"fast {min(control):.1%}-{max(control):.1%} ({far:.1f} pp outside); the first draw "
           f"over ten phases {min(spread):.1%}-{max(spread):.1%}")

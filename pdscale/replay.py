@@ -488,6 +488,11 @@ def add_tick_phase(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-phase-seconds", type=_phase_seconds, metavar="S",
                         help="the planner ticks S s after each multiple of its interval, as a live "
                              "loop's plans (lastPlanAtSeconds); default: at the first arrival")
+    parser.add_argument("--join-delay-seconds", type=_phase_seconds, metavar="S", default=0.0,
+                        help="a new instance serves S s after its warm-up ends: the time your "
+                             "control plane takes to create and schedule its pod and your router "
+                             "to list it once Ready (warmupSeconds counts from pod start); "
+                             "default 0")
 
 
 def _phase_seconds(text: str) -> float:
@@ -515,7 +520,7 @@ def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, tr
         early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
         decode_admission=args.decode_admission, fleet_model=truth,
         prefill_admission=router_admission(configured.spec) if deployed else None,
-        tick_phase_seconds=args.tick_phase_seconds,
+        tick_phase_seconds=args.tick_phase_seconds, join_delay_seconds=args.join_delay_seconds,
     )
 
 

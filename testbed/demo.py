@@ -66,6 +66,10 @@ class Sample:
     #: the plan slot in force (the planner memory's ``lastPlanAtSeconds``) on this clock; None:
     #: none yet, or a recording older than the field
     planned_at_seconds: float | None = None
+    #: the prefill and decode workers the router lists (its ``/workers`` stats); None: not
+    #: listed by role (vllm-router), unreadable, or a recording older than the fields
+    router_prefill: int | None = None
+    router_decode: int | None = None
 
 
 @dataclass
@@ -182,15 +186,18 @@ def sample(custom: client.CustomObjectsApi, core: client.CoreV1Api, namespace: s
                    and not (p.metadata.annotations or {}).get("pdscale.io/draining-since")
                    and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])))
 
+    stats: dict[str, Any] = {}
     try:
         with urllib.request.urlopen(f"{router}/workers", timeout=2) as r:
-            workers = int(json.loads(r.read()).get("total", 0))
-    except OSError:
+            listed = json.loads(r.read())
+        workers, stats = int(listed.get("total", 0)), listed.get("stats") or {}
+    except (OSError, ValueError):
         workers = -1
     return Sample(t, phase, serving("prefill"), serving("decode"), recommended.get("prefill"),
                   recommended.get("decode"), planner.get("lastDecision", "-"),
                   planner.get("explanation", ""), workers,
-                  planned_at(core, namespace, name, started_epoch))
+                  planned_at(core, namespace, name, started_epoch),
+                  stats.get("prefill_count"), stats.get("decode_count"))
 
 
 def planned_at(core: client.CoreV1Api, namespace: str, name: str,
@@ -340,22 +347,26 @@ def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) 
     pdcluster, trace = out / demo_replay.PDCLUSTER_FILE, out / demo_replay.TRACE_FILE
     spec = PDClusterSpec.model_validate(yaml.safe_load(pdcluster.read_text())["spec"])
     interval = float(spec.planner.interval_seconds)
-    # on the live loop's plan schedule: ticks a few seconds apart see a phase change differently
-    tick_phase = demo_replay.live_tick_phase(result.samples, interval)
-    reports = demo_replay.replay_recording(pdcluster, trace, tick_phase_seconds=tick_phase)
+    # on the live loop's plan schedule (ticks a few seconds apart see a phase change
+    # differently), its new instances serving as late as they did
+    warmup = max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds)
+    timing = demo_replay.live_timing(result.samples, interval, warmup)
+    reports = demo_replay.replay_recording(pdcluster, trace, timing=timing)
     phase_at = phase_clock(result.phases)
     rows = demo_replay.side_by_side(
         result.samples, reports["pdscale"]["decisions"], reports["oracle"]["decisions"],
         interval_seconds=interval, phase_at=phase_at)
-    by_draw = demo_replay.router_draw_replays(pdcluster, trace, tick_phase)
+    by_draw = demo_replay.router_draw_replays(pdcluster, trace, timing)
     f = demo_replay.fidelity(
         summary, reports, rows, interval_seconds=interval, phase_at=phase_at,
         router_draws={seed: r["slo_attainment"] for seed, r in by_draw.items()},
         agreement_between_router_draws=demo_replay.agreement_between_draws(
             [r["decisions"] for r in by_draw.values()]))
-    f["tick_phase_seconds"] = tick_phase
-    f["replayed_by_tick_phase"] = demo_replay.tick_phase_spread(pdcluster, trace, interval)
-    f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace, tick_phase)
+    f["tick_phase_seconds"] = timing.tick_phase_seconds
+    f["join_delay_seconds"] = timing.join_delay_seconds
+    f["replayed_by_tick_phase"] = demo_replay.tick_phase_spread(pdcluster, trace, interval,
+                                                                timing=timing)
+    f["by_router"] = demo_replay.router_sensitivity(pdcluster, trace, timing)
     return f
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,11 +100,23 @@ def write_recording(out: Path, specs: Sequence[RequestSpec], records: Sequence[R
     (out / PDCLUSTER_FILE).write_text(yaml.safe_dump(applied, sort_keys=False))
 
 
+@dataclass(frozen=True)
+class LiveTiming:
+    """When the live loop planned and how long its new instances took to serve: what a replay
+    of its recording reproduces, measured from the run's samples (:func:`live_timing`)."""
+
+    #: the plan schedule's phase modulo the interval on the recording's clock
+    #: (:func:`live_tick_phase`); None: the replay plans from the first arrival
+    tick_phase_seconds: float | None = None
+    #: seconds from a plan to a new instance serving beyond its warm-up (:func:`join_delay`)
+    join_delay_seconds: float = 0.0
+
+
 def replay_recording(pdcluster: Path, trace: Path,
                      policies: Sequence[str] = ("pdscale", "oracle", "oracle:now"), *,
                      router: str | None = None,
                      fleet: PerformanceModel | None = None,
-                     tick_phase_seconds: float | None = None,
+                     timing: LiveTiming = LiveTiming(),
                      router_seed: int = 1) -> dict[str, dict[str, Any]]:
     """Replay the recorded ``trace`` with the planner configuration of the PDCluster in
     ``pdcluster`` (the operator's mapping, as ``pdscale replay -f``) under each policy.
@@ -111,9 +125,9 @@ def replay_recording(pdcluster: Path, trace: Path,
     files as 512-token blocks). ``router`` is one of the replay's prefill routers; None: the
     spec's, as its router is rendered (decode too: ``pdscale.replay.routing``). ``fleet``: a
     simulated fleet other than the profile the planner plans with (a control: a replay on the
-    wrong fleet must part from the live run). ``tick_phase_seconds``: the live loop's plan
-    schedule on the recording's clock (:func:`live_tick_phase`), for the replay to plan when
-    it did; None: from the first arrival. ``router_seed``: the random routers' draws (the live
+    wrong fleet must part from the live run). ``timing``: when the live loop planned and how
+    long its instances took to join (:func:`live_timing`), for the replay to plan when it did
+    and get its capacity when it did. ``router_seed``: the random routers' draws (the live
     router's were another)."""
     from pdscale.planner.model import Load
     from pdscale.planner.replay.run import ReplaySetup, run_policy
@@ -133,8 +147,8 @@ def replay_recording(pdcluster: Path, trace: Path,
     # the demo's run at 9609359 it ordered chat 2-5 decodes fewer at each of its first ticks
     setup = ReplaySetup(trace=recorded, planner=config, router=router,
                         decode_router=routes["decode_router"], fleet_model=fleet,
-                        tick_phase_seconds=tick_phase_seconds, router_seed=router_seed,
-                        idle_before=True)
+                        tick_phase_seconds=timing.tick_phase_seconds, router_seed=router_seed,
+                        idle_before=True, join_delay_seconds=timing.join_delay_seconds)
     start = spec_replicas(configured.spec)
     warmup = max(configured.spec.prefill.warmup_seconds, configured.spec.decode.warmup_seconds)
     idle = [Load(0.0, 0.0, 0.0, 0.0)] * max(1, math.ceil(warmup / config.interval_seconds))
@@ -155,18 +169,71 @@ def live_tick_phase(samples: Sequence[Any], interval_seconds: float) -> float | 
     return (after[0] if after else slots[-1]) % interval_seconds
 
 
+def join_delay(samples: Sequence[Any], warmup_seconds: float) -> float | None:
+    """How long the live stack's new instances took to serve beyond their warm-up.
+
+    Each instance a plan orders (a rise of a role's target, beyond what serves and what is on
+    order) is matched, first in first out, with the next rise of that role's serving count (the
+    router's listed workers where the samples have them, else Ready pods); an order cancelled
+    by a lower target before it serves is dropped newest first (a Deployment scaled down
+    deletes its unready pods first). The delay is the median of plan-to-serving times, less
+    half the sampling period (a sample sees a join up to a period late), less the warm-up: on
+    the demo's local cluster the control plane takes 2-5 s to create and schedule a pod and
+    the router lists it 1-2 s after it turns Ready. None: no ordered instance served."""
+    if len(samples) < 2:
+        return None
+    by_router = all(getattr(s, "router_prefill", None) is not None
+                    and getattr(s, "router_decode", None) is not None for s in samples)
+    waits: list[float] = []
+    for role in ("prefill", "decode"):
+        def serving(s: Any, role: str = role) -> int:
+            return int(getattr(s, f"router_{role}" if by_router else f"{role}_ready"))
+
+        ordered: deque[float] = deque()  # plan times of instances not serving yet
+        before, last_target = serving(samples[0]), getattr(samples[0], f"{role}_target")
+        for s in samples[1:]:
+            now = serving(s)
+            for _ in range(max(0, now - before)):
+                if ordered:
+                    waits.append(s.t_seconds - ordered.popleft())
+            before = now
+            target = getattr(s, f"{role}_target")
+            if target is None or s.planned_at_seconds is None:
+                continue
+            # only a plan that raises the target orders (a replaced pod's wait is not timed)
+            if last_target is not None and target > last_target:
+                ordered.extend([s.planned_at_seconds] * max(0, min(
+                    target - last_target, target - now - len(ordered))))
+            while ordered and now + len(ordered) > target:
+                ordered.pop()
+            last_target = target
+    if not waits:
+        return None
+    period = statistics.median(b.t_seconds - a.t_seconds for a, b in itertools.pairwise(samples))
+    return max(0.0, statistics.median(waits) - period / 2 - warmup_seconds)
+
+
+def live_timing(samples: Sequence[Any], interval_seconds: float,
+                warmup_seconds: float) -> LiveTiming:
+    """The live loop's plan schedule and its instances' join delay, from its samples."""
+    return LiveTiming(live_tick_phase(samples, interval_seconds),
+                      join_delay(samples, warmup_seconds) or 0.0)
+
+
 def tick_phase_spread(pdcluster: Path, trace: Path, interval_seconds: float,
-                      steps: int = 10) -> dict[str, float]:
+                      steps: int = 10, timing: LiveTiming = LiveTiming()) -> dict[str, float]:
     """pdscale's replayed attainment with the planner ticking at each of ``steps`` phases of
     its interval (keyed by the phase in seconds).
 
     A live loop's schedule starts when its PDCluster is applied, so where its ticks fall
     against a change of the load is chance; the spread says how much of a replayed figure (and
-    of a live one) that chance moves. On the demo's recording it spans several points."""
+    of a live one) that chance moves. On the demo's recording it spans several points.
+    ``timing``: the live run's, whose phase is replaced."""
     out = {}
     for k in range(steps):
         phase = k * interval_seconds / steps
-        report = replay_recording(pdcluster, trace, ("pdscale",), tick_phase_seconds=phase)
+        report = replay_recording(pdcluster, trace, ("pdscale",),
+                                  timing=replace(timing, tick_phase_seconds=phase))
         out[f"{phase:g}"] = report["pdscale"]["slo_attainment"]
     return out
 
@@ -180,17 +247,16 @@ def span_distance_pp(value: float, draws: Sequence[float]) -> float:
 ROUTER_DRAWS = range(1, 7)
 
 
-def router_draw_replays(pdcluster: Path, trace: Path, tick_phase_seconds: float | None = None,
+def router_draw_replays(pdcluster: Path, trace: Path, timing: LiveTiming = LiveTiming(),
                         *, fleet: PerformanceModel | None = None,
                         seeds: Sequence[int] = ROUTER_DRAWS) -> dict[int, dict[str, Any]]:
     """pdscale's replay report under each draw (seed) of the replay's random routers."""
-    return {seed: replay_recording(pdcluster, trace, ("pdscale",), fleet=fleet,
-                                   tick_phase_seconds=tick_phase_seconds,
+    return {seed: replay_recording(pdcluster, trace, ("pdscale",), fleet=fleet, timing=timing,
                                    router_seed=seed)["pdscale"]
             for seed in seeds}
 
 
-def router_draw_spread(pdcluster: Path, trace: Path, tick_phase_seconds: float | None = None,
+def router_draw_spread(pdcluster: Path, trace: Path, timing: LiveTiming = LiveTiming(),
                        *, fleet: PerformanceModel | None = None,
                        seeds: Sequence[int] = ROUTER_DRAWS) -> dict[int, float]:
     """pdscale's replayed attainment under each draw (seed) of the replay's random routers.
@@ -199,8 +265,7 @@ def router_draw_spread(pdcluster: Path, trace: Path, tick_phase_seconds: float |
     replay another: on the closed-loop e2e's load six draws at one tick phase span up to
     16 pp. A live figure is judged against the span, not against one draw."""
     return {seed: r["slo_attainment"] for seed, r in
-            router_draw_replays(pdcluster, trace, tick_phase_seconds, fleet=fleet,
-                                seeds=seeds).items()}
+            router_draw_replays(pdcluster, trace, timing, fleet=fleet, seeds=seeds).items()}
 
 
 def agreement_between_draws(decisions: Sequence[Sequence[dict[str, Any]]],
@@ -222,7 +287,7 @@ def agreement_between_draws(decisions: Sequence[Sequence[dict[str, Any]]],
 
 
 def router_sensitivity(pdcluster: Path, trace: Path,
-                       tick_phase_seconds: float | None = None) -> dict[str, dict[str, float]]:
+                       timing: LiveTiming = LiveTiming()) -> dict[str, dict[str, float]]:
     """pdscale's and the oracle's replayed attainment under each of the replay's routers.
 
     The spread says how much of a replayed figure is the router model's."""
@@ -230,8 +295,7 @@ def router_sensitivity(pdcluster: Path, trace: Path,
 
     out = {}
     for router in ROUTERS:
-        reports = replay_recording(pdcluster, trace, router=router,
-                                   tick_phase_seconds=tick_phase_seconds)
+        reports = replay_recording(pdcluster, trace, router=router, timing=timing)
         out[router] = {policy: r["slo_attainment"] for policy, r in reports.items()}
     return out
 
@@ -460,6 +524,9 @@ def fidelity_paragraph(f: dict[str, Any]) -> str:
         if outside is not None:
             text += (" with live inside" if outside == 0 else
                      f", live {outside:.1f} pp outside")
+    if f.get("join_delay_seconds"):
+        text += (f"; the replay's new instances serve {f['join_delay_seconds']:.1f} s after their "
+                 "warm-up, as the live ones did")
     spread = f.get("replayed_by_tick_phase")
     if spread:
         text += (f"; with the planner's ticks at other phases of its interval the replay meets "

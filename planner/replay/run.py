@@ -79,6 +79,9 @@ class ReplaySetup:
     #: the fleet ran idle before the trace began (SimConfig.idle_before): a live run's
     #: recording, whose planner measured zero load until the first request
     idle_before: bool = False
+    #: seconds a new instance takes to serve beyond its warm-up (SimConfig.join_delay_seconds):
+    #: the stack's own latency, which a live run's recording measures
+    join_delay_seconds: float = 0.0
     #: the random routers' draws (SimConfig.seed): a live router's are another draw, so a
     #: recording's replay is judged against several
     router_seed: int = 1
@@ -303,7 +306,8 @@ def simulate_fleet(
         decode_admission=setup.decode_admission, engine=setup.engine,
         prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
         interval_seconds=setup.interval_seconds, tick_phase_seconds=setup.tick_phase_seconds,
-        idle_before=setup.idle_before, initial_prefill=start[0],
+        idle_before=setup.idle_before, join_delay_seconds=setup.join_delay_seconds,
+        initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
         scored_from_seconds=setup.scored_from_seconds, seed=setup.router_seed,
     )

@@ -104,6 +104,11 @@ class SimConfig:
     #: zero load until the first request), so the first interval is a measurement from the
     #: trace's start; False: it is unknown, not zero (a trace cut out of a longer day)
     idle_before: bool = False
+    #: seconds a new instance takes to serve beyond the profile's warm-up: on a live stack the
+    #: control plane creates and schedules its pod, and the router lists it only after its
+    #: discovery sees it Ready (3-7 s on the demo's local cluster; a warm-up counts from pod
+    #: start, as ``warmupSeconds`` does). 0: the warm-up is the whole wait
+    join_delay_seconds: float = 0.0
     initial_prefill: int = 1
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
@@ -376,7 +381,8 @@ class _Replay:
         tp, td = out[0], out[1]
         reconcile(
             fleet, tp, td, now, (out[2], out[3]) if len(out) >= 4 else None,
-            nodes=self.config.nodes, new_seconds=self.model.profile.warmup.new_node_seconds,
+            nodes=self.config.nodes,
+            new_seconds=self.model.profile.warmup.new_node_seconds + self.config.join_delay_seconds,
         )
         self.ticks.append((now, tp, td, fleet.provisioned(Role.PREFILL), fleet.provisioned(Role.DECODE)))
 

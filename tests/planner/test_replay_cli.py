@@ -136,3 +136,21 @@ def test_replay_ticks_at_a_stated_phase_of_the_interval(tmp_path: Path,
     with pytest.raises(SystemExit):
         main(["replay", "--trace", AZURE, "--policy", "pdscale", "--tick-phase-seconds", "-1"])
     assert "--tick-phase-seconds" in capsys.readouterr().err
+
+
+def test_replay_adds_the_stacks_join_delay_to_every_new_instance(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--join-delay-seconds``: every instance the planner adds serves that long after its
+    warm-up (a live stack creates, schedules and lists its pod first), so it warms longer; a
+    negative delay is refused, naming the flag."""
+    warming = {}
+    for delay in ("0", "120"):
+        out = tmp_path / f"join{delay}.json"
+        assert main(["replay", "--trace", AZURE, "--policy", "pdscale", "--start-from", "spec",
+                     "--interval", "60", "--json", str(out), "--join-delay-seconds", delay]) == 0
+        warming[delay] = json.loads(out.read_text())["instance_hours_by_state"]["warming"]
+    assert warming["120"] > warming["0"] > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["replay", "--trace", AZURE, "--policy", "pdscale", "--join-delay-seconds", "-1"])
+    assert "--join-delay-seconds" in capsys.readouterr().err

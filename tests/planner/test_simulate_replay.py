@@ -512,3 +512,17 @@ def test_a_running_start_scores_the_history_window_after_the_planner_ran_through
     assert "unknown or stale" not in rep["explanations"][0]["why"]
     with pytest.raises(ValueError, match="running"):
         start_from(setup, "later")
+
+
+def test_a_new_instance_serves_its_warm_up_plus_the_stack_join_delay_after_its_order(
+        model: PerformanceModel) -> None:
+    """A live stack's new pod is created, scheduled and listed by the router seconds after the
+    plan (a warm-up counts from pod start): the replay's instance warms that much longer (a
+    second prefill ordered at the first tick; the run lasts past its readiness)."""
+    warm = model.profile.warmup.new_node_seconds
+    tr = Trace(name="late", arrival_seconds=[0.0, warm + 60.0], input_tokens=[100] * 2,
+               output_tokens=[2] * 2, hash_ids=[[0], [1]], block_tokens=512)
+    for delay in (0.0, 7.0):
+        result = simulate(tr, model, SimConfig(interval_seconds=10.0, join_delay_seconds=delay),
+                          lambda obs: (2, 1))
+        assert result.instance_seconds["warming"] == pytest.approx(warm + delay)

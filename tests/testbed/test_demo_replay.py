@@ -203,3 +203,45 @@ def test_the_live_plan_schedule_is_read_off_the_first_slot_after_the_load_began(
     assert demo_replay.live_tick_phase(samples[:2], 10.0) == pytest.approx(7.3)  # from -2.7
     # a recording older than the field: no schedule, the replay ticks from the first arrival
     assert demo_replay.live_tick_phase([sample(0, (1, 1))], 10.0) is None
+
+
+def _timeline(ready_decode: dict[float, int], targets: dict[float, int], *,
+              router_decode: dict[float, int] | None = None, until: float = 40.0) -> list[Sample]:
+    """Samples every 2 s: decode's target from each plan slot on, its Ready count (and the
+    router's listed count) from each time on."""
+    def at(t: float, steps: dict[float, int]) -> int:
+        return steps[max(k for k in steps if k <= t)]
+
+    out, t = [], 0.0
+    while t <= until:
+        slot = max(k for k in targets if k <= t)
+        out.append(Sample(t, "chat", 1, at(t, ready_decode), 1, targets[slot], "-", "", 0, slot,
+                          1 if router_decode else None,
+                          at(t, router_decode) if router_decode else None))
+        t += 2.0
+    return out
+
+
+def test_the_join_delay_is_the_wait_to_serve_beyond_the_warm_up() -> None:
+    # planned at 5 s: two more decodes; the first serves from 29 s (seen at 30), the second
+    # from 31 (seen at 32): 25 s and 27 s after the plan, less a sample's half period (1 s),
+    # less the warm-up (20 s)
+    samples = _timeline({0: 2, 29: 3, 31: 4}, {-5: 2, 5: 4})
+    assert demo_replay.join_delay(samples, 20.0) == pytest.approx((4.0 + 6.0) / 2)
+    # the router lists them 2 s after they turn Ready: that is the wait a request sees
+    listed = _timeline({0: 2, 29: 3, 31: 4}, {-5: 2, 5: 4}, router_decode={0: 2, 31: 3, 33: 4})
+    assert demo_replay.join_delay(listed, 20.0) == pytest.approx((6.0 + 8.0) / 2)
+    timing = demo_replay.live_timing(listed, 10.0, 20.0)
+    assert timing.tick_phase_seconds == pytest.approx(5.0)
+    assert timing.join_delay_seconds == pytest.approx(7.0)
+
+
+def test_an_order_cancelled_before_it_serves_times_nothing() -> None:
+    # two ordered at 5 s, the target back at 2 from 15 s: both pods go, nothing joins
+    assert demo_replay.join_delay(_timeline({0: 2}, {0: 2, 5: 4, 15: 2}), 20.0) is None
+    # one of the two cancelled (newest first): the other's wait is still timed from 5 s
+    samples = _timeline({0: 2, 29: 3}, {0: 2, 5: 4, 15: 3})
+    assert demo_replay.join_delay(samples, 20.0) == pytest.approx(4.0)
+    # an instance that serves where none was ordered (a role switch, a restart) times nothing,
+    # and a count that drops (a drain) orders nothing
+    assert demo_replay.join_delay(_timeline({0: 2, 9: 1, 19: 2}, {0: 2}), 20.0) is None
