@@ -103,6 +103,15 @@ FACTOR_BOUNDS = (0.5, 2.0)
 #: idle: the demo's long documents, 4 tokens out, decoded 0.01-0.13) say nothing of the
 #: decode's speed: a mean over a handful of requests' gaps read 1.23 there
 MIN_DECODING = 1.0
+#: a decode sample is taken only where Poisson batches would put the mean over tokens at most
+#: this far above TPOT at the mean batch. A load that changed within the interval, and round
+#: robin's batches (a sequence never moves, so an instance that took a burst keeps it), spread
+#: the batches wider than Poisson: replaying the demo's recordings on a fleet at the profile's
+#: exact speed, chat filling two decodes (4.1 sequences each, Poisson 4.3% above) read 12% slow
+#: and was learned as speed (x0.89, as the live loop learned x0.84-0.91). 2.8x Poisson's
+#: spread must stay inside the dead band: 6% / 2.8 (the demo's instance from 6 sequences; an
+#: 8xH200 decode, at most 1.4% apart at any batch, always)
+SPREAD_GATE = 0.02
 #: EWMA weight of one interval's sample
 WEIGHT = 0.3
 #: samples this close (relative) to the current factor leave it alone
@@ -186,9 +195,8 @@ def samples(
         # the demo's run at e6c73b0 a chat still filling two decodes (1.1 sequences each)
         # read 1.22x slow, taken whole as the decode's first sample, and chat held 16
         # decodes where its replay held 9. So a sample is taken only where the two agree
-        # within the dead band (the demo's instance from about 3.6 sequences; an 8xH200
-        # decode, at tens to 150, always)
-        if predicted > 0 and raw.tpot_token_mean_seconds(batch, context) <= (1 + DEADBAND) * predicted:
+        # well within the dead band (SPREAD_GATE)
+        if predicted > 0 and raw.tpot_token_mean_seconds(batch, context) <= (1 + SPREAD_GATE) * predicted:
             decode = tpot / predicted
     prefill, direction = None, "both"
     p = obs.prefill
