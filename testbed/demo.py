@@ -142,6 +142,23 @@ def answers(url: str, model: str = "sim-model") -> bool:
         return False
 
 
+def refused_by_router(url: str) -> int | None:
+    """POST a body that is not JSON to the router's chat endpoint: the router counts the
+    request and refuses it (400) without routing it. Its status; None: no answer."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=b"{",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
 def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, timeout: float = 180,
                *, model: str = "sim-model", prefill: int = 1, decode: int = 1) -> str:
     """The router pod's address once its router serves: it lists at least ``prefill`` prefill
@@ -236,15 +253,17 @@ def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
     url = router_url(core, namespace, name, spec["router"]["port"],
                      prefill=spec["prefill"].get("replicas", 1),
                      decode=spec["decode"].get("replicas", 1))
-    # One request before the load, so that the router's request counter exists when it
-    # starts, as on any cluster that has served before: the router creates the series at its
-    # first request, and Prometheus' rate() of a series born inside its window reads only
-    # what came after its first scrape. The live planner's first tick read 0.3 req/s where
-    # 1.8 had arrived, and its forecast took chat's rise for a step where its replay, which
-    # counts arrivals exactly, saw a ramp and ordered 8 decodes at the second tick, not 5.
+    # The router's request counter must exist before the load starts, as on any cluster
+    # that has served: the router creates the series at its first request, and Prometheus'
+    # rate() of a series born inside its window reads only what came after its first scrape.
+    # The live planner's first tick read 0.3 req/s where 1.8 had arrived, and its forecast
+    # took chat's rise for a step where its replay, which counts arrivals exactly, saw a ramp
+    # and ordered 8 decodes at the second tick, not 5. A body the router cannot parse is
+    # counted and answered 400 by the router itself: no engine sees it (a served request
+    # also entered the first interval's lengths as a prompt of 5 tokens and an answer of 1).
     # (A router restarted under load looks the same for one window; the stabilisation
     # window keeps that from removing anything.)
-    answers(url)
+    refused_by_router(url)
     time.sleep(3 * stack.prometheus.scrape_interval_seconds)
     specs = plan_requests(phases, seed=seed)
     result = DemoResult(phases=[asdict(p) for p in phases], specs=specs)
