@@ -285,7 +285,8 @@ def test_the_decode_is_learned_only_where_the_spread_of_its_sequences_does_not_m
     Poisson gives 1.04x, but the batches of a load that changed within the interval, or behind
     round robin, spread wider (a replayed chat ramp on a fleet at the profile's speed read
     1.12x): not taken either; at 10 each it is (a decode 22% slow). Under one sequence
-    decoding on average, nothing is taken. An 8xH200 decode is learned at any batch."""
+    decoding on average, nothing is taken. An 8xH200 decode at
+    these short contexts is learned at any batch."""
     demo = PerformanceModel(load_profile("demo-sim"))
     load = Load(2.0, 100.0, 40.0, 0.0)
     ctx = demo.decode_mean_context(load)
