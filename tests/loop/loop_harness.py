@@ -123,6 +123,8 @@ class Fleet:
     net: str
     procs: list[Proc] = field(default_factory=list)
     router_url: str = ""
+    #: the router's Prometheus endpoint (its ``/metrics``)
+    router_metrics_url: str = ""
     router: Proc | None = None
     _next_host: int = 10
 
@@ -184,6 +186,7 @@ class Fleet:
         self.router = self._spawn(gateway, argv + list(extra))
         self.procs.append(self.router)
         self.router_url = f"http://{host}:{port}"
+        self.router_metrics_url = f"http://{host}:{metrics_port}/metrics"
         self.wait_router_workers(len(prefill) + len(decode))
         return self.router_url
 
