@@ -127,21 +127,6 @@ def load_pdcluster(name: str, namespace: str, prometheus_url: str,
     return body
 
 
-def answers(url: str, model: str = "sim-model") -> bool:
-    """Whether the router at ``url`` answers a one-token chat completion."""
-    import urllib.request
-
-    body = json.dumps({"model": model, "max_tokens": 1,
-                       "messages": [{"role": "user", "content": "ping"}]}).encode()
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def refused_by_router(url: str) -> int | None:
     """POST a body that is not JSON to the router's chat endpoint: the router counts the
     request and refuses it (400) without routing it. Its status; None: no answer."""
@@ -168,7 +153,15 @@ def router_url(core: client.CoreV1Api, namespace: str, name: str, port: int, tim
     import urllib.request
 
     def serves(url: str) -> bool:
-        return answers(url, model)
+        body = json.dumps({"model": model, "max_tokens": 1,
+                           "messages": [{"role": "user", "content": "ping"}]}).encode()
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -182,8 +182,8 @@ def join_delay(samples: Sequence[Any], warmup_seconds: float) -> float | None:
     the router lists it 1-2 s after it turns Ready. None: no ordered instance served."""
     if len(samples) < 2:
         return None
-    by_router = all(getattr(s, "router_prefill", None) is not None
-                    and getattr(s, "router_decode", None) is not None for s in samples)
+    by_router = all(s.router_prefill is not None and s.router_decode is not None
+                    for s in samples)
     waits: list[float] = []
     for role in ("prefill", "decode"):
         def serving(s: Any, role: str = role) -> int:

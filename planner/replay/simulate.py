@@ -106,7 +106,7 @@ class SimConfig:
     idle_before: bool = False
     #: seconds a new instance takes to serve beyond the profile's warm-up: on a live stack the
     #: control plane creates and schedules its pod, and the router lists it only after its
-    #: discovery sees it Ready (3-7 s on the demo's local cluster; a warm-up counts from pod
+    #: discovery sees it Ready (3.6-5 s measured on the demo's local cluster; a warm-up counts from pod
     #: start, as ``warmupSeconds`` does). 0: the warm-up is the whole wait
     join_delay_seconds: float = 0.0
     initial_prefill: int = 1
