@@ -190,7 +190,8 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
     from pdscale.testbed import demo_replay
     from pdscale.testbed.demo import record_live_load
 
-    result, _, pdc, *_ = run
+    result, _, pdc, _, stack = run
+    assert stack.prometheus is not None
     applied = {"apiVersion": pdc["apiVersion"], "kind": pdc["kind"],
                "metadata": {"name": pdc["metadata"]["name"]}, "spec": pdc["spec"]}
     record_live_load(result, applied, tmp_path)
@@ -203,7 +204,8 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
     # and its new instances serve as late as the live ones did (the control plane and the
     # router's discovery add seconds to the warm-up: demo_replay.join_delay).
     timing = demo_replay.live_timing(result.samples, INTERVAL_SECONDS,
-                                     pdc["spec"]["decode"]["warmupSeconds"])
+                                     pdc["spec"]["decode"]["warmupSeconds"],
+                                     stack.prometheus.scrape_interval_seconds)
     phase = timing.tick_phase_seconds
     assert phase is not None, "the samples saw no plan slot in the planner's memory"
     fast = PerformanceModel(scaled_profile(load_profile(pdc["spec"]["planner"]["profile"]),

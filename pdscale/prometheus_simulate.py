@@ -33,6 +33,7 @@ from pdscale.planner.prometheus import (
     render_queries,
 )
 from pdscale.planner.replay.reconstruct import IntervalAggregate, trace_from_aggregates
+from pdscale.planner.replay.simulate import SCRAPE_SECONDS
 from pdscale.planner.replay.traces import TraceError
 
 #: the figures compared, as ``run_policy``'s report names them (plus mean_instances)
@@ -328,7 +329,7 @@ def replay_flags(args: Any) -> Any:
 
     defaults = {"stack": "deployed", "router": None, "decode_router": None,
                 "early_rejection": None, "decode_admission": "off", "tick_phase_seconds": None,
-                "join_delay_seconds": 0.0}
+                "join_delay_seconds": 0.0, "scrape_seconds": SCRAPE_SECONDS}
     return argparse.Namespace(**{k: getattr(args, k, v) for k, v in defaults.items()})
 
 

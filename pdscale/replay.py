@@ -493,12 +493,23 @@ def add_tick_phase(parser: argparse.ArgumentParser) -> None:
                              "control plane takes to create and schedule its pod and your router "
                              "to list it once Ready (warmupSeconds counts from pod start); "
                              "default 0")
+    parser.add_argument("--scrape-seconds", type=_positive_seconds, metavar="S", default=5.0,
+                        help="your Prometheus' scrape interval: the planner reads counters as of "
+                             "the last scrape before each tick, and a first scrape falls on the "
+                             "first arrival; default 5")
 
 
 def _phase_seconds(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
     return value
 
 
@@ -521,6 +532,7 @@ def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, tr
         decode_admission=args.decode_admission, fleet_model=truth,
         prefill_admission=router_admission(configured.spec) if deployed else None,
         tick_phase_seconds=args.tick_phase_seconds, join_delay_seconds=args.join_delay_seconds,
+        scrape_seconds=args.scrape_seconds,
     )
 
 

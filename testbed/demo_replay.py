@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .loadgen import RequestRecord, RequestSpec
+from .localprometheus import SCRAPE_INTERVAL_SECONDS
 
 if TYPE_CHECKING:
     from pdscale.planner.model import PerformanceModel
@@ -110,6 +111,8 @@ class LiveTiming:
     tick_phase_seconds: float | None = None
     #: seconds from a plan to a new instance serving beyond its warm-up (:func:`join_delay`)
     join_delay_seconds: float = 0.0
+    #: the live Prometheus' scrape interval: its planner read counters as of the last scrape
+    scrape_seconds: float = SCRAPE_INTERVAL_SECONDS
 
 
 def replay_recording(pdcluster: Path, trace: Path,
@@ -148,7 +151,8 @@ def replay_recording(pdcluster: Path, trace: Path,
     setup = ReplaySetup(trace=recorded, planner=config, router=router,
                         decode_router=routes["decode_router"], fleet_model=fleet,
                         tick_phase_seconds=timing.tick_phase_seconds, router_seed=router_seed,
-                        idle_before=True, join_delay_seconds=timing.join_delay_seconds)
+                        idle_before=True, join_delay_seconds=timing.join_delay_seconds,
+                        scrape_seconds=timing.scrape_seconds)
     start = spec_replicas(configured.spec)
     warmup = max(configured.spec.prefill.warmup_seconds, configured.spec.decode.warmup_seconds)
     idle = [Load(0.0, 0.0, 0.0, 0.0)] * max(1, math.ceil(warmup / config.interval_seconds))
@@ -214,10 +218,12 @@ def join_delay(samples: Sequence[Any], warmup_seconds: float) -> float | None:
 
 
 def live_timing(samples: Sequence[Any], interval_seconds: float,
-                warmup_seconds: float) -> LiveTiming:
-    """The live loop's plan schedule and its instances' join delay, from its samples."""
+                warmup_seconds: float,
+                scrape_seconds: float = SCRAPE_INTERVAL_SECONDS) -> LiveTiming:
+    """The live loop's plan schedule and its instances' join delay, from its samples, with
+    its Prometheus' ``scrape_seconds``."""
     return LiveTiming(live_tick_phase(samples, interval_seconds),
-                      join_delay(samples, warmup_seconds) or 0.0)
+                      join_delay(samples, warmup_seconds) or 0.0, scrape_seconds)
 
 
 def tick_phase_spread(pdcluster: Path, trace: Path, interval_seconds: float,

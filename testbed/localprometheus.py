@@ -28,10 +28,14 @@ def find_prometheus() -> str:
     )
 
 
+#: the local stack's scrape interval: what its planner's readings lag by at most
+SCRAPE_INTERVAL_SECONDS = 1.0
+
+
 @dataclass
 class LocalPrometheus:
     workdir: Path
-    scrape_interval_seconds: float = 1.0
+    scrape_interval_seconds: float = SCRAPE_INTERVAL_SECONDS
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     jobs: dict[str, list[str]] = field(default_factory=dict)

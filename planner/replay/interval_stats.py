@@ -11,6 +11,11 @@ prefill engine finishes the request, after its KV transfer; completions when dec
 it. SGLang's request and token counters move at a request's finish
 (``observe_one_finished_request``), so in the live loop a new load's lengths show up a
 TTFT (prompts) or a whole response (outputs) after its arrivals, and so they do here.
+
+The planner reads counters through Prometheus, which holds them as of its last scrape: with
+``counters_at_scrape`` an interval's counts are those scraped by the call, and what came after
+the last scrape is counted in the next interval (a live loop's first tick, a second into its
+load, sees no completion its engines made after the last scrape).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +40,23 @@ from ..observe import (
 )
 from .fleet import DRAINING, READY, WARMING, Fleet
 
+#: the counters' numbers and append-only lists: what a scrape takes a copy (or a length) of
+_NUMBERS = ("arrivals", "prompts", "input_tokens", "hit_tokens", "responses", "output_tokens",
+            "rejections", "prefill_busy_seconds")
+_LISTS = ("ttft", "tpot", "tpot_tokens", "prefill_forward")
+
 
 class IntervalStats:
     """Counters of the current interval (``span_seconds`` long), reset by :meth:`observe`."""
 
     def __init__(self, span_seconds: float, percentile: float, *,
-                 measured_from_start: bool = False) -> None:
+                 measured_from_start: bool = False, counters_at_scrape: bool = False) -> None:
         self.span_seconds = span_seconds
+        #: observe the counters as the last :meth:`scrape` saw them (Prometheus' view); False:
+        #: as they stand at the call
+        self.counters_at_scrape = counters_at_scrape
+        #: the counters at the last scrape of this interval (None: no scrape since the call)
+        self._scraped: dict[str, Any] | None = None
         #: the SLO's share of requests: the quantile of the latencies observed, as the live
         #: metrics reader asks Prometheus for it (prometheus.render_queries)
         self.percentile = percentile
@@ -103,11 +119,38 @@ class IntervalStats:
         self.tpot_tokens.append(intervals)
 
     def scrape(self, fleet: Fleet) -> None:
-        """Prometheus scrapes the gauges: decode's running sequences (on ready instances)."""
+        """Prometheus scrapes the gauges (decode's running sequences on ready instances) and
+        the counters."""
         self.decode_running_scraped += sum(
             len(fleet.running[i]) for i, r in enumerate(fleet.role)
             if r == Role.DECODE and fleet.state[i] == READY)
         self.scrapes += 1
+        if self.counters_at_scrape:
+            self._scraped = {
+                **{k: getattr(self, k) for k in _NUMBERS},
+                **{k: len(getattr(self, k)) for k in _LISTS},
+                "input_buckets": list(self.input_buckets), "per_window": dict(self.per_window)}
+
+    def _unscraped(self) -> dict[str, Any]:
+        """Take what came after the last scrape out of the counters, and return it: the counters
+        then hold what Prometheus has (nothing, with no scrape since the last call)."""
+        snap = self._scraped or {
+            **dict.fromkeys(_NUMBERS, 0), **dict.fromkeys(_LISTS, 0),
+            "input_buckets": [0] * len(self.input_buckets), "per_window": {}}
+        rest: dict[str, Any] = {}
+        for k in _NUMBERS:
+            rest[k] = getattr(self, k) - snap[k]
+            setattr(self, k, snap[k])
+        for k in _LISTS:
+            xs = getattr(self, k)
+            rest[k] = xs[snap[k]:]
+            del xs[snap[k]:]
+        rest["input_buckets"] = [a - b for a, b in zip(self.input_buckets, snap["input_buckets"], strict=True)]
+        self.input_buckets = list(snap["input_buckets"])
+        rest["per_window"] = {w: n - snap["per_window"].get(w, 0) for w, n in self.per_window.items()
+                              if n > snap["per_window"].get(w, 0)}
+        self.per_window = dict(snap["per_window"])
+        return rest
 
     def observe(self, now: float, fleet: Fleet, waiting_decode: int, *,
                 queued_prefill: int, gaps: tuple[float, float] | None = None) -> Observation:
@@ -115,7 +158,9 @@ class IntervalStats:
         wait for their prefill on ready instances, ``waiting_decode`` requests wait for any
         ready decode instance; ``gaps``: the inter-token gaps streamed in the interval (their
         seconds and count, ``DecodeBatches.take_gaps``; None: the finished requests' TPOTs
-        and the scraped batches stand in). Resets the counters."""
+        and the scraped batches stand in). Resets the counters (to what the last scrape has
+        not seen yet, with ``counters_at_scrape``)."""
+        rest = self._unscraped() if self.counters_at_scrape else None
         span = self.span_seconds
         n = self.arrivals
         # before a whole interval has been watched, the load is unknown, not zero
@@ -170,6 +215,14 @@ class IntervalStats:
         self.prefill_busy_seconds = 0.0
         self.per_window.clear()
         self.input_buckets = [0] * len(self.input_buckets)
+        self._scraped = None
+        if rest is not None:
+            for k in _NUMBERS:
+                setattr(self, k, rest[k])
+            for k in _LISTS:
+                getattr(self, k).extend(rest[k])
+            self.input_buckets = rest["input_buckets"]
+            self.per_window.update(rest["per_window"])
         return obs
 
     def _mean_gap(self, now: float, gaps: tuple[float, float] | None) -> Reading | None:

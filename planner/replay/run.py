@@ -24,7 +24,7 @@ from .policies import (
     static_controller,
 )
 from .router_admission import PrefillAdmission
-from .simulate import Controller, SimConfig, SimResult, simulate
+from .simulate import SCRAPE_SECONDS, Controller, SimConfig, SimResult, simulate
 from .traces import Trace, split_at
 
 
@@ -82,6 +82,9 @@ class ReplaySetup:
     #: seconds a new instance takes to serve beyond its warm-up (SimConfig.join_delay_seconds):
     #: the stack's own latency, which a live run's recording measures
     join_delay_seconds: float = 0.0
+    #: seconds between two Prometheus scrapes (SimConfig.scrape_seconds): the planner reads
+    #: counters and gauges' means as of the last scrape before its tick
+    scrape_seconds: float = SCRAPE_SECONDS
     #: the random routers' draws (SimConfig.seed): a live router's are another draw, so a
     #: recording's replay is judged against several
     router_seed: int = 1
@@ -307,6 +310,7 @@ def simulate_fleet(
         prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
         interval_seconds=setup.interval_seconds, tick_phase_seconds=setup.tick_phase_seconds,
         idle_before=setup.idle_before, join_delay_seconds=setup.join_delay_seconds,
+        scrape_seconds=setup.scrape_seconds,
         initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
         scored_from_seconds=setup.scored_from_seconds, seed=setup.router_seed,

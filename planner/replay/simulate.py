@@ -74,6 +74,10 @@ __all__ = ["DECODE_ADMISSIONS", "DECODE_ROUTERS", "ENGINES", "ROUTERS", "Control
 Controller = Callable[[Observation], tuple[int, ...]]
 
 
+#: seconds between two Prometheus scrapes (a common setting is 5-15 s)
+SCRAPE_SECONDS = 5.0
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Knobs of one simulation run (times in seconds)."""
@@ -109,6 +113,10 @@ class SimConfig:
     #: discovery sees it Ready (3.6-5 s measured on the demo's local cluster; a warm-up counts from pod
     #: start, as ``warmupSeconds`` does). 0: the warm-up is the whole wait
     join_delay_seconds: float = 0.0
+    #: seconds between two Prometheus scrapes, the first at the first arrival: the planner
+    #: reads the gauges' means and every counter as of the last scrape before its tick (a
+    #: tick on a scrape reads them at the tick)
+    scrape_seconds: float = SCRAPE_SECONDS
     initial_prefill: int = 1
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
@@ -182,10 +190,6 @@ def simulate(
     return _Replay(trace, model, config, controller).run(progress)
 
 
-#: seconds between two scrapes of the engines' gauges (a common Prometheus setting is 5-15 s)
-SCRAPE_SECONDS = 5.0
-
-
 class _Scored(NamedTuple):
     """The counters at the start of a scored window (``SimConfig.scored_from_seconds``)."""
 
@@ -231,7 +235,9 @@ class _Replay:
             recorded=None if config.recorded_routes is None else [d for _, d in config.recorded_routes],
         )
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile,
-                                   measured_from_start=config.idle_before)
+                                   measured_from_start=config.idle_before, counters_at_scrape=True)
+        if not (math.isfinite(config.scrape_seconds) and config.scrape_seconds > 0):
+            raise ValueError(f"scrape_seconds must be a positive number, got {config.scrape_seconds!r}")
         if config.recorded_routes is not None and len(config.recorded_routes) != len(trace):
             raise ValueError(f"recorded_routes has {len(config.recorded_routes)} routes for "
                              f"{len(trace)} requests")
@@ -352,13 +358,15 @@ class _Replay:
         )
 
     def _scrape_until(self, t: float) -> None:
-        """Prometheus' scrapes up to ``t`` (only a controller reads them)."""
+        """Prometheus' scrapes up to ``t`` (only a controller reads them). A scrape within a
+        microsecond of ``t`` counts as at ``t``: a tick on a scrape's schedule (the default
+        interval is a multiple of the scrape interval) reads it whatever the sums' rounding."""
         if self.controller is None:
             return
-        while self._next_scrape <= t:
+        while self._next_scrape <= t + 1e-6:
             self._run_events(self._next_scrape)
             self.stats.scrape(self.fleet)
-            self._next_scrape += SCRAPE_SECONDS
+            self._next_scrape += self.config.scrape_seconds
 
     def _tally(self, now: float) -> _Scored:
         """What has been counted up to ``now``, the start of the scored window (the cache

@@ -154,3 +154,22 @@ def test_replay_adds_the_stacks_join_delay_to_every_new_instance(
     with pytest.raises(SystemExit):
         main(["replay", "--trace", AZURE, "--policy", "pdscale", "--join-delay-seconds", "-1"])
     assert "--join-delay-seconds" in capsys.readouterr().err
+
+
+def test_replay_reads_counters_as_of_the_last_scrape_of_a_stated_interval(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--scrape-seconds``: the planner reads counters as Prometheus last scraped them, so
+    a minute's scrape read half an interval late decides otherwise than a 5 s one; a scrape
+    interval of zero is refused, naming the flag."""
+    decided = {}
+    for scrape in ("5", "60"):
+        out = tmp_path / f"scrape{scrape}.json"
+        assert main(["replay", "--trace", AZURE, "--policy", "pdscale", "--start-from", "spec",
+                     "--interval", "60", "--tick-phase-seconds", "30", "--json", str(out),
+                     "--scrape-seconds", scrape]) == 0
+        decided[scrape] = [(d["prefill"], d["decode"]) for d in json.loads(out.read_text())["decisions"]]
+    assert decided["5"] != decided["60"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["replay", "--trace", AZURE, "--policy", "pdscale", "--scrape-seconds", "0"])
+    assert "--scrape-seconds" in capsys.readouterr().err

@@ -362,6 +362,59 @@ def test_the_replay_plans_on_a_stated_tick_schedule(model: PerformanceModel) -> 
         assert np.allclose(np.diff(times), 10.0) and times[-1] <= 95.0 < times[-1] + 10.0
 
 
+def test_interval_stats_at_scrape_hold_what_came_after_the_last_scrape_for_the_next_interval() -> None:
+    """Prometheus holds counters as of its last scrape: with ``counters_at_scrape`` an
+    interval observes what the last scrape saw, and what came after it (arrivals, prompts and
+    their buckets, responses, latencies) counts in the next interval, nothing lost or twice."""
+    fleet = prefill_fleet(1)
+    fleet.add(Role.DECODE, 0.0, 0.0)
+    stats = IntervalStats(10.0, 0.9, measured_from_start=True, counters_at_scrape=True)
+    for t, n_in in ((1.0, 100), (2.0, 3000)):
+        stats.arrival(t)
+        stats.prompt_finished(n_in, 0)
+    stats.response_finished(20)
+    stats.ttft.append(0.1)
+    stats.scrape(fleet)
+    stats.arrival(8.0)
+    stats.prompt_finished(50_000, 10_000)
+    stats.response_finished(400)
+    stats.ttft.append(9.0)
+    stats.rejections += 1
+    first = stats.observe(10.0, fleet, waiting_decode=0, queued_prefill=0)
+    assert first.rate_rps.value == 2 / 10 and first.mean_input_tokens.value == 1550
+    assert first.mean_output_tokens.value == 20 and first.ttft_at_percentile_seconds.value == 0.1
+    assert first.rejected_rps.value == 0 and first.prefix_hit_rate.value == 0
+    # no scrape since: the next call sees nothing yet, and keeps it all
+    assert stats.observe(15.0, fleet, waiting_decode=0, queued_prefill=0).mean_input_tokens is None
+    stats.scrape(fleet)
+    second = stats.observe(20.0, fleet, waiting_decode=0, queued_prefill=0)
+    assert second.rate_rps.value == 1 / 10 and second.mean_input_tokens.value == 50_000
+    assert second.prefix_hit_rate.value == 0.2 and second.mean_output_tokens.value == 400
+    assert second.ttft_at_percentile_seconds.value == 9.0 and second.rejected_rps.value == 1 / 10
+    assert second.input_tokens_square_ratio.value == pytest.approx(1.0, abs=0.3)  # one bucket
+    assert stats.observe(30.0, fleet, waiting_decode=0, queued_prefill=0).rate_rps.value == 0
+
+
+def test_the_planner_reads_the_counters_of_the_last_scrape_before_its_tick(model: PerformanceModel) -> None:
+    """Scrapes every 5 s from the first arrival, ticks at 7 s past each 10: the tick at 7 s
+    reads the scrape at 5 s, so the arrival at 6 s counts at the tick at 17 s; on a tick that
+    falls on a scrape (every 1 s) it counts at once. Every arrival is counted once."""
+    tr = Trace(name="between", arrival_seconds=[0.0, 3.0, 6.0, 26.0], input_tokens=[100] * 4,
+               output_tokens=[2] * 4, hash_ids=[[0], [1], [2], [3]], block_tokens=512)
+    for scrape, want in ((5.0, [2, 1]), (1.0, [3, 0])):
+        rates: list[float] = []
+
+        def hold(obs: Observation, rates: list[float] = rates) -> tuple[int, int]:
+            rates.append(obs.rate_rps.value)
+            return 1, 1
+
+        simulate(tr, model, SimConfig(interval_seconds=10.0, tick_phase_seconds=7.0,
+                                      idle_before=True, scrape_seconds=scrape), hold)
+        assert [round(r * 10) for r in rates] == want
+    with pytest.raises(ValueError, match="scrape_seconds"):
+        simulate(tr, model, SimConfig(scrape_seconds=0.0), hold)
+
+
 def test_the_router_seed_is_another_draw_of_a_random_router(model: PerformanceModel) -> None:
     """A live router's random prefill choices are one draw among many: the replay takes the
     draw as a seed, the same seed gives the same replay, another seed other choices (a fleet
