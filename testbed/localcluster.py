@@ -41,6 +41,10 @@ DEFAULT_STATE_DIR = Path(
 # Our pod-ready stage: like kwok's, minus the random jitter, plus a readiness delay read from
 # a pod annotation, so tests can simulate an engine's warm-up.
 POD_READY_STAGE = Path(__file__).resolve().parent / "kwok-pod-ready.yaml"
+# Our pod-delete stages: a deleted pdscale pod goes when its process has exited (the simulated
+# fleet removes it, as a kubelet does) or at its grace period's end, not at a random moment
+# within it as kwok's own stage has it.
+POD_DELETE_STAGE = Path(__file__).resolve().parent / "kwok-pod-delete.yaml"
 
 # kwok only manages nodes carrying this annotation, so a user's real nodes (on a kind cluster
 # running kwok inside) are never touched.
@@ -399,16 +403,17 @@ rules:
 
 
 def default_stage_files(bin_dir: Path) -> list[Path]:
-    """kwok's own node stages (initialize, heartbeat with lease) and pod create/delete/complete,
-    plus our pod-ready stage, which honours the readiness-delay annotation."""
+    """kwok's own node stages (initialize, heartbeat with lease) and pod create/complete, plus
+    our pod-ready stage, which honours the readiness-delay annotation, and our pod-delete
+    stages, which keep a pod until its process has exited."""
     stage = bin_dir.parent / "kwok-stage"
     return [
         stage / "node" / "fast" / "node-initialize.yaml",
         stage / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
         stage / "pod" / "general" / "pod-create.yaml",
-        stage / "pod" / "general" / "pod-delete.yaml",
         stage / "pod" / "general" / "pod-complete.yaml",
         POD_READY_STAGE,
+        POD_DELETE_STAGE,
     ]
 
 

@@ -10,7 +10,8 @@ bound to the pod's IP:
   the arguments the operator rendered into the pod.
 
 A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
-would. Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
+would; once the process has exited, the fleet removes the pod, as a kubelet does once its
+containers have stopped (kwok-pod-delete.yaml removes it at its grace period's end otherwise). Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
 role, as a PodMonitor would.
 
 Processes, not threads: each engine is its own process so that two cores share the load and
@@ -125,14 +126,20 @@ class SimFleet:
         for pod in self._pods():
             key = f"{pod.metadata.namespace}/{pod.metadata.name}"
             role = (pod.metadata.labels or {}).get(LABEL_ROLE)
-            if role not in ("prefill", "decode", "router") or not pod.status.pod_ip:
+            if role not in ("prefill", "decode", "router"):
                 continue
-            seen.add(key)
             current = self.running.get(key)
             if pod.metadata.deletion_timestamp is not None:
                 if current is not None:
                     self._terminate(current)
+                if current is None or current.process.poll() is not None:
+                    self._remove(pod)  # nothing runs for it any more: the kubelet's part
+                else:
+                    seen.add(key)
                 continue
+            if not pod.status.pod_ip:
+                continue
+            seen.add(key)
             if current is None or (current.process.poll() is not None and not current.stopping):
                 self.running[key] = self._launch(pod, role)
         for key, r in list(self.running.items()):
@@ -195,6 +202,15 @@ class SimFleet:
         # Prometheus scrapes an engine on its HTTP port and a router on its metrics port.
         port = ports.get("metrics", 0) if role == "router" else int(cmd[cmd.index("--port") + 1])
         return Running(pod.metadata.name, role, ip, process, log, instance, port)
+
+    def _remove(self, pod: client.V1Pod) -> None:
+        """Delete ``pod`` now (grace 0, this very pod by its uid), as a kubelet does once the
+        pod's containers have stopped. Gone already, or replaced: nothing to do."""
+        with contextlib.suppress(client.ApiException):
+            self.core.delete_namespaced_pod(
+                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
+                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(
+                    uid=pod.metadata.uid)))
 
     def _terminate(self, r: Running) -> None:
         if not r.stopping and r.process.poll() is None:

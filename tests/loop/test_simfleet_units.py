@@ -34,3 +34,56 @@ def test_the_engine_warms_until_the_given_moment():
                          LinearTiming())
     assert not engine(time.time() + 60).ready
     assert engine(time.time() - 1).ready
+
+
+class _Core:
+    """The two calls the fleet makes of the API, recorded."""
+
+    def __init__(self, pods: list[client.V1Pod]) -> None:
+        self.pods, self.deleted = pods, []
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        return client.V1PodList(items=self.pods)
+
+    def delete_namespaced_pod(self, name, namespace, grace_period_seconds, body):
+        self.deleted.append((name, grace_period_seconds, body.preconditions.uid))
+
+
+class _Process:
+    def __init__(self, exit_code: int | None) -> None:
+        self.exit_code, self.signals = exit_code, []
+
+    def poll(self) -> int | None:
+        return self.exit_code
+
+    def send_signal(self, sig) -> None:
+        self.signals.append(sig)
+
+
+def test_a_deleted_pod_is_removed_once_its_engine_has_exited_as_a_kubelet_does(tmp_path):
+    """The fleet signals a deleted pod's engine, keeps the pod while the engine drains, and
+    removes it (grace 0, by uid) once the engine has exited; a pod nothing runs for yet goes
+    at once. (Without it, kwok's stage keeps the pod to its grace period's end.)"""
+    import signal
+
+    from pdscale.testbed.simfleet import LABEL_ROLE, Running, SimFleet
+
+    def deleted_pod(name: str, ip: str | None) -> client.V1Pod:
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, namespace="ns", uid=f"uid-{name}",
+                                         labels={LABEL_ROLE: "prefill"},
+                                         deletion_timestamp=datetime.now(UTC)),
+            status=client.V1PodStatus(pod_ip=ip))
+
+    fleet = SimFleet(kubeconfig=tmp_path / "k", workdir=tmp_path, namespaces=["ns"])
+    fleet.core = _Core([deleted_pod("draining", "127.1.0.2"), deleted_pod("unstarted", None)])
+    engine = _Process(None)
+    fleet.running["ns/draining"] = Running("draining", "prefill", "127.1.0.2", engine, tmp_path / "l")
+    fleet.sync()
+    assert engine.signals == [signal.SIGTERM] and fleet.core.deleted == [("unstarted", 0, "uid-unstarted")]
+    fleet.sync()  # still draining: kept
+    assert [d[0] for d in fleet.core.deleted] == ["unstarted", "unstarted"]
+    engine.exit_code = 0
+    fleet.sync()
+    assert ("draining", 0, "uid-draining") in fleet.core.deleted and "ns/draining" not in fleet.running
+    assert engine.signals == [signal.SIGTERM]  # signalled once
