@@ -11,7 +11,8 @@ bound to the pod's IP:
 
 A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
 would; once the process has exited, the fleet removes the pod, as a kubelet does once its
-containers have stopped (kwok-pod-delete.yaml removes it at its grace period's end otherwise). Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
+containers have stopped (kwok-pod-delete.yaml keeps a pod the fleet runs a process for,
+``PROCESS_ANNOTATION``, until then or its grace period's end, and removes any other at once). Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
 role, as a PodMonitor would.
 
 Processes, not threads: each engine is its own process so that two cores share the load and
@@ -42,6 +43,9 @@ LABEL_ROLE = "pdscale.io/role"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
 READY_DELAY_ANNOTATION = "pdscale.io/simulated-ready-delay-seconds"
+#: set on a pod once a process runs for it: kwok then keeps the deleted pod until the fleet
+#: removes it (its process has exited) or its grace period ends (kwok-pod-delete.yaml)
+PROCESS_ANNOTATION = "pdscale.io/simulated-process"
 
 
 def engine_ready_at(pod: client.V1Pod, now: float | None = None) -> float:
@@ -142,6 +146,8 @@ class SimFleet:
             seen.add(key)
             if current is None or (current.process.poll() is not None and not current.stopping):
                 self.running[key] = self._launch(pod, role)
+                if PROCESS_ANNOTATION not in (pod.metadata.annotations or {}):
+                    self._mark(pod)
         for key, r in list(self.running.items()):
             if key not in seen:
                 self._terminate(r)
@@ -202,6 +208,12 @@ class SimFleet:
         # Prometheus scrapes an engine on its HTTP port and a router on its metrics port.
         port = ports.get("metrics", 0) if role == "router" else int(cmd[cmd.index("--port") + 1])
         return Running(pod.metadata.name, role, ip, process, log, instance, port)
+
+    def _mark(self, pod: client.V1Pod) -> None:
+        """Annotate ``pod``: a process runs for it, so a deletion waits for that process."""
+        with contextlib.suppress(client.ApiException):
+            self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                           {"metadata": {"annotations": {PROCESS_ANNOTATION: "true"}}})
 
     def _remove(self, pod: client.V1Pod) -> None:
         """Delete ``pod`` now (grace 0, this very pod by its uid), as a kubelet does once the

@@ -1,7 +1,8 @@
-"""A deleted pod goes as a kubelet lets it go (testbed/kwok-pod-delete.yaml): a pdscale pod at
-its grace period's end at the latest (the simulated fleet removes it earlier, once its engine
-has exited), any other pod at once. kwok's own stage removed it at a random moment within the
-grace period, which held drained engines in the node budget for up to 30 s."""
+"""A deleted pod goes as a kubelet lets it go (testbed/kwok-pod-delete.yaml): a pod the
+simulated fleet runs a process for at its grace period's end at the latest (the fleet removes
+it earlier, once the process has exited), any other pod at once. kwok's own stage removed it at
+a random moment within the grace period, which held drained engines in the node budget for up
+to 30 s after they had exited."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from kubernetes import client
 
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.nodes import GPU_TAINT
+from pdscale.testbed.simfleet import PROCESS_ANNOTATION
 
 pytestmark = pytest.mark.cluster
 
 
-def _pod(name: str, node: str, labels: dict[str, str], grace_seconds: int) -> dict:
+def _pod(name: str, node: str, annotations: dict[str, str], grace_seconds: int) -> dict:
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {
             "nodeName": node,
             "terminationGracePeriodSeconds": grace_seconds,
@@ -39,23 +41,23 @@ def _exists(core: client.CoreV1Api, ns: str, name: str) -> bool:
     return True
 
 
-def test_a_deleted_pdscale_pod_stays_until_its_grace_ends_and_any_other_goes_at_once(
+def test_a_deleted_pod_with_a_process_stays_until_its_grace_ends_and_any_other_goes_at_once(
         cluster, admin_api, namespace) -> None:
     node = cluster.ensure_h200_nodes(1)[0]
     core = client.CoreV1Api(admin_api)
-    engine = {"app.kubernetes.io/managed-by": "pdscale-operator", "pdscale.io/role": "prefill"}
-    core.create_namespaced_pod(namespace, _pod("engine", node, engine, grace_seconds=8))
-    core.create_namespaced_pod(namespace, _pod("other", node, {"app": "other"}, grace_seconds=60))
+    core.create_namespaced_pod(namespace, _pod("engine", node, {PROCESS_ANNOTATION: "true"},
+                                               grace_seconds=8))
+    core.create_namespaced_pod(namespace, _pod("other", node, {}, grace_seconds=60))
     wait_for(lambda: all(core.read_namespaced_pod(n, namespace).status.phase == "Running"
                          for n in ("engine", "other")), timeout_seconds=60)
     deleted = time.monotonic()
     core.delete_namespaced_pod("engine", namespace)
     core.delete_namespaced_pod("other", namespace)
-    # nothing runs the pdscale pod's process here, so it waits out its grace period
+    # no fleet runs here to see the engine's process exit, so it waits out its grace period
     wait_for(lambda: not _exists(core, namespace, "other"), timeout_seconds=10)
     assert time.monotonic() - deleted < 10
     while time.monotonic() < deleted + 4:
-        assert _exists(core, namespace, "engine"), "a pdscale pod went before its grace period's end"
+        assert _exists(core, namespace, "engine"), "a pod with a process went before its grace ended"
         time.sleep(0.25)
     wait_for(lambda: not _exists(core, namespace, "engine"), timeout_seconds=30)
     assert time.monotonic() - deleted >= 7  # its deadline is in whole seconds
