@@ -329,7 +329,8 @@ def replay_flags(args: Any) -> Any:
 
     defaults = {"stack": "deployed", "router": None, "decode_router": None,
                 "early_rejection": None, "decode_admission": "off", "tick_phase_seconds": None,
-                "join_delay_seconds": 0.0, "scrape_seconds": SCRAPE_SECONDS}
+                "join_delay_seconds": 0.0, "scrape_seconds": SCRAPE_SECONDS,
+                "scrape_lag_seconds": 0.0}
     return argparse.Namespace(**{k: getattr(args, k, v) for k, v in defaults.items()})
 
 

@@ -495,8 +495,11 @@ def add_tick_phase(parser: argparse.ArgumentParser) -> None:
                              "default 0")
     parser.add_argument("--scrape-seconds", type=_positive_seconds, metavar="S", default=5.0,
                         help="your Prometheus' scrape interval: the planner reads counters as of "
-                             "the last scrape before each tick, and a first scrape falls on the "
-                             "first arrival; default 5")
+                             "the last scrape before each tick; default 5")
+    parser.add_argument("--scrape-lag-seconds", type=_phase_seconds, metavar="S", default=0.0,
+                        help="the last scrape falls S s before each tick (below --scrape-seconds; "
+                             "a live tick lands anywhere between two scrapes: half the scrape "
+                             "interval on average); default 0, read right after a scrape")
 
 
 def _phase_seconds(text: str) -> float:
@@ -532,8 +535,19 @@ def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, tr
         decode_admission=args.decode_admission, fleet_model=truth,
         prefill_admission=router_admission(configured.spec) if deployed else None,
         tick_phase_seconds=args.tick_phase_seconds, join_delay_seconds=args.join_delay_seconds,
-        scrape_seconds=args.scrape_seconds,
+        scrape_seconds=args.scrape_seconds, scrape_lag_seconds=args.scrape_lag_seconds,
     )
+
+
+def _flags_refused(args: argparse.Namespace) -> str | None:
+    """Why the flags cannot run together (None: they can)."""
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'pdscale[plot]'"
+    if args.scrape_lag_seconds >= args.scrape_seconds:
+        return (f"--scrape-lag-seconds {args.scrape_lag_seconds:g} must be below --scrape-seconds "
+                f"{args.scrape_seconds:g} (the last scrape before a tick is less than one scrape "
+                "interval old)")
+    return None
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -546,8 +560,8 @@ def run_trace(args: argparse.Namespace) -> int:
     from pdscale.planner.replay.traces import TraceError
 
     console = Console(stderr=True)
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        console.print("[red]error:[/red] --plot needs matplotlib: pip install 'pdscale[plot]'")
+    if (refused := _flags_refused(args)) is not None:
+        console.print(f"[red]error:[/red] {refused}")
         return 2
     try:
         configured = configuration_from(args)

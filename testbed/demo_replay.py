@@ -111,7 +111,8 @@ class LiveTiming:
     tick_phase_seconds: float | None = None
     #: seconds from a plan to a new instance serving beyond its warm-up (:func:`join_delay`)
     join_delay_seconds: float = 0.0
-    #: the live Prometheus' scrape interval: its planner read counters as of the last scrape
+    #: the live Prometheus' scrape interval: its planner read counters as of the last scrape,
+    #: half this old on average (the replay's lag)
     scrape_seconds: float = SCRAPE_INTERVAL_SECONDS
 
 
@@ -152,7 +153,9 @@ def replay_recording(pdcluster: Path, trace: Path,
                         decode_router=routes["decode_router"], fleet_model=fleet,
                         tick_phase_seconds=timing.tick_phase_seconds, router_seed=router_seed,
                         idle_before=True, join_delay_seconds=timing.join_delay_seconds,
-                        scrape_seconds=timing.scrape_seconds)
+                        scrape_seconds=timing.scrape_seconds,
+                        # a live tick lands anywhere between two scrapes: the mean lag
+                        scrape_lag_seconds=timing.scrape_seconds / 2)
     start = spec_replicas(configured.spec)
     warmup = max(configured.spec.prefill.warmup_seconds, configured.spec.decode.warmup_seconds)
     idle = [Load(0.0, 0.0, 0.0, 0.0)] * max(1, math.ceil(warmup / config.interval_seconds))

@@ -85,6 +85,8 @@ class ReplaySetup:
     #: seconds between two Prometheus scrapes (SimConfig.scrape_seconds): the planner reads
     #: counters and gauges' means as of the last scrape before its tick
     scrape_seconds: float = SCRAPE_SECONDS
+    #: how long before each tick the last scrape falls (SimConfig.scrape_lag_seconds)
+    scrape_lag_seconds: float = 0.0
     #: the random routers' draws (SimConfig.seed): a live router's are another draw, so a
     #: recording's replay is judged against several
     router_seed: int = 1
@@ -310,7 +312,7 @@ def simulate_fleet(
         prefill_chunk_tokens=setup.prefill_chunk_tokens, prefill_admission=setup.prefill_admission,
         interval_seconds=setup.interval_seconds, tick_phase_seconds=setup.tick_phase_seconds,
         idle_before=setup.idle_before, join_delay_seconds=setup.join_delay_seconds,
-        scrape_seconds=setup.scrape_seconds,
+        scrape_seconds=setup.scrape_seconds, scrape_lag_seconds=setup.scrape_lag_seconds,
         initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
         scored_from_seconds=setup.scored_from_seconds, seed=setup.router_seed,

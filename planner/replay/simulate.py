@@ -113,10 +113,14 @@ class SimConfig:
     #: discovery sees it Ready (3.6-5 s measured on the demo's local cluster; a warm-up counts from pod
     #: start, as ``warmupSeconds`` does). 0: the warm-up is the whole wait
     join_delay_seconds: float = 0.0
-    #: seconds between two Prometheus scrapes, the first at the first arrival: the planner
-    #: reads the gauges' means and every counter as of the last scrape before its tick (a
-    #: tick on a scrape reads them at the tick)
+    #: seconds between two Prometheus scrapes: the planner reads the gauges' means and every
+    #: counter as of the last scrape before its tick
     scrape_seconds: float = SCRAPE_SECONDS
+    #: how long before each tick the last scrape falls: 0 reads right after a scrape (the
+    #: benchmarks); a live tick falls anywhere between two scrapes of a target, half a scrape
+    #: interval after the last on average (the demo's replay). The gauges (queues, batches)
+    #: are read at the tick
+    scrape_lag_seconds: float = 0.0
     initial_prefill: int = 1
     initial_decode: int = 1
     #: node budget: provisioned instances (any state) never exceed it
@@ -190,6 +194,15 @@ def simulate(
     return _Replay(trace, model, config, controller).run(progress)
 
 
+def _check_scrapes(config: SimConfig) -> None:
+    """Refuse a scrape schedule Prometheus cannot have, naming the field."""
+    if not (math.isfinite(config.scrape_seconds) and config.scrape_seconds > 0):
+        raise ValueError(f"scrape_seconds must be a positive number, got {config.scrape_seconds!r}")
+    if not 0 <= config.scrape_lag_seconds < config.scrape_seconds:
+        raise ValueError(f"scrape_lag_seconds must be >= 0 and below scrape_seconds "
+                         f"({config.scrape_seconds:g}), got {config.scrape_lag_seconds!r}")
+
+
 class _Scored(NamedTuple):
     """The counters at the start of a scored window (``SimConfig.scored_from_seconds``)."""
 
@@ -236,8 +249,7 @@ class _Replay:
         )
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile,
                                    measured_from_start=config.idle_before, counters_at_scrape=True)
-        if not (math.isfinite(config.scrape_seconds) and config.scrape_seconds > 0):
-            raise ValueError(f"scrape_seconds must be a positive number, got {config.scrape_seconds!r}")
+        _check_scrapes(config)
         if config.recorded_routes is not None and len(config.recorded_routes) != len(trace):
             raise ValueError(f"recorded_routes has {len(config.recorded_routes)} routes for "
                              f"{len(trace)} requests")
@@ -283,8 +295,8 @@ class _Replay:
         #: request -> its cached prompt tokens, from its prefill until its KV transfer ends
         self._hits_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
-        #: when Prometheus scrapes the gauges next (the first at the first arrival)
-        self._next_scrape = trace.arrival_seconds[0] if len(trace) else 0.0
+        #: when Prometheus scrapes next (set with the tick schedule in ``run``)
+        self._next_scrape = math.inf
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
         cfg, fleet = self.config, self.fleet
@@ -302,6 +314,10 @@ class _Replay:
         first_tick = t0 if cfg.tick_phase_seconds is None else (
             t0 + (cfg.tick_phase_seconds - t0) % cfg.interval_seconds)
         next_tick = first_tick if self.controller is not None else math.inf
+        # scrapes from the first arrival on, the last before each tick scrape_lag_seconds
+        # before it
+        scrape = cfg.scrape_seconds
+        self._next_scrape = t0 + (first_tick - cfg.scrape_lag_seconds - t0) % scrape
         last_arrival = arr[-1] if n_req else t0
         report_every = max(1, n_req // 100)
         scored = cfg.scored_from_seconds
@@ -358,9 +374,8 @@ class _Replay:
         )
 
     def _scrape_until(self, t: float) -> None:
-        """Prometheus' scrapes up to ``t`` (only a controller reads them). A scrape within a
-        microsecond of ``t`` counts as at ``t``: a tick on a scrape's schedule (the default
-        interval is a multiple of the scrape interval) reads it whatever the sums' rounding."""
+        """Prometheus' scrapes up to ``t`` (only a controller reads them); one within a
+        microsecond of ``t`` counts as at ``t``, whatever the sums' rounding."""
         if self.controller is None:
             return
         while self._next_scrape <= t + 1e-6:

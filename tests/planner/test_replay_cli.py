@@ -156,20 +156,24 @@ def test_replay_adds_the_stacks_join_delay_to_every_new_instance(
     assert "--join-delay-seconds" in capsys.readouterr().err
 
 
-def test_replay_reads_counters_as_of_the_last_scrape_of_a_stated_interval(
+def test_replay_reads_counters_as_of_a_scrape_a_stated_lag_before_each_tick(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--scrape-seconds``: the planner reads counters as Prometheus last scraped them, so
-    a minute's scrape read half an interval late decides otherwise than a 5 s one; a scrape
-    interval of zero is refused, naming the flag."""
+    """``--scrape-seconds`` / ``--scrape-lag-seconds``: the planner reads counters as
+    Prometheus last scraped them, so counters read half a minute late decide otherwise than
+    counters read at the tick; a lag of a whole scrape interval, or a scrape interval of zero,
+    is refused, naming the flag."""
     decided = {}
-    for scrape in ("5", "60"):
-        out = tmp_path / f"scrape{scrape}.json"
+    for lag in ("0", "30"):
+        out = tmp_path / f"lag{lag}.json"
         assert main(["replay", "--trace", AZURE, "--policy", "pdscale", "--start-from", "spec",
-                     "--interval", "60", "--tick-phase-seconds", "30", "--json", str(out),
-                     "--scrape-seconds", scrape]) == 0
-        decided[scrape] = [(d["prefill"], d["decode"]) for d in json.loads(out.read_text())["decisions"]]
-    assert decided["5"] != decided["60"]
+                     "--interval", "60", "--json", str(out), "--scrape-seconds", "60",
+                     "--scrape-lag-seconds", lag]) == 0
+        decided[lag] = [(d["prefill"], d["decode"]) for d in json.loads(out.read_text())["decisions"]]
+    assert decided["0"] != decided["30"]
     capsys.readouterr()
+    assert main(["replay", "--trace", AZURE, "--policy", "pdscale", "--scrape-seconds", "5",
+                 "--scrape-lag-seconds", "5"]) == 2
+    assert "--scrape-lag-seconds" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["replay", "--trace", AZURE, "--policy", "pdscale", "--scrape-seconds", "0"])
     assert "--scrape-seconds" in capsys.readouterr().err

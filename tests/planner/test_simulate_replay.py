@@ -396,23 +396,25 @@ def test_interval_stats_at_scrape_hold_what_came_after_the_last_scrape_for_the_n
 
 
 def test_the_planner_reads_the_counters_of_the_last_scrape_before_its_tick(model: PerformanceModel) -> None:
-    """Scrapes every 5 s from the first arrival, ticks at 7 s past each 10: the tick at 7 s
-    reads the scrape at 5 s, so the arrival at 6 s counts at the tick at 17 s; on a tick that
-    falls on a scrape (every 1 s) it counts at once. Every arrival is counted once."""
+    """Ticks at 7 s past each 10, scrapes every 5 s: with the last scrape 2.5 s before each
+    tick (at 4.5 s), the arrival at 6 s counts at the tick at 17 s; read right after a scrape
+    (lag 0, the scrape at 7 s) it counts at once. Every arrival is counted once; a lag of a
+    whole scrape interval is refused, naming the field."""
     tr = Trace(name="between", arrival_seconds=[0.0, 3.0, 6.0, 26.0], input_tokens=[100] * 4,
                output_tokens=[2] * 4, hash_ids=[[0], [1], [2], [3]], block_tokens=512)
-    for scrape, want in ((5.0, [2, 1]), (1.0, [3, 0])):
+    for lag, want in ((2.5, [2, 1]), (0.0, [3, 0])):
         rates: list[float] = []
 
         def hold(obs: Observation, rates: list[float] = rates) -> tuple[int, int]:
             rates.append(obs.rate_rps.value)
             return 1, 1
 
-        simulate(tr, model, SimConfig(interval_seconds=10.0, tick_phase_seconds=7.0,
-                                      idle_before=True, scrape_seconds=scrape), hold)
+        simulate(tr, model, SimConfig(interval_seconds=10.0, tick_phase_seconds=7.0, idle_before=True,
+                                      scrape_seconds=5.0, scrape_lag_seconds=lag), hold)
         assert [round(r * 10) for r in rates] == want
-    with pytest.raises(ValueError, match="scrape_seconds"):
-        simulate(tr, model, SimConfig(scrape_seconds=0.0), hold)
+    for bad in (SimConfig(scrape_seconds=0.0), SimConfig(scrape_seconds=5.0, scrape_lag_seconds=5.0)):
+        with pytest.raises(ValueError, match="scrape"):
+            simulate(tr, model, bad, hold)
 
 
 def test_the_router_seed_is_another_draw_of_a_random_router(model: PerformanceModel) -> None:
