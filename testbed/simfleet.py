@@ -12,8 +12,9 @@ bound to the pod's IP:
 A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
 would; once the process has exited, the fleet removes the pod, as a kubelet does once its
 containers have stopped (kwok-pod-delete.yaml keeps a pod the fleet runs a process for,
-``PROCESS_ANNOTATION``, until then or its grace period's end, and removes any other at once). Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and
-role, as a PodMonitor would.
+``PROCESS_ANNOTATION``, until then or its grace period's end, and removes any other at once).
+Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and role, as a
+PodMonitor would.
 
 Processes, not threads: each engine is its own process so that two cores share the load and
 a pod's death is a process's death.

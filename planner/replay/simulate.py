@@ -247,9 +247,9 @@ class _Replay:
             blocks=trace.hash_ids, block_tokens=block,
             recorded=None if config.recorded_routes is None else [d for _, d in config.recorded_routes],
         )
+        _check_scrapes(config)
         self.stats = IntervalStats(config.interval_seconds, config.slo.percentile,
                                    measured_from_start=config.idle_before, counters_at_scrape=True)
-        _check_scrapes(config)
         if config.recorded_routes is not None and len(config.recorded_routes) != len(trace):
             raise ValueError(f"recorded_routes has {len(config.recorded_routes)} routes for "
                              f"{len(trace)} requests")
