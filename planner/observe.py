@@ -97,6 +97,15 @@ class Observation:
     peak_rate_rps: Reading | None = None
     mean_input_tokens: Reading | None = None
     mean_output_tokens: Reading | None = None
+    #: the output tokens decode streamed over the interval per prompt prefill finished, plus
+    #: the first token (SGLang's and vLLM's inter-token histogram counts every later token as
+    #: it streams): the response length of the requests entering decode, read while they still
+    #: stream. ``mean_output_tokens`` counts a response only when it finishes, so a load whose
+    #: responses turned longer shows no length at all until the first of them ends; this is
+    #: what stands in then (solve.current_load). It trails a lengthening (a response still
+    #: streaming has not streamed all of it) and leads a shortening (old long responses still
+    #: stream), so it is a lower bound only where it matters, and unused otherwise
+    streamed_output_tokens: Reading | None = None
     #: the prompts' mean squared length over their squared mean length (``Load``'s
     #: ``input_tokens_square_ratio``), read from the engines' prompt-length histogram
     #: (:func:`square_ratio_from_buckets`)
@@ -172,6 +181,7 @@ READING_BOUNDS: dict[str, tuple[float, float]] = {
     "rejected_rps": (0.0, MAX_RATE_RPS),
     "mean_input_tokens": (0.0, MAX_MEAN_TOKENS),
     "mean_output_tokens": (0.0, MAX_MEAN_TOKENS),
+    "streamed_output_tokens": (0.0, MAX_MEAN_TOKENS),
     "input_tokens_square_ratio": (1.0, MAX_SQUARE_RATIO),
     "prefix_hit_rate": (-HIT_RATE_SLACK, 1.0 + HIT_RATE_SLACK),
     "ttft_p50_seconds": (0.0, MAX_TTFT_SECONDS),

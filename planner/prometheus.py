@@ -30,6 +30,7 @@ READINGS = (
     "rate_rps",
     "mean_input_tokens",
     "mean_output_tokens",
+    "streamed_output_tokens",
     "input_tokens_square_ratio",
     "prefix_hit_rate",
     "ttft_p50_seconds",
@@ -83,6 +84,15 @@ SGLANG_QUERIES: Mapping[str, str] = {
     "mean_output_tokens": (
         f'sum(rate({_sglang("generation_tokens_total", "decode")}[{{window}}]))'
         f' / sum(rate({_sglang("num_requests_total", "decode")}[{{window}}]))'
+    ),
+    # The tokens decode streamed per prompt prefill finished, plus the first: the inter-token
+    # histogram's count grows by every token after the first as it streams (SGLang's
+    # observe_inter_token_latency adds a chunk's tokens), while generation_tokens_total
+    # grows by a whole response at its finish. What stands in for the output length when no
+    # response finished (Observation.streamed_output_tokens)
+    "streamed_output_tokens": (
+        f'1 + sum(rate({_sglang("inter_token_latency_seconds_count", "decode")}[{{window}}]))'
+        f' / sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
     ),
     # The prompt-length histogram by bucket (one series per ``le``), read into the prompts'
     # spread by observe.square_ratio_from_buckets. SGLang observes it at finish, with
@@ -181,6 +191,12 @@ VLLM_QUERIES: Mapping[str, str] = {
     "mean_output_tokens": (
         'sum(rate(vllm:generation_tokens_total{{{sel},role="decode"}}[{window}]))'
         ' / sum(rate(vllm:request_success_total{{{sel},role="decode"}}[{window}]))'
+    ),
+    # the tokens decode streamed per prompt prefill finished, plus the first (the inter-token
+    # histogram counts every later token as it streams; request_success_total at finish)
+    "streamed_output_tokens": (
+        '1 + sum(rate(vllm:inter_token_latency_seconds_count{{{sel},role="decode"}}[{window}]))'
+        ' / sum(rate(vllm:request_success_total{{{sel},role="prefill"}}[{window}]))'
     ),
     "input_tokens_square_ratio": (
         'sum by (le) (rate(vllm:request_prompt_tokens_bucket{{{sel},role="prefill"}}[{window}]))'
@@ -487,6 +503,7 @@ def observation_from(
         rate_rps=r.get("rate_rps"),
         mean_input_tokens=r.get("mean_input_tokens"),
         mean_output_tokens=r.get("mean_output_tokens"),
+        streamed_output_tokens=r.get("streamed_output_tokens"),
         input_tokens_square_ratio=r.get("input_tokens_square_ratio"),
         prefix_hit_rate=r.get("prefix_hit_rate"),
         ttft_p50_seconds=r.get("ttft_p50_seconds"),

@@ -102,7 +102,13 @@ def current_load(
     corrections keep overload visible: with ``backlog_seconds``, the requests queued at
     prefill count as extra arrivals to serve within that time; and when the rate is known but
     a length is not, the ``last_known`` load's lengths stand in (lengths move slowly; a rate
-    read as zero or a plan held because nothing finished would starve the fleet)."""
+    read as zero or a plan held because nothing finished would starve the fleet).
+
+    No response finished while decode streamed: the tokens streamed per request entering
+    decode stand in for the output length (at least the ``last_known`` one). A load whose
+    responses turned longer finishes none of them for a while, and the last known length is
+    the old load's (the demo's long documents, 5 tokens, then agents, 80: two decodes ordered
+    where ten were needed); the streamed tokens already say the responses are longer."""
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
@@ -113,6 +119,9 @@ def current_load(
     osl = get(obs.mean_output_tokens)
     if rate is None:
         return None
+    streamed = get(obs.streamed_output_tokens)
+    if osl is None and streamed is not None and rate > 0:
+        osl = streamed if last_known is None else max(streamed, last_known.mean_output_tokens)
     backlog = get(obs.prefill.queue_depth)
     if backlog_seconds and backlog and backlog > 0:
         rate += backlog / backlog_seconds
@@ -527,7 +536,13 @@ def _plan_for(
     if x is None:
         return _hold(observation, history, now, f"solver failed ({how})", cfg)
     outcome = _outcome(program, timing, x)
-    return _decision(cfg, now, load, future, needs, timing, floor, outcome, how)
+    decision = _decision(cfg, now, load, future, needs, timing, floor, outcome, how)
+    if fresh(observation.mean_output_tokens, now, cfg.max_age_seconds) is None and fresh(
+            observation.streamed_output_tokens, now, cfg.max_age_seconds) is not None:
+        decision = replace(decision, explanation=decision.explanation + (
+            "; no response finished: output length at least the tokens decode streamed per request "
+            "entering it"))
+    return decision
 
 
 # -- needs -----------------------------------------------------------------------------------

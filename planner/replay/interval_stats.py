@@ -187,6 +187,10 @@ class IntervalStats:
             peak_rate_rps=load(max(self.per_window.values(), default=0) / PEAK_WINDOW_SECONDS),
             mean_input_tokens=load(self.input_tokens / self.prompts) if self.prompts else None,
             mean_output_tokens=load(self.output_tokens / self.responses) if self.responses else None,
+            # the inter-token histogram's count over the prompts prefill finished, plus the
+            # first token, as the live query reads it
+            streamed_output_tokens=(load(1.0 + gaps[1] / self.prompts)
+                                    if gaps is not None and self.prompts else None),
             input_tokens_square_ratio=self._square_ratio(load),
             prefix_hit_rate=load(self.hit_tokens / self.input_tokens) if self.input_tokens else None,
             ttft_p50_seconds=q(self.ttft, 0.5),

@@ -215,3 +215,29 @@ def test_a_decode_that_costs_nothing_per_step_is_never_short() -> None:
     load = Load(2.0, 100.0, 40.0)
     batch = c.model.decode_batch_at_slo(SLO.tpot_seconds, c.model.decode_mean_context(load))
     assert _decode_need_from_sequences(c, o, load) == math.ceil(24.0 / (batch * c.decode_utilization))
+
+
+def test_responses_that_turned_longer_are_sized_from_the_tokens_streamed() -> None:
+    """Long documents (5 tokens out) turned into agents (80 out): for a while no response
+    finishes, so no output length is counted, and the last known one is the old load's 5.
+    Decode has streamed 40 tokens per request entering it meanwhile: the plan sizes for those,
+    not for 5, and says so; what finished still wins when it is known."""
+    c = config()
+    h = steady(c, 6, rate=1.0, isl=600.0, osl=5.0, p=8, d=1)
+    agents = replace(observe(60.0, rate=1.0, isl=300.0, osl=5.0, p=8, d=1, decode_running=None),
+                     mean_output_tokens=None)
+    stale, _ = step(agents, config=c, history=h, now=60.0)
+    streamed = replace(agents, streamed_output_tokens=Reading(40.0, 60.0))
+    decision, _ = step(streamed, config=c, history=h, now=60.0)
+    # as if the 40 tokens had been counted at finish
+    counted = replace(agents, mean_output_tokens=Reading(40.0, 60.0))
+    known, _ = step(counted, config=c, history=h, now=60.0)
+    assert stale.decode < decision.decode == known.decode, (stale.explanation, decision.explanation)
+    assert "no response finished" in decision.explanation
+    assert "no response finished" not in known.explanation
+    # a response counted at finish is the length, whatever streamed
+    both = replace(counted, streamed_output_tokens=Reading(400.0, 60.0))
+    assert step(both, config=c, history=h, now=60.0)[0].decode == known.decode
+    # fewer tokens streamed than the last known length: the last known one stands
+    short = replace(agents, streamed_output_tokens=Reading(2.0, 60.0))
+    assert step(short, config=c, history=h, now=60.0)[0].decode == stale.decode

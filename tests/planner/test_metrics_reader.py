@@ -201,6 +201,8 @@ def test_reads_a_real_prometheus(prometheus):
         # and over the whole window, with the gaps' mean: what calibration reads the decode by
         assert r["decoding_requests_mean_decode"].value == pytest.approx(3, rel=0.02)
         assert r["tpot_mean_seconds"].value == pytest.approx(0.04, rel=0.02)
+        # 75 tokens streamed a second for 5 prompts prefilled: 15 each, and the first token
+        assert r["streamed_output_tokens"].value == pytest.approx(16, rel=0.02)
         # the buckets read as the spread: 3 prompts at 500 and 2 at 2,500, each spread over its
         # bucket (the rate's extrapolation scales every bucket alike)
         mean = (3 * 500 + 2 * 2500) / 5

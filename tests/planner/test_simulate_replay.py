@@ -453,6 +453,23 @@ def test_interval_stats_weigh_tpot_by_tokens_as_the_inter_token_histogram() -> N
     assert stats.observe(180.0, fleet, waiting_decode=0, queued_prefill=0).tpot_at_percentile_seconds is None
 
 
+def test_interval_stats_read_the_tokens_streamed_per_prompt_as_the_live_query() -> None:
+    """1 + the inter-token histogram's count over the prompts prefill finished, as
+    ``streamed_output_tokens`` is read live: 3 prompts and 117 gaps streamed read 40 tokens,
+    whether or not a response finished; nothing streamed or no prompt finished is unknown."""
+    fleet = prefill_fleet(1)
+    stats = IntervalStats(60.0, 0.9)
+    stats.observe(0.0, fleet, waiting_decode=0, queued_prefill=0)
+    for _ in range(3):
+        stats.prompt_finished(100, 0)
+    obs = stats.observe(60.0, fleet, waiting_decode=0, queued_prefill=0, gaps=(5.85, 117.0))
+    assert obs.streamed_output_tokens.value == 40.0 and obs.mean_output_tokens is None
+    assert stats.observe(120.0, fleet, waiting_decode=0, queued_prefill=0,
+                         gaps=(1.0, 20.0)).streamed_output_tokens is None  # no prompt finished
+    stats.prompt_finished(100, 0)
+    assert stats.observe(180.0, fleet, waiting_decode=0, queued_prefill=0).streamed_output_tokens is None
+
+
 def test_quantiles_count_rejected_requests_as_misses() -> None:
     """A latency quantile is over all requests: rejected ones lie beyond any latency."""
     from pdscale.planner.replay.run import _pct
