@@ -243,6 +243,10 @@ def main() -> None:
                          "dynamic policies' start (as pdscale replay); hindsight: sized from the "
                          "scored window's first warm-up; running: every policy runs the first "
                          "warm-up on the fleet, unscored (default: history)")
+    ap.add_argument("--scrape-lag-seconds", type=float, default=0.0, metavar="S",
+                    help="the planner reads Prometheus S seconds after its last scrape of the "
+                         "engines (every 5 s): 0 reads right after it (default); a live tick "
+                         "falls 2.5 s after it on average (SimConfig.scrape_lag_seconds)")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -274,7 +278,8 @@ def main() -> None:
         planner = configured.config if deployed else replace(configured.config, prefill_queue="pooled")
         setup = ReplaySetup(trace=trace, planner=planner, **stack,
                             decode_admission=args.decode_admission,
-                            prefill_admission=router_admission(configured.spec))
+                            prefill_admission=router_admission(configured.spec),
+                            scrape_lag_seconds=args.scrape_lag_seconds)
         setup, history = start_from(setup, args.start_from)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
                       f"{setup.trace.duration_seconds / 3600:.2f} h, rate x{c['rate_scale']:g}, "
@@ -299,7 +304,7 @@ def main() -> None:
                     reps[rep["policy"]] = rep
         results[name] = {"scale": {k: c[k] for k in ("rate_scale", "time_scale")},
                          "ttft_slo_seconds": c["ttft"], "requests": len(setup.trace), "trace": trace.name,
-                         "start_from": args.start_from,
+                         "start_from": args.start_from, "scrape_lag_seconds": args.scrape_lag_seconds,
                          "history_intervals": len(history) if history is not None else 0,
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "configuration": configured.as_json(),
@@ -312,7 +317,9 @@ def main() -> None:
                                 "at the TTFT target" if args.smg_admission is not None
                            else "no admission")
                         + ("" if args.decode_admission == "off"
-                           else f", decode admission: {args.decode_admission}") + ")")
+                           else f", decode admission: {args.decode_admission}")
+                        + (f", read {args.scrape_lag_seconds:g} s after a scrape"
+                           if args.scrape_lag_seconds else "") + ")")
     pct = f"p{100 * setup.slo.percentile:g}"
     for col in ("trace (scale)", "policy", "attain.", "missed: rej/TTFT/TPOT/both", f"TTFT {pct}",
                 f"TPOT {pct}", "GPU-h",
@@ -340,7 +347,8 @@ def main() -> None:
         console.print(f"  {c['trace']:>9} {c['target']:<58} {c['value']:<40} {mark}")
     OUT.mkdir(exist_ok=True)
     stem = "policy_bench" + ("" if args.stack == "deployed" else f"_{args.stack}") + (
-        "" if args.smg_admission is None else "_smg_admission")
+        "" if args.smg_admission is None else "_smg_admission") + (
+        f"_lag{args.scrape_lag_seconds:g}" if args.scrape_lag_seconds else "")
     path = OUT / (f"{stem}.json" if args.decode_admission == "off"
                   else f"{stem}_admission_{args.decode_admission}.json")
     old = json.loads(path.read_text()) if path.exists() else {}

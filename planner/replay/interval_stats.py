@@ -153,10 +153,12 @@ class IntervalStats:
         return rest
 
     def observe(self, now: float, fleet: Fleet, waiting_decode: int, *,
-                queued_prefill: int, gaps: tuple[float, float] | None = None) -> Observation:
+                queued_prefill: int, gaps: tuple[float, float] | None = None,
+                decode_running: int | None = None) -> Observation:
         """The interval ending ``now`` and the fleet at ``now``; ``queued_prefill`` requests
         wait for their prefill on ready instances, ``waiting_decode`` requests wait for any
-        ready decode instance; ``gaps``: the inter-token gaps streamed in the interval (their
+        ready decode instance, ``decode_running`` run in ready decode batches (None: those
+        running at ``now``); ``gaps``: the inter-token gaps streamed in the interval (their
         seconds and count, ``DecodeBatches.take_gaps``; None: the finished requests' TPOTs
         and the scraped batches stand in). Resets the counters (to what the last scrape has
         not seen yet, with ``counters_at_scrape``)."""
@@ -204,7 +206,7 @@ class IntervalStats:
             prefill_busy_seconds_per_request=(Reading(self.prefill_busy_seconds / self.prompts, now)
                                               if self.prompts else None),
             prefill=role_state(fleet, Role.PREFILL, now, span, queued_prefill),
-            decode=role_state(fleet, Role.DECODE, now, span, waiting_decode,
+            decode=role_state(fleet, Role.DECODE, now, span, waiting_decode, running=decode_running,
                               running_mean=(Reading(self.decode_running_scraped / self.scrapes, now)
                                             if self.scrapes else None),
                               decoding_mean=None if gaps is None else load(gaps[0] / span)),
@@ -246,13 +248,13 @@ class IntervalStats:
 
 
 def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued: int, *,
-               running_mean: Reading | None = None,
+               running: int | None = None, running_mean: Reading | None = None,
                decoding_mean: Reading | None = None) -> RoleState:
     """``role``'s instances by state at ``now`` and its queue readings, in requests as the
     engines count them: ``queued`` requests wait (prefill: for their prefill on a ready
     instance, as SGLang's ``num_queue_reqs`` and vLLM's ``num_requests_waiting``; decode: for
-    any ready decode instance); decode's running count is the sequences in ready batches now,
-    ``running_mean`` their mean over the interval's scrapes."""
+    any ready decode instance); decode's running count is ``running`` (None: the sequences
+    in ready batches now), ``running_mean`` their mean over the interval's scrapes."""
     ids = [i for i, r in enumerate(fleet.role) if r == role]
     ready = [i for i in ids if fleet.state[i] == READY]
     warming = tuple(Warming(fleet.ready_at[i], False) for i in ids if fleet.state[i] == WARMING)
@@ -260,9 +262,10 @@ def role_state(fleet: Fleet, role: Role, now: float, span_seconds: float, queued
     recently = sum(1 for i in ready if now - fleet.ready_at[i] < span_seconds)
     if role == Role.PREFILL:
         return RoleState(len(ready), warming, draining, recently, Reading(float(queued), now), None)
-    run = sum(len(fleet.running[i]) for i in ready)
-    # the batches are counted exactly, never stale: they are also the requests decoding now
-    # (what the inter-token latency's sum over the last scrape gives live); over the interval,
+    run = sum(len(fleet.running[i]) for i in ready) if running is None else running
+    # the batches counted exactly at the last scrape (a live gauge set only when a batch is
+    # logged can be older): they are also the requests decoding then (what the inter-token
+    # latency's sum over the last scrape gives live); over the interval,
     # the gaps' seconds over its length (the sum's rate), else the scrapes' mean
     return RoleState(
         len(ready), warming, draining, recently,

@@ -83,7 +83,7 @@ class ReplaySetup:
     #: the stack's own latency, which a live run's recording measures
     join_delay_seconds: float = 0.0
     #: seconds between two Prometheus scrapes (SimConfig.scrape_seconds): the planner reads
-    #: counters and gauges' means as of the last scrape before its tick
+    #: counters and gauges as of the last scrape before its tick
     scrape_seconds: float = SCRAPE_SECONDS
     #: how long before each tick the last scrape falls (SimConfig.scrape_lag_seconds)
     scrape_lag_seconds: float = 0.0

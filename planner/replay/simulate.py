@@ -118,8 +118,9 @@ class SimConfig:
     scrape_seconds: float = SCRAPE_SECONDS
     #: how long before each tick the last scrape falls: 0 reads right after a scrape (the
     #: benchmarks); a live tick falls anywhere between two scrapes of a target, half a scrape
-    #: interval after the last on average (the demo's replay). The gauges (queues, batches)
-    #: are read at the tick
+    #: interval after the last on average (the demo's replay). Counters and gauges (queues,
+    #: batches) alike are read as of that scrape; the fleet's instances by state at the tick
+    #: (the operator counts them from the pods)
     scrape_lag_seconds: float = 0.0
     initial_prefill: int = 1
     initial_decode: int = 1
@@ -201,6 +202,16 @@ def _check_scrapes(config: SimConfig) -> None:
     if not 0 <= config.scrape_lag_seconds < config.scrape_seconds:
         raise ValueError(f"scrape_lag_seconds must be >= 0 and below scrape_seconds "
                          f"({config.scrape_seconds:g}), got {config.scrape_lag_seconds!r}")
+
+
+class _Gauges(NamedTuple):
+    """What one scrape reads besides the counters IntervalStats keeps: the queues, decode's
+    batches on ready instances, and the inter-token gaps streamed since the last such read."""
+
+    waiting_decode: int
+    queued_prefill: int
+    decode_running: int
+    gaps: tuple[float, float]
 
 
 class _Scored(NamedTuple):
@@ -295,8 +306,10 @@ class _Replay:
         #: request -> its cached prompt tokens, from its prefill until its KV transfer ends
         self._hits_of: dict[int, int] = {}
         self.ticks: list[tuple[float, int, int, int, int]] = []
-        #: when Prometheus scrapes next (set with the tick schedule in ``run``)
-        self._next_scrape = math.inf
+        #: when Prometheus scrapes next and the planner ticks next (set in ``run``), and the
+        #: gauges of the last scrape before that tick (None: none scraped yet)
+        self._next_scrape = self._next_tick = math.inf
+        self._gauges: _Gauges | None = None
 
     def run(self, progress: Callable[[float], None] | None) -> SimResult:
         cfg, fleet = self.config, self.fleet
@@ -313,7 +326,7 @@ class _Replay:
 
         first_tick = t0 if cfg.tick_phase_seconds is None else (
             t0 + (cfg.tick_phase_seconds - t0) % cfg.interval_seconds)
-        next_tick = first_tick if self.controller is not None else math.inf
+        next_tick = self._next_tick = first_tick if self.controller is not None else math.inf
         # scrapes from the first arrival on, the last before each tick scrape_lag_seconds
         # before it
         scrape = cfg.scrape_seconds
@@ -331,12 +344,13 @@ class _Replay:
                 while next_tick < scored:
                     self._scrape_until(next_tick)
                     self._tick(next_tick)
-                    next_tick += cfg.interval_seconds
+                    next_tick = self._next_tick = next_tick + cfg.interval_seconds
                 before = self._tally(scored)
             while next_tick <= t:
                 self._scrape_until(next_tick)
                 self._tick(next_tick)
                 next_tick = next_tick + cfg.interval_seconds if next_tick < last_arrival else math.inf
+                self._next_tick = next_tick
             self._scrape_until(t)
             self._run_events(t)
             if progress is not None and r % report_every == 0:
@@ -379,9 +393,22 @@ class _Replay:
         if self.controller is None:
             return
         while self._next_scrape <= t + 1e-6:
-            self._run_events(self._next_scrape)
+            at = self._next_scrape
+            self._run_events(at)
             self.stats.scrape(self.fleet)
             self._next_scrape += self.config.scrape_seconds
+            if self._next_scrape > self._next_tick + 1e-6:
+                # the last scrape before the tick: what the tick's instant queries read
+                self._gauges = self._read_gauges(at)
+
+    def _read_gauges(self, now: float) -> _Gauges:
+        """The queues and decode's batches at ``now``, and the gaps streamed up to it (those
+        after it stay counted for the next read)."""
+        fleet = self.fleet
+        running = sum(len(fleet.running[i]) for i, r in enumerate(fleet.role)
+                      if r == Role.DECODE and fleet.state[i] == READY)
+        return _Gauges(len(self.waiting_decode) + self.decode.waiting(), self._queued_prefill(now),
+                       running, self.decode.take_gaps(now))
 
     def _tally(self, now: float) -> _Scored:
         """What has been counted up to ``now``, the start of the scored window (the cache
@@ -397,10 +424,12 @@ class _Replay:
         assert self.controller is not None
         fleet = self.fleet
         self._run_events(now)
-        waiting = len(self.waiting_decode) + self.decode.waiting()
-        out = self.controller(self.stats.observe(now, fleet, waiting,
-                                                 queued_prefill=self._queued_prefill(now),
-                                                 gaps=self.decode.take_gaps(now)))
+        # as of the last scrape; none yet (a first tick at the first arrival, lagged): now
+        g = self._gauges if self._gauges is not None else self._read_gauges(now)
+        self._gauges = None
+        out = self.controller(self.stats.observe(now, fleet, g.waiting_decode,
+                                                 queued_prefill=g.queued_prefill, gaps=g.gaps,
+                                                 decode_running=g.decode_running))
         tp, td = out[0], out[1]
         reconcile(
             fleet, tp, td, now, (out[2], out[3]) if len(out) >= 4 else None,

@@ -417,6 +417,37 @@ def test_the_planner_reads_the_counters_of_the_last_scrape_before_its_tick(model
             simulate(tr, model, bad, hold)
 
 
+def test_the_planner_reads_the_gauges_of_the_last_scrape_before_its_tick(model: PerformanceModel) -> None:
+    """Queues and batches are gauges Prometheus holds as of its last scrape, as it holds the
+    counters: a second long response joins decode at 5.5 s; the tick at 7 s reads one running
+    sequence when the last scrape was at 4.5 s, two when it was at the tick, and at 17 s two
+    either way. The gaps streamed after the scrape count at the next tick, none lost."""
+    tr = Trace(name="joins", arrival_seconds=[0.0, 5.5, 30.0], input_tokens=[100] * 3,
+               output_tokens=[2000, 2000, 2], hash_ids=[[0], [1], [2]], block_tokens=512)
+    for lag, want in ((2.5, [1, 2]), (0.0, [2, 2])):
+        running: list[float] = []
+        decoding: list[float] = []
+
+        def hold(obs: Observation, running: list[float] = running,
+                 decoding: list[float] = decoding) -> tuple[int, int]:
+            running.append(obs.decode.running_requests.value)
+            decoding.append(obs.decode.decoding_requests_mean.value)
+            return 1, 1
+
+        simulate(tr, model, SimConfig(interval_seconds=10.0, tick_phase_seconds=7.0, idle_before=True,
+                                      start_ready=True, scrape_seconds=5.0,
+                                      scrape_lag_seconds=lag), hold)
+        assert running[:2] == want, (lag, running)
+        if lag:
+            lagged = decoding
+        else:
+            at_tick = decoding
+    # the first tick read 2.5 s less of one sequence's streaming, which the next one counts;
+    # by the second, the lagged reads trail by what the two sequences streamed after its scrape
+    assert lagged[0] < at_tick[0]
+    assert sum(lagged[:2]) == pytest.approx(sum(at_tick[:2]) - 2 * 2.5 / 10.0)
+
+
 def test_the_router_seed_is_another_draw_of_a_random_router(model: PerformanceModel) -> None:
     """A live router's random prefill choices are one draw among many: the replay takes the
     draw as a seed, the same seed gives the same replay, another seed other choices (a fleet
