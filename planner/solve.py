@@ -120,7 +120,8 @@ def current_load(
     if rate is None:
         return None
     streamed = get(obs.streamed_output_tokens)
-    if osl is None and streamed is not None and rate > 0:
+    # 1 is the first token alone: nothing streamed (no decode ready yet) says nothing
+    if osl is None and streamed is not None and streamed > 1.0 and rate > 0:
         osl = streamed if last_known is None else max(streamed, last_known.mean_output_tokens)
     backlog = get(obs.prefill.queue_depth)
     if backlog_seconds and backlog and backlog > 0:
@@ -537,8 +538,9 @@ def _plan_for(
         return _hold(observation, history, now, f"solver failed ({how})", cfg)
     outcome = _outcome(program, timing, x)
     decision = _decision(cfg, now, load, future, needs, timing, floor, outcome, how)
-    if fresh(observation.mean_output_tokens, now, cfg.max_age_seconds) is None and fresh(
-            observation.streamed_output_tokens, now, cfg.max_age_seconds) is not None:
+    streamed = fresh(observation.streamed_output_tokens, now, cfg.max_age_seconds)
+    if (fresh(observation.mean_output_tokens, now, cfg.max_age_seconds) is None
+            and streamed is not None and streamed > 1.0 and load.rate_rps > 0):
         decision = replace(decision, explanation=decision.explanation + (
             "; no response finished: output length at least the tokens decode streamed per request "
             "entering it"))

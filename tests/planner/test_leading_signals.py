@@ -14,7 +14,7 @@ from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.model import Load, PerformanceModel, Slo
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import shipped_profile
-from pdscale.planner.solve import History, _decode_need_from_sequences, step
+from pdscale.planner.solve import History, _decode_need_from_sequences, current_load, step
 
 # the demo's instance: a decode runs 2 sequences at the 50 ms TPOT target
 MODEL = PerformanceModel(shipped_profile("demo-sim"))
@@ -241,3 +241,19 @@ def test_responses_that_turned_longer_are_sized_from_the_tokens_streamed() -> No
     # fewer tokens streamed than the last known length: the last known one stands
     short = replace(agents, streamed_output_tokens=Reading(2.0, 60.0))
     assert step(short, config=c, history=h, now=60.0)[0].decode == stale.decode
+    # nothing streamed yet (1: the first token alone, no decode ready) says nothing
+    idle = replace(agents, streamed_output_tokens=Reading(1.0, 60.0))
+    held = step(idle, config=c, history=h, now=60.0)[0]
+    assert held.decode == stale.decode and "no response finished" not in held.explanation
+
+
+def test_with_no_length_ever_known_only_tokens_streamed_stand_in() -> None:
+    """A first interval: prompts finished, no response yet, nothing known before. Tokens
+    streamed give the output length; the first token alone (nothing streamed) leaves the load
+    unknown, as before, and the plan holds."""
+    obs = replace(observe(10.0, rate=1.0, isl=300.0, osl=0.0, p=1, d=1, decode_running=None),
+                  mean_output_tokens=None, streamed_output_tokens=Reading(30.0, 10.0))
+    load = current_load(obs, 180.0)
+    assert load is not None and load.mean_output_tokens == 30.0
+    assert current_load(replace(obs, streamed_output_tokens=Reading(1.0, 10.0)), 180.0) is None
+    assert current_load(replace(obs, streamed_output_tokens=None), 180.0) is None
