@@ -50,6 +50,7 @@ VALID = {
     "peak_rate_rps": (0.0, 120.0),
     "mean_input_tokens": (50.0, 30_000.0),
     "mean_output_tokens": (5.0, 2_000.0),
+    "streamed_output_tokens": (1.0, 2_000.0),
     "prefix_hit_rate": (0.0, 1.0),
     "ttft_p50_seconds": (0.05, 5.0),
     "ttft_at_percentile_seconds": (0.1, 30.0),

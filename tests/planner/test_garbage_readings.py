@@ -41,7 +41,7 @@ def held_history(p: int, d: int) -> History:
 
 GARBAGE = [-1.0, -1e-9, 1e9, 1e300, math.nan, math.inf, -math.inf]
 FIELDS = ["rate_rps", "peak_rate_rps", "mean_input_tokens", "mean_output_tokens",
-          "prefix_hit_rate", "ttft_p50_seconds", "ttft_at_percentile_seconds", "tpot_p50_seconds",
+          "streamed_output_tokens", "prefix_hit_rate", "ttft_p50_seconds", "ttft_at_percentile_seconds", "tpot_p50_seconds",
           "tpot_at_percentile_seconds"]
 
 
