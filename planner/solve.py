@@ -119,9 +119,8 @@ def current_load(
     osl = get(obs.mean_output_tokens)
     if rate is None:
         return None
-    streamed = get(obs.streamed_output_tokens)
-    # 1 is the first token alone: nothing streamed (no decode ready yet) says nothing
-    if osl is None and streamed is not None and streamed > 1.0 and rate > 0:
+    streamed = streamed_output_length(obs, max_age_seconds)
+    if streamed is not None:
         osl = streamed if last_known is None else max(streamed, last_known.mean_output_tokens)
     backlog = get(obs.prefill.queue_depth)
     if backlog_seconds and backlog and backlog > 0:
@@ -144,6 +143,19 @@ def current_load(
         peak_rate_rps=None if peak is None else max(peak, rate),
         input_tokens_square_ratio=max(square, 1.0),
     )
+
+
+def streamed_output_length(obs: Observation, max_age_seconds: float) -> float | None:
+    """The tokens streamed per request entering decode where they stand in for the output
+    length (``current_load``): no response finished, requests arrive, and something streamed
+    (1 is the first token alone: no decode ready yet says nothing); else None."""
+    now = obs.now_seconds
+    streamed = fresh(obs.streamed_output_tokens, now, max_age_seconds)
+    rate = fresh(obs.rate_rps, now, max_age_seconds)
+    if (fresh(obs.mean_output_tokens, now, max_age_seconds) is None and streamed is not None
+            and streamed > 1.0 and rate is not None and rate > 0):
+        return streamed
+    return None
 
 
 def remember(history: History, obs: Observation, decision: Decision, config: PlannerConfig) -> History:
@@ -538,9 +550,7 @@ def _plan_for(
         return _hold(observation, history, now, f"solver failed ({how})", cfg)
     outcome = _outcome(program, timing, x)
     decision = _decision(cfg, now, load, future, needs, timing, floor, outcome, how)
-    streamed = fresh(observation.streamed_output_tokens, now, cfg.max_age_seconds)
-    if (fresh(observation.mean_output_tokens, now, cfg.max_age_seconds) is None
-            and streamed is not None and streamed > 1.0 and load.rate_rps > 0):
+    if streamed_output_length(observation, cfg.max_age_seconds) is not None:
         decision = replace(decision, explanation=decision.explanation + (
             "; no response finished: output length at least the tokens decode streamed per request "
             "entering it"))
