@@ -366,9 +366,10 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
     the model said they would meet the SLO and they did not. Prefill also needs queueing to
     explain its miss (``HEADROOM_MIN_PREFILL_BUSY``). A fleet the model itself calls
     short (a rise it has ordered capacity for, a budget) explains its miss, and one with an
-    instance just ready is still slow from its first passes. Instances warming elsewhere do
-    not matter: waiting for none to warm kept a fleet 25% slower than its profile from
-    learning for most of an hour, since each miss ordered capacity that took a warm-up."""
+    instance just ready is still slow from its first passes. Prefill also waits until none
+    of its instances warm (why: at ``prefill_enough``); decode learns whatever warms
+    meanwhile: its misses answer to the decodes ready now, and waiting for none to warm
+    cost ServeGen's jump 1.9 pp."""
     last = history.decisions[-1] if history.decisions else None
     load = _observed_load(obs, cfg, history)
     if last is None or last.held or load is None or load.rate_rps <= 0:
@@ -380,7 +381,18 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
               / max(obs.prefill.ready, 1))
     # requests the router refused say its admission (per ready instance) is short, however busy
     queueing = busy_p >= HEADROOM_MIN_PREFILL_BUSY or rejected_too_many(obs, cfg.slo, cfg.max_age_seconds)
-    prefill_enough = obs.prefill.recently_ready == 0 and obs.prefill.ready >= need_p
+    # Prefill's headroom moves (up at a miss, back while idle) only once none of its
+    # instances warm: a miss while the capacity ordered at the last one is still coming is
+    # the same lesson again, and a prefill warm-up spans many intervals (600 s of 60 s on
+    # the benchmarks). Learning through it wound the headroom up: on the steady hour 1.00 ->
+    # 1.65 in 22 minutes of an unchanging load, 21 -> 32 prefills where the best fixed
+    # fleet holds 26. Replayed on the deployed stack: the steady hour 97.81% / 224.1 ->
+    # 97.71% / 197.5 GPU-hours, ServeGen 96.37% / 3048 -> 96.08% / 2941, Azure 93.67% / 351
+    # -> 93.15% / 331, Mooncake 98.05% / 409 -> 98.05% / 396; a prefill 25% slower than its
+    # profile 0.4-0.9 pp lower for 2-15% fewer GPU-hours. Giving back while it warmed
+    # (waiting only to raise) cost ServeGen 0.7 pp more.
+    prefill_enough = (obs.prefill.recently_ready == 0 and not obs.prefill.warming
+                      and obs.prefill.ready >= need_p)
     return (prefill_enough and queueing,
             obs.decode.recently_ready == 0 and obs.decode.ready >= need_d,
             prefill_enough and not queueing)

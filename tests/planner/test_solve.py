@@ -473,6 +473,40 @@ def test_headroom_that_idle_prefill_instances_did_not_need_is_given_back() -> No
     assert recalibrate(observed(idle_peak, 6.0), c, at_model).prefill_headroom == 1.0
 
 
+def test_prefill_headroom_waits_for_the_capacity_it_ordered() -> None:
+    """A TTFT miss while prefill instances are still warming (the capacity ordered at the last
+    miss is on its way) moves the prefill headroom neither up nor back: the same miss on the
+    same ready fleet with nothing warming raises it, and on an idle one gives it back. Decode
+    learns from its own miss whatever prefill is doing."""
+    from pdscale.planner.model import Calibration
+    from pdscale.planner.solve import HEADROOM_MIN_PREFILL_BUSY, recalibrate
+
+    c = cfg(nodes=200, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05, percentile=0.99))
+    last = Decision(at_seconds=0.0, prefill=42, decode=40, predicted_ttft_seconds=1.0,
+                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
+    bought = History(decisions=(last,), calibration=Calibration(prefill_headroom=1.5))
+
+    def observed(peak_rps: float, warming: int) -> Observation:
+        o = obs(20.0, 40, 40, now=60.0)
+        return replace(o, peak_rate_rps=Reading(peak_rps, 60.0),
+                       prefill=replace(o.prefill, warming=(Warming(500.0),) * warming),
+                       ttft_at_percentile_seconds=Reading(6.0, 60.0),  # 3x the target
+                       tpot_at_percentile_seconds=Reading(0.2, 60.0),  # 4x the target
+                       rejected_rps=Reading(0.0, 60.0))
+
+    load = current_load(observed(20.0, 0), 180.0)
+    assert load is not None
+    service = MODEL.prefill_service_seconds(load)
+    idle_peak = 0.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    busy_peak = 1.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    assert recalibrate(observed(busy_peak, 0), c, bought).prefill_headroom > 1.5
+    assert recalibrate(observed(idle_peak, 0), c, bought).prefill_headroom < 1.5
+    for peak in (busy_peak, idle_peak):
+        waiting = recalibrate(observed(peak, 2), c, bought)
+        assert waiting.prefill_headroom == 1.5
+        assert waiting.decode_headroom > 1.0
+
+
 def test_a_need_at_an_instance_boundary_keeps_the_node_it_would_re_add() -> None:
     # A decode need just under 7 instances at the cap (6.9): the next minute's windowed mean
     # lengths move it across the boundary and back. The default tolerance (3%) keeps the 8th
