@@ -20,7 +20,12 @@ The router chooses the decode instance (``SimConfig.decode_router``, the PDClust
 ``power-of-two`` or ``cache-aware`` as sgl-router's policies do for prefill
 (:mod:`.routers`), with a decode instance's load the router's count of its requests there
 (running and waiting) and the router's prefix tree for decode kept as "the instance each
-block was last sent to"; or ``least-loaded`` (the fewest sequences, an ideal what-if). It
+block was last sent to"; or ``least-loaded`` (the fewest sequences, an ideal what-if). The
+router's policies choose when the request arrives (:meth:`DecodeBatches.bind`): sgl-router
+and smg pick a request's prefill and decode together and dispatch both at once, so the decode
+it waits for is one of those ready then, and one that drains before the KV arrives still
+takes it (its engine waits for the requests in flight); ``least-loaded`` chooses when the KV
+arrives, among those ready then, as no router does. A request
 waits there, first come first served, while the instance is full: its batch at the
 profile's ``max_batch``, or its KV cache unable to hold the request's prompt and output (what
 SGLang's decode pre-allocation reserves, as the simulated engine does). The wait is part of
@@ -86,6 +91,8 @@ class DecodeBatches:
         self._recorded = recorded
         self.rng = rng or random.Random(1)
         self._count = 0  # round robin's counter
+        #: request -> the decode instance the router sent it to when it arrived (``bind``)
+        self._bound: dict[int, int] = {}
         self._blocks, self.block_tokens = blocks, block_tokens
         #: cache-aware: block id -> the decode instance it was last sent to, and how many
         #: blocks each instance holds so (its tree's size)
@@ -120,8 +127,23 @@ class DecodeBatches:
 
     # -- routing ------------------------------------------------------------------------------
     def load(self, i: int) -> int:
-        """Requests on decode instance ``i``, running and waiting (what the router counts)."""
-        return len(self.fleet.running[i]) + len(self.fleet.decode_waiting[i])
+        """Requests the router has on decode instance ``i``: running, waiting, and sent there
+        with their KV still to come."""
+        fleet = self.fleet
+        return len(fleet.running[i]) + len(fleet.decode_waiting[i]) + fleet.decode_bound[i]
+
+    def bind(self, r: int) -> None:
+        """Request ``r`` arrived and the router dispatched it: choose its decode now, among
+        the ready ones (none ready: when its KV arrives). ``least-loaded`` always waits."""
+        if self.router == "least-loaded" or not self.fleet.ready_decode:
+            return
+        i = self.choose(r)
+        self._bound[r] = i
+        self.fleet.decode_bound[i] += 1
+
+    def bound(self, r: int) -> bool:
+        """Whether request ``r`` was sent to a decode instance when it arrived."""
+        return r in self._bound
 
     def choose(self, r: int) -> int:
         """The ready decode instance the router sends request ``r`` to."""
@@ -171,9 +193,14 @@ class DecodeBatches:
         return chosen
 
     def place(self, r: int, now: float) -> None:
-        """Request ``r``'s KV arrived at ``now``: join the chosen ready instance's batch, or
-        wait in its queue. Needs a ready decode instance."""
-        i = self.choose(r)
+        """Request ``r``'s KV arrived at ``now``: join its instance's batch (the one it was
+        sent to, draining or not, else the one chosen now), or wait in its queue. Needs a
+        ready decode instance when it was not sent to one."""
+        i = self._bound.pop(r, None)
+        if i is None:
+            i = self.choose(r)
+        else:
+            self.fleet.decode_bound[i] -= 1
         waiting = self.fleet.decode_waiting[i]
         if waiting or not self._fits(i, r, now):
             waiting.append(r)
@@ -285,7 +312,8 @@ class DecodeBatches:
         self._admit_waiting(i, now)
         self._schedule(i, now)
         fleet = self.fleet
-        if fleet.state[i] == DRAINING and not batch and not fleet.decode_waiting[i]:
+        if (fleet.state[i] == DRAINING and not batch and not fleet.decode_waiting[i]
+                and not fleet.decode_bound[i]):
             self.events.push(now, Events.RELEASE, i)
 
     def _admit_waiting(self, i: int, now: float) -> None:

@@ -72,6 +72,10 @@ class Fleet:
         # (finishing step, request, context offset), and the requests waiting to join it
         self.running: list[list[tuple[float, int, float]]] = []
         self.decode_waiting: list[deque[int]] = []
+        # requests the router has sent to each decode instance whose KV has not arrived: a
+        # PD router dispatches a request to its prefill and its decode at once, so a decode
+        # that drains meanwhile still takes them (its engine waits for what is in flight)
+        self.decode_bound: list[int] = []
         # routable instances, ascending ids; the prefill ones also as a bitmask
         self.ready_prefill: list[int] = []
         self.prefill_mask = 0
@@ -123,6 +127,7 @@ class Fleet:
         self.prefix.add_instance()
         self.running.append([])
         self.decode_waiting.append(deque())
+        self.decode_bound.append(0)
         if warm_seconds > 0:
             self.events.push(now + warm_seconds, Events.READY, i)
         else:
@@ -161,7 +166,7 @@ class Fleet:
             self.prefix.drop(i)
         else:
             self.ready_decode.remove(i)
-            if self.running[i] or self.decode_waiting[i]:
+            if self.running[i] or self.decode_waiting[i] or self.decode_bound[i]:
                 return  # its batch releases it when the last sequence finishes
             done = now
         self.events.push(done, Events.RELEASE, i)

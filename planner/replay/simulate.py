@@ -553,6 +553,8 @@ class _Replay:
         fleet.inflight[i] += 1
         self._prefill_of[r] = i
         self.unfinished += 1
+        if not cfg.prefill_only:
+            self.decode.bind(r)  # the router dispatches the decode half now too
         if self.batches is not None:
             self.batches.submit(i, r, t)
             return
@@ -590,7 +592,7 @@ class _Replay:
     def _admit_decode(self, r: int, now: float) -> None:
         """Request ``r``'s KV arrived at ``now``: a decode instance takes it (into its batch or
         its queue), or it waits for one to be ready."""
-        if not self.fleet.ready_decode:
+        if not self.fleet.ready_decode and not self.decode.bound(r):
             self.waiting_decode.append(r)
             return
         self.decode.place(r, now)

@@ -19,7 +19,8 @@ class Run:
     """One decode instance (or ``n``) driven by hand: requests given as (input, output)."""
 
     def __init__(self, model: PerformanceModel, requests: list[tuple[int, int]], *, mode: str = "off",
-                 slo: Slo | None = None, instances: int = 1, arrivals: list[float] | None = None) -> None:
+                 slo: Slo | None = None, instances: int = 1, arrivals: list[float] | None = None,
+                 router: str = "least-loaded") -> None:
         self.events = Events()
         self.fleet = Fleet(PrefixIndex(1), self.events, switch_seconds=0.0)
         for _ in range(instances):
@@ -34,6 +35,7 @@ class Run:
             on_start=lambda r, t: self.started.__setitem__(r, t),
             on_finish=lambda r, start, t: self.finished.__setitem__(r, t),
             on_shed=lambda r, t: self.shed.append(r),
+            router=router,
         )
 
     def until(self, t: float) -> None:
@@ -145,6 +147,35 @@ def test_requests_go_to_the_least_loaded_instance_and_a_drain_waits_for_its_batc
     run.until(1e9)
     # released when its last sequence finished, not before
     assert run.fleet.state[0] == STOPPED and run.fleet.since[0] == pytest.approx(max(run.finished[0], run.finished[1]))
+
+
+def test_the_router_sends_the_decode_half_when_the_request_arrives(model: PerformanceModel) -> None:
+    """sgl-router, smg and vllm-router pick a request's decode when it arrives, with its
+    prefill: a decode that drains before the KV comes still takes the request (its engine
+    waits for what is in flight) and holds its node until it is done, so the two requests
+    decode alone, not together on the decode left. The ideal router's least-loaded choice
+    waits for the KV and finds one decode."""
+    def run(router: str) -> Run:
+        r = Run(model, [(1000, 100)] * 2, instances=2, router=router)
+        for k in range(2):
+            r.decode.bind(k)  # both dispatched while two decodes are ready
+        r.fleet.start_drain(1, 0.1, None)
+        assert r.fleet.state[1] == DRAINING
+        r.until(0.9)
+        for k in range(2):
+            r.decode.place(k, 1.0)  # their KV arrives
+        return r
+
+    dispatched = run("round-robin")
+    assert dispatched.decode.load(1) == 1 and [len(b) for b in dispatched.fleet.running] == [1, 1]
+    dispatched.until(1e9)
+    alone = 1.0 + stepped(model, [1001], 99)
+    assert dispatched.finished == pytest.approx({0: alone, 1: alone})
+    assert dispatched.fleet.state[1] == STOPPED and dispatched.fleet.since[1] == pytest.approx(alone)
+    ideal = run("least-loaded")
+    assert [len(b) for b in ideal.fleet.running] == [2, 0]
+    ideal.until(1e9)
+    assert ideal.finished[0] == pytest.approx(1.0 + stepped(model, [1001, 1001], 99))
 
 
 def test_a_one_token_output_finishes_at_its_start(model: PerformanceModel) -> None:
