@@ -439,6 +439,17 @@ def test_a_prefill_miss_teaches_headroom_only_where_queueing_could_explain_it() 
     assert recalibrate(refusing, c, history).prefill_headroom > 1.0
 
 
+def _p99_after_40p40d(prefill_headroom: float) -> tuple[PlannerConfig, History]:
+    """A 2 s TTFT / 50 ms TPOT SLO at p99, and a history whose last plan was 40P40D with this
+    prefill headroom learned."""
+    from pdscale.planner.model import Calibration
+
+    last = Decision(at_seconds=0.0, prefill=40, decode=40, predicted_ttft_seconds=1.0,
+                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
+    return (cfg(nodes=200, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05, percentile=0.99)),
+            History(decisions=(last,), calibration=Calibration(prefill_headroom=prefill_headroom)))
+
+
 def test_headroom_that_idle_prefill_instances_did_not_need_is_given_back() -> None:
     """Headroom bought by queueing misses is given back while the misses go on on instances
     idle even at their peak: that extra capacity did not prevent them (the prompts' own
@@ -448,10 +459,7 @@ def test_headroom_that_idle_prefill_instances_did_not_need_is_given_back() -> No
     from pdscale.planner.model import Calibration
     from pdscale.planner.solve import HEADROOM_MIN_PREFILL_BUSY, recalibrate
 
-    c = cfg(nodes=200, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05, percentile=0.99))
-    last = Decision(at_seconds=0.0, prefill=40, decode=40, predicted_ttft_seconds=1.0,
-                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
-    bought = History(decisions=(last,), calibration=Calibration(prefill_headroom=1.5))
+    c, bought = _p99_after_40p40d(prefill_headroom=1.5)
 
     def observed(peak_rps: float, ttft: float) -> Observation:
         o = obs(20.0, 40, 40, now=60.0)
@@ -478,13 +486,9 @@ def test_prefill_headroom_waits_for_the_capacity_it_ordered() -> None:
     miss is on its way) moves the prefill headroom neither up nor back: the same miss on the
     same ready fleet with nothing warming raises it, and on an idle one gives it back. Decode
     learns from its own miss whatever prefill is doing."""
-    from pdscale.planner.model import Calibration
     from pdscale.planner.solve import HEADROOM_MIN_PREFILL_BUSY, recalibrate
 
-    c = cfg(nodes=200, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05, percentile=0.99))
-    last = Decision(at_seconds=0.0, prefill=42, decode=40, predicted_ttft_seconds=1.0,
-                    predicted_tpot_seconds=0.03, cost_gpu_hours=1.0, explanation="")
-    bought = History(decisions=(last,), calibration=Calibration(prefill_headroom=1.5))
+    c, bought = _p99_after_40p40d(prefill_headroom=1.5)
 
     def observed(peak_rps: float, warming: int) -> Observation:
         o = obs(20.0, 40, 40, now=60.0)
