@@ -389,7 +389,7 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
     # fleet holds 26. Replayed on the deployed stack: the steady hour 97.81% / 224.1 ->
     # 97.71% / 197.5 GPU-hours, ServeGen 96.37% / 3048 -> 96.08% / 2941, Azure 93.67% / 351
     # -> 93.15% / 331, Mooncake 98.05% / 409 -> 98.05% / 396; a prefill 25% slower than its
-    # profile 0.4-0.9 pp lower for 2-15% fewer GPU-hours. Giving back while it warmed
+    # profile 0.2-0.9 pp lower for 2-14% fewer GPU-hours. Giving back while it warmed
     # (waiting only to raise) cost ServeGen 0.7 pp more.
     prefill_enough = (obs.prefill.recently_ready == 0 and not obs.prefill.warming
                       and obs.prefill.ready >= need_p)

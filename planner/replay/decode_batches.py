@@ -312,8 +312,7 @@ class DecodeBatches:
         self._admit_waiting(i, now)
         self._schedule(i, now)
         fleet = self.fleet
-        if (fleet.state[i] == DRAINING and not batch and not fleet.decode_waiting[i]
-                and not fleet.decode_bound[i]):
+        if fleet.state[i] == DRAINING and not fleet.decode_holds_work(i):
             self.events.push(now, Events.RELEASE, i)
 
     def _admit_waiting(self, i: int, now: float) -> None:

@@ -166,10 +166,15 @@ class Fleet:
             self.prefix.drop(i)
         else:
             self.ready_decode.remove(i)
-            if self.running[i] or self.decode_waiting[i] or self.decode_bound[i]:
+            if self.decode_holds_work(i):
                 return  # its batch releases it when the last sequence finishes
             done = now
         self.events.push(done, Events.RELEASE, i)
+
+    def decode_holds_work(self, i: int) -> bool:
+        """Whether decode instance ``i`` still has requests: running, waiting, or sent to it
+        with their KV still to come (a draining one is released once it has none)."""
+        return bool(self.running[i] or self.decode_waiting[i] or self.decode_bound[i])
 
     def release(self, i: int, now: float) -> None:
         """Drained instance ``i`` frees its node, or comes back in its new role."""
