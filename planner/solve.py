@@ -464,28 +464,50 @@ def _forecast_loads(
 ) -> tuple[list[Load], list[Load]]:
     """The loads of the next ``H`` intervals that size prefill and decode: the forecast rate
     (never below the rate seen now) times each role's rise margin, with the recent lengths,
-    hit rate and burst peak. ``loads``: the history's loads then this interval's, ``load``."""
-    rates = forecast(
-        [x.rate_rps if x else None for x in loads], H,
-        method=cfg.forecast_method, window=cfg.forecast_window,
-    )
-    assert rates is not None
-    rates[0] = max(rates[0], load.rate_rps)  # never plan the current interval below what we see
-    rates_p = _with_rise_margin(cfg, rates, loads, cfg.rise_quantile)
-    rates_d = _with_rise_margin(cfg, rates, loads, cfg.rise_quantile if cfg.decode_rise_quantile is None
-                                else cfg.decode_rise_quantile)
-    isl, osl, hit, peak, square = _load_shape(cfg, loads, load)
+    hit rate and burst peak. ``loads``: the history's loads then this interval's, ``load``.
 
-    def loads_for(rs: list[float]) -> list[Load]:
-        return [Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r),
-                     input_tokens_square_ratio=square)
-                for r in rs]
+    Each role forecasts from the rates of the past in the planned shape's requests
+    (:func:`_in_planned_shape`): a rate of far cheaper requests is counted at the work it
+    brought, not as as many requests of the new shape."""
+    isl, osl, hit, square = _load_shape(cfg, loads, load)
+    shape = Load(1.0, isl, osl, hit, input_tokens_square_ratio=square)
+    prefill_work, decode_work = _per_request_work(cfg, shape)
+    by_role = []
+    for role, quantile in ((0, cfg.rise_quantile), (1, cfg.rise_quantile if cfg.decode_rise_quantile
+                                                   is None else cfg.decode_rise_quantile)):
+        planned = prefill_work if role == 0 else decode_work
+        scale = [_in_planned_shape(cfg, x, role, planned) for x in loads]
+        seen = [None if x is None else x.rate_rps * f for x, f in zip(loads, scale, strict=True)]
+        rates = forecast(seen, H, method=cfg.forecast_method, window=cfg.forecast_window)
+        assert rates is not None
+        rates[0] = max(rates[0], load.rate_rps)  # never plan the current interval below what we see
+        rates = _with_rise_margin(cfg, rates, seen, quantile)
+        peak = _burst_peak(cfg, loads, scale)
+        by_role.append([Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r),
+                             input_tokens_square_ratio=square) for r in rates])
+    return by_role[0], by_role[1]
 
-    return loads_for(rates_p), loads_for(rates_d)
+
+def _per_request_work(cfg: PlannerConfig, load: Load) -> tuple[float, float]:
+    """(prefill compute seconds, output tokens) one request of ``load``'s shape brings."""
+    return cfg.model.prefill_service_seconds(load), load.mean_output_tokens
+
+
+def _in_planned_shape(cfg: PlannerConfig, past: Load | None, role: int, planned: float) -> float:
+    """The factor that counts ``past``'s requests as requests of the planned shape for
+    ``role`` (0 prefill, 1 decode): their work over the planned request's where they brought
+    at most 1 / ``length_jump_ratio`` of it (a new, heavier shape: chat's 2.4 req/s of
+    100-token prompts forecast long documents' 600-token prompts at 2.4 req/s, sized the
+    demo's prefill for twice the work it got and held it there for the forecast window);
+    1 otherwise, so that per-interval noise in lengths never moves the rate forecast."""
+    if past is None or past.rate_rps <= 0 or cfg.length_jump_ratio is None or planned <= 0:
+        return 1.0
+    factor = _per_request_work(cfg, past)[role] / planned
+    return factor if factor * cfg.length_jump_ratio <= 1.0 else 1.0
 
 
 def _with_rise_margin(
-    cfg: PlannerConfig, rates: list[float], loads: list[Load | None], quantile: float
+    cfg: PlannerConfig, rates: list[float], seen: list[float | None], quantile: float
 ) -> list[float]:
     """``rates`` raised for the rises the history has shown at the warm-up lead.
 
@@ -493,7 +515,7 @@ def _with_rise_margin(
     seen ``w`` intervals ahead (empirical, ``forecast.rise_margin``), ramping the margin ``m``
     in over the warm-up: rate_k * (1 + (m - 1) * min(k, w) / w), ``w`` >= 1."""
     w_lead = max(_intervals(cfg.model.profile.warmup.new_node_seconds, cfg.interval_seconds), 1)
-    rate_history = [x.rate_rps if x else None for x in loads[-cfg.rise_history_intervals :]]
+    rate_history = seen[-cfg.rise_history_intervals :]
     margin = rise_margin(
         rate_history, lead=w_lead, window=cfg.forecast_window, quantile=quantile,
         max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
@@ -505,10 +527,9 @@ def _with_rise_margin(
 
 def _load_shape(
     cfg: PlannerConfig, loads: list[Load | None], load: Load
-) -> tuple[float, float, float, float | None, float]:
-    """(mean input tokens, mean output tokens, prefix hit rate, burst peak req/s or None,
-    input tokens' square ratio) to plan with: lengths, hit rate and squares from the last
-    ``length_window`` intervals of ``loads``, the burst peak from the scale-down window's."""
+) -> tuple[float, float, float, float]:
+    """(mean input tokens, mean output tokens, prefix hit rate, input tokens' square ratio)
+    to plan with, from the last ``length_window`` intervals of ``loads``."""
     # lengths and hit rate move slowly and with noise: a rate-weighted mean of recent intervals
     recent = [x for x in loads[-cfg.length_window :] if x is not None and x.rate_rps > 0]
     wsum = sum(x.rate_rps for x in recent)
@@ -529,16 +550,18 @@ def _load_shape(
         if load.mean_input_tokens >= jump * isl:
             isl, square = load.mean_input_tokens, load.input_tokens_square_ratio
         osl = load.mean_output_tokens if load.mean_output_tokens >= jump * osl else osl
-    # bursts come back: size new capacity for a high quantile of the sub-window peaks the
-    # scale-down window has seen (its floor holds what the highest needs). Not over the
-    # length window: of its 3 intervals the quantile is the highest, a lone burst
+    return isl, osl, hit, max(square, 1.0)
+
+
+def _burst_peak(cfg: PlannerConfig, loads: list[Load | None], scale: list[float]) -> float | None:
+    """The burst peak (req/s of the planned shape, ``scale`` per load) to size new capacity
+    for: a high quantile of the sub-window peaks the scale-down window has seen (its floor
+    holds what the highest needs). Not over the length window: of its 3 intervals the
+    quantile is the highest, a lone burst."""
     burst_n = max(1, cfg.stabilization_intervals)
-    peaks = [
-        x.peak_rate_rps for x in loads[-burst_n:]
-        if x is not None and x.peak_rate_rps is not None
-    ]
-    peak = float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None
-    return isl, osl, hit, peak, max(square, 1.0)
+    peaks = [x.peak_rate_rps * f for x, f in zip(loads[-burst_n:], scale[-burst_n:], strict=True)
+             if x is not None and x.peak_rate_rps is not None]
+    return float(np.quantile(peaks, cfg.burst_quantile)) if peaks else None
 
 
 def _plan_for(

@@ -204,6 +204,23 @@ def test_a_longer_load_shape_is_sized_at_once_noise_is_not() -> None:
     assert n.desired == n_windowed.desired
 
 
+def test_a_busy_shape_of_cheap_requests_does_not_forecast_the_new_shape_at_its_rate() -> None:
+    """Chat at 2.4 req/s of 100-token prompts turned into long documents at 1.0 req/s of
+    600-token prompts: the rate forecast remembers 2.4 req/s for its window, which at 600
+    tokens would be 2.4x the prefill work chat brought and long documents bring. A past
+    interval whose requests brought at most 1 / ``length_jump_ratio`` of the new shape's work
+    is counted at that work: prefill is sized as after a chat at the new shape's own rate."""
+    c = config()
+    long_docs = observe(60.0, rate=1.0, isl=600.0, osl=40.0, p=2, d=8, decode_running=1.0)
+    after_busy_chat, _ = step(long_docs, config=c, now=60.0,
+                              history=steady(c, 6, rate=2.4, isl=100.0, osl=40.0, p=2, d=8))
+    after_calm_chat, _ = step(long_docs, config=c, now=60.0,
+                              history=steady(c, 6, rate=1.0, isl=100.0, osl=40.0, p=2, d=8))
+    assert after_busy_chat.desired[0] == after_calm_chat.desired[0]
+    # decode's requests did not change shape: chat's 2.4 req/s of 40 tokens out still counts
+    assert after_busy_chat.desired[1] > after_calm_chat.desired[1]
+
+
 def test_a_decode_that_costs_nothing_per_step_is_never_short() -> None:
     """A profile whose decode steps take no time (a degenerate fit) has no TPOT above any
     target: the sequences count as they are, and the rule divides by no zero. (A profile
