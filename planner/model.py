@@ -119,6 +119,22 @@ class PerformanceModel:
         extra = spread * (1.0 - hit * hit) * n * n / (2.0 * doubling)
         return seconds + extra / self.profile.prefill.tokens_per_second * self.calibration.prefill_factor
 
+    def prefill_service_cv(self, load: Load, prior: float) -> float:
+        """Coefficient of variation of this load's prefill compute: the prompts' measured spread
+        (``input_tokens_square_ratio``) through the compute's elasticity at the mean prompt
+        (the delta method: a prompt 1% longer computes e% longer). ``prior`` where the spread
+        is unknown: a ratio of exactly 1 is what an unread histogram leaves."""
+        spread = load.input_tokens_square_ratio - 1.0
+        n = load.mean_input_tokens
+        if spread <= 0.0 or n <= 0.0:
+            return prior
+        step = 0.01 * n
+        hit = load.prefix_hit_rate
+        low, high = self.prefill_seconds(n - step, (n - step) * hit), self.prefill_seconds(n + step, (n + step) * hit)
+        mean = self.prefill_seconds(n, n * hit)
+        elasticity = (high - low) / (2.0 * step) * n / mean if mean > 0 else 1.0
+        return elasticity * math.sqrt(spread)
+
     def prefill_request_capacity_rps(self, load: Load) -> float:
         """Requests/s one prefill instance computes at 100% busy for this load's prompts."""
         s = self.prefill_service_seconds(load)
@@ -274,7 +290,7 @@ class PerformanceModel:
             nd = max(nd, math.ceil(round(burst, 9)))
         if ttft_queueing and load.rate_rps > 0:
             q = max(
-                self.prefill_instances_for_ttft(load, slo, service_cv=service_cv,
+                self.prefill_instances_for_ttft(load, slo, service_cv=self.prefill_service_cv(load, service_cv),
                                                 pooled=pooled_prefill),
                 self.prefill_instances_for_burst(load, slo),
             )

@@ -25,6 +25,7 @@ from pdscale.planner.observe import (
     RoleState,
     square_ratio_from_buckets,
 )
+from pdscale.planner.profile import shipped_profile
 from pdscale.planner.prometheus import to_square_ratio
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.interval_stats import IntervalStats
@@ -193,3 +194,40 @@ def test_the_oracle_knows_each_intervals_true_spread() -> None:
     assert loads[0].input_tokens_square_ratio == pytest.approx(
         float((first**2).mean()) / float(first.mean()) ** 2)
     assert all(ld.input_tokens_square_ratio > 1.5 for ld in loads)  # long-tailed, as the donor
+
+
+def test_the_ttft_model_takes_the_compute_spread_from_the_measured_prompts(
+    model: PerformanceModel,
+) -> None:
+    """Prefill's TTFT queueing model waits longer for a more variable compute. Its coefficient
+    of variation comes from the prompts' measured spread through the compute's elasticity (the
+    delta method): exact where the compute is linear in the prompt, first order under the
+    attention term. The configured prior stands where no spread was read."""
+    rng = np.random.default_rng(5)
+
+    def cv(m: PerformanceModel, prompts: np.ndarray, hit: float) -> tuple[float, float]:
+        load = _load(prompts, hit=hit)
+        each = np.array([m.prefill_seconds(n, n * hit) for n in prompts])
+        return m.prefill_service_cv(load, prior=9.9), float(each.std() / each.mean())
+
+    demo = PerformanceModel(shipped_profile("demo-sim"))
+    # the demo's long documents: 600-token prompts, uniform within +-50%, a linear compute
+    read, exact = cv(demo, rng.uniform(300, 900, 4000).round(), 0.2)
+    assert read == pytest.approx(exact, rel=0.02)
+    assert read < 0.35
+    # moderate spread on the 8xH200 profile's quadratic compute
+    read, exact = cv(model, rng.lognormal(math.log(5000), 0.5, 4000).round(), 0.3)
+    assert read == pytest.approx(exact, rel=0.1)
+    # a long tail under the attention term reads low (first order): 1.55 where it is 2.78
+    read, exact = cv(model, _prompts(), 0.3)
+    assert 1.4 < read < exact
+    # nothing read: the prior
+    assert model.prefill_service_cv(Load(1.0, 8000.0, 300.0, 0.3), prior=1.5) == 1.5
+    # the demo's prefill for long documents behind a random router: the prior's CV of 1.5
+    # asked 9 instances where 5 met the TTFT target for 92% of them (a fixed fleet replayed
+    # on a demo recording; 8 met 90.5%: the rest are prompts too long for 5 s on any fleet)
+    slo = Slo(ttft_seconds=5.0, tpot_seconds=0.05, percentile=0.9)
+    long_docs = _load(rng.uniform(300, 900, 4000).round(), rate=1.0, hit=0.2)
+    sized = demo.instances_needed(long_docs, slo, ttft_queueing=True, service_cv=1.5, pooled_prefill=False)
+    assert sized[0] == 5
+    assert demo.prefill_instances_for_ttft(long_docs, slo, service_cv=1.5, pooled=False) == 9
