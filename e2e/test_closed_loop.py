@@ -15,7 +15,13 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from pdscale.testbed.demo import DemoResult, Sample, drive, load_pdcluster
+from pdscale.testbed.demo import (
+    E2E_SCALE_DOWN_WINDOW_SECONDS,
+    DemoResult,
+    Sample,
+    drive,
+    load_pdcluster,
+)
 from pdscale.testbed.loadgen import Phase
 from pdscale.testbed.nodes import api_client
 from pdscale.testbed.stack import Stack
@@ -69,11 +75,10 @@ def run(tmp_path_factory: pytest.TempPathFactory):
                            "listed": listed, "serving": serving_before | serving_after,
                            "serving_after": serving_after})
 
-        # a 30 s scale-down window: the split must move back within chat-again's 70 s,
-        # where the default (320 s) holds what long documents needed
+        # the split must move back within chat-again's 70 s
         assert stack.prometheus is not None
-        body = load_pdcluster("e2e", "default", stack.prometheus.url)
-        body["spec"]["planner"]["stabilizationWindowSeconds"] = 30
+        body = load_pdcluster("e2e", "default", stack.prometheus.url,
+                              scale_down_window_seconds=E2E_SCALE_DOWN_WINDOW_SECONDS)
         result = drive(stack, "default", "e2e", PHASES, on_sample=on_sample, body=body)
         custom = client.CustomObjectsApi(api_client(stack.kubeconfig))
         pdc = custom.get_namespaced_custom_object("pdscale.io", "v1alpha1", "default",

@@ -17,7 +17,13 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from pdscale.testbed.demo import DemoResult, Sample, drive, load_pdcluster
+from pdscale.testbed.demo import (
+    E2E_SCALE_DOWN_WINDOW_SECONDS,
+    DemoResult,
+    Sample,
+    drive,
+    load_pdcluster,
+)
 from pdscale.testbed.loadgen import Phase
 from pdscale.testbed.nodes import api_client
 from pdscale.testbed.stack import Stack
@@ -32,7 +38,8 @@ PHASES = (
 
 
 def smg_pdcluster(prometheus_url: str) -> dict:
-    body = load_pdcluster(NAME, "default", prometheus_url)
+    body = load_pdcluster(NAME, "default", prometheus_url,
+                          scale_down_window_seconds=E2E_SCALE_DOWN_WINDOW_SECONDS)
     body["spec"]["router"]["gateway"] = "SMG"
     return body
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from pdscale.testbed.demo import DemoResult, drive, load_pdcluster
+from pdscale.testbed.demo import E2E_SCALE_DOWN_WINDOW_SECONDS, DemoResult, drive, load_pdcluster
 from pdscale.testbed.loadgen import Phase
 from pdscale.testbed.nodes import api_client
 from pdscale.testbed.stack import Stack
@@ -24,7 +24,8 @@ PHASES = (
 
 
 def vllm_pdcluster(prometheus_url: str) -> dict:
-    body = load_pdcluster(NAME, "default", prometheus_url)
+    body = load_pdcluster(NAME, "default", prometheus_url,
+                          scale_down_window_seconds=E2E_SCALE_DOWN_WINDOW_SECONDS)
     spec = body["spec"]
     spec["engine"].update(kind="VLLM", image="vllm/vllm-openai:v0.11.0")
     spec["parallelism"] = {"prefill": {"tensorParallelSize": 8}, "decode": {"tensorParallelSize": 8}}

@@ -119,11 +119,22 @@ def phase_clock(phases: list[dict[str, Any]]) -> Callable[[float], str]:
     return lambda t: next((n for end, n in ends if t < end), ends[-1][1])
 
 
+#: the scale-down window of the e2e runs: they check that the split moves back, or drains,
+#: within a 60-70 s phase, which the default window (HPA's 300 s plus the warm-up, what the
+#: demo runs) outlasts
+E2E_SCALE_DOWN_WINDOW_SECONDS = 30
+
+
 def load_pdcluster(name: str, namespace: str, prometheus_url: str,
-                   pdcluster_path: Path = Path("examples/demo-sim.yaml")) -> dict[str, Any]:
+                   pdcluster_path: Path = Path("examples/demo-sim.yaml"), *,
+                   scale_down_window_seconds: int | None = None) -> dict[str, Any]:
+    """The PDCluster of ``pdcluster_path`` named and pointed at ``prometheus_url``; with
+    ``scale_down_window_seconds``, its planner's stabilisation window set to it."""
     body = yaml.safe_load(pdcluster_path.read_text())
     body["metadata"] = {"name": name, "namespace": namespace}
     body["spec"]["planner"]["prometheusURL"] = prometheus_url
+    if scale_down_window_seconds is not None:
+        body["spec"]["planner"]["stabilizationWindowSeconds"] = scale_down_window_seconds
     return body
 
 

@@ -57,7 +57,11 @@ def test_instance_hours_hold_each_count_until_the_next_decision():
 
 
 def _spec():
-    return read_spec(str(ROOT / "examples" / "demo-sim.yaml"))
+    """The demo's PDCluster with a 30 s scale-down window (the default, 320 s, outlasts the
+    24 ticks: the fleet must also shrink, so that draining instances are exported)."""
+    spec = read_spec(str(ROOT / "examples" / "demo-sim.yaml"))
+    return spec.model_copy(update={"planner": spec.planner.model_copy(
+        update={"stabilization_window_seconds": 30})})
 
 
 def _snapshot(t: float, rate: float, isl: float) -> MetricsSnapshot:
