@@ -202,7 +202,7 @@ def test_the_ttft_model_takes_the_compute_spread_from_the_measured_prompts(
     """Prefill's TTFT queueing model waits longer for a more variable compute. Its coefficient
     of variation comes from the prompts' measured spread through the compute's elasticity (the
     delta method): exact where the compute is linear in the prompt, first order under the
-    attention term. The configured prior stands where no spread was read."""
+    attention term. The configured prior stands where no spread was read, and caps it."""
     rng = np.random.default_rng(5)
 
     def cv(m: PerformanceModel, prompts: np.ndarray, hit: float) -> tuple[float, float]:
@@ -218,11 +218,12 @@ def test_the_ttft_model_takes_the_compute_spread_from_the_measured_prompts(
     # moderate spread on the 8xH200 profile's quadratic compute
     read, exact = cv(model, rng.lognormal(math.log(5000), 0.5, 4000).round(), 0.3)
     assert read == pytest.approx(exact, rel=0.1)
-    # a long tail under the attention term reads low (first order): 1.55 where it is 2.78
+    # a long tail under the attention term reads low (first order): 1.42 where it is 2.14
     read, exact = cv(model, _prompts(), 0.3)
     assert 1.4 < read < exact
-    # nothing read: the prior
+    # nothing read: the prior; and the prior caps what is read (the tail above reads 1.42)
     assert model.prefill_service_cv(Load(1.0, 8000.0, 300.0, 0.3), prior=1.5) == 1.5
+    assert model.prefill_service_cv(_load(_prompts(), hit=0.3), prior=1.2) == 1.2
     # the demo's prefill for long documents behind a random router: the prior's CV of 1.5
     # asked 9 instances where 5 met the TTFT target for 92% of them (a fixed fleet replayed
     # on a demo recording; 8 met 90.5%: the rest are prompts too long for 5 s on any fleet)
