@@ -468,7 +468,7 @@ def _forecast_loads(
 
     Each role forecasts from the rates of the past in the planned shape's requests
     (:func:`_in_planned_shape`): a rate of far cheaper requests is counted at the work it
-    brought, not as as many requests of the new shape."""
+    brought, not as that many requests of the new shape."""
     isl, osl, hit, square = _load_shape(cfg, loads, load)
     shape = Load(1.0, isl, osl, hit, input_tokens_square_ratio=square)
     prefill_work, decode_work = _per_request_work(cfg, shape)
@@ -497,9 +497,9 @@ def _in_planned_shape(cfg: PlannerConfig, past: Load | None, role: int, planned:
     """The factor that counts ``past``'s requests as requests of the planned shape for
     ``role`` (0 prefill, 1 decode): their work over the planned request's where they brought
     at most 1 / ``length_jump_ratio`` of it (a new, heavier shape: chat's 2.4 req/s of
-    100-token prompts forecast long documents' 600-token prompts at 2.4 req/s, sized the
-    demo's prefill for twice the work it got and held it there for the forecast window);
-    1 otherwise, so that per-interval noise in lengths never moves the rate forecast."""
+    100-token prompts forecast long documents' 600-token prompts at 2.4 req/s for the
+    forecast window, 2.4x the work either brought); 1 otherwise, so that per-interval noise
+    in lengths never moves the rate forecast."""
     if past is None or past.rate_rps <= 0 or cfg.length_jump_ratio is None or planned <= 0:
         return 1.0
     factor = _per_request_work(cfg, past)[role] / planned
