@@ -470,13 +470,13 @@ def _forecast_loads(
     (:func:`_in_planned_shape`): a rate of far cheaper requests is counted at the work it
     brought, not as that many requests of the new shape."""
     isl, osl, hit, square = _load_shape(cfg, loads, load)
-    shape = Load(1.0, isl, osl, hit, input_tokens_square_ratio=square)
-    prefill_work, decode_work = _per_request_work(cfg, shape)
+    planned = _per_request_work(cfg, Load(1.0, isl, osl, hit, input_tokens_square_ratio=square))
+    # each past interval's work per request, once for both roles
+    works = [None if x is None or x.rate_rps <= 0 else _per_request_work(cfg, x) for x in loads]
+    decode_quantile = cfg.rise_quantile if cfg.decode_rise_quantile is None else cfg.decode_rise_quantile
     by_role = []
-    for role, quantile in ((0, cfg.rise_quantile), (1, cfg.rise_quantile if cfg.decode_rise_quantile
-                                                   is None else cfg.decode_rise_quantile)):
-        planned = prefill_work if role == 0 else decode_work
-        scale = [_in_planned_shape(cfg, x, role, planned) for x in loads]
+    for role, quantile in ((0, cfg.rise_quantile), (1, decode_quantile)):
+        scale = [_in_planned_shape(cfg, w, role, planned[role]) for w in works]
         seen = [None if x is None else x.rate_rps * f for x, f in zip(loads, scale, strict=True)]
         rates = forecast(seen, H, method=cfg.forecast_method, window=cfg.forecast_window)
         assert rates is not None
@@ -493,16 +493,18 @@ def _per_request_work(cfg: PlannerConfig, load: Load) -> tuple[float, float]:
     return cfg.model.prefill_service_seconds(load), load.mean_output_tokens
 
 
-def _in_planned_shape(cfg: PlannerConfig, past: Load | None, role: int, planned: float) -> float:
-    """The factor that counts ``past``'s requests as requests of the planned shape for
-    ``role`` (0 prefill, 1 decode): their work over the planned request's where they brought
-    at most 1 / ``length_jump_ratio`` of it (a new, heavier shape: chat's 2.4 req/s of
-    100-token prompts forecast long documents' 600-token prompts at 2.4 req/s for the
-    forecast window, 2.4x the work either brought); 1 otherwise, so that per-interval noise
-    in lengths never moves the rate forecast."""
-    if past is None or past.rate_rps <= 0 or cfg.length_jump_ratio is None or planned <= 0:
+def _in_planned_shape(cfg: PlannerConfig, past: tuple[float, float] | None, role: int,
+                      planned: float) -> float:
+    """The factor that counts a past interval's requests (``past``: their work per request,
+    None for an interval without requests) as requests of the planned shape for ``role``
+    (0 prefill, 1 decode): their work over the planned request's where they brought at most
+    1 / ``length_jump_ratio`` of it (a new, heavier shape: chat's 2.4 req/s of 100-token
+    prompts forecast long documents' 600-token prompts at 2.4 req/s for the forecast window,
+    2.4x the work either brought); 1 otherwise, so that per-interval noise in lengths never
+    moves the rate forecast."""
+    if past is None or cfg.length_jump_ratio is None or planned <= 0:
         return 1.0
-    factor = _per_request_work(cfg, past)[role] / planned
+    factor = past[role] / planned
     return factor if factor * cfg.length_jump_ratio <= 1.0 else 1.0
 
 
