@@ -13,6 +13,7 @@ import math
 import pytest
 from planner_replay_helpers import replay_setup
 
+from pdscale.planner.model import Load
 from pdscale.planner.replay.run import initial_fleet, interval_loads, run_policy
 from pdscale.planner.replay.traces import Trace
 
@@ -77,3 +78,15 @@ def test_the_oracles_see_a_step_before_as_and_one_interval_after_it_happens() ->
     assert rises["oracle"] < STEP_AT_SECONDS
     assert rises["oracle:next"] == pytest.approx(STEP_AT_SECONDS)
     assert rises["oracle:now"] == pytest.approx(STEP_AT_SECONDS + INTERVAL_SECONDS)
+
+
+def test_a_stated_start_is_held_through_a_first_tick_that_saw_almost_nothing() -> None:
+    # The operator's first tick comes before any engine was scraped and holds the spec's
+    # replicas, which the scale-down window keeps; a replay from the spec must too, or a first
+    # tick that sees a load one second old releases what the live loop kept
+    setup = replay_setup(step_trace(low_rps=0.05, high_rps=0.5, seconds=900.0), ttft_seconds=3.0,
+                         nodes=12, idle_before=True, tick_phase_seconds=30.0)
+    idle = [Load(0.0, 0.0, 0.0, 0.0)] * 2  # as the demo's replay: the warm-up before the load
+    report = run_policy(setup, "pdscale", start_fleet=(1, 4), history=idle)
+    first = report["decisions"][0]
+    assert (first["prefill"], first["decode"]) == (1, 4), report["explanations"][0]["why"]
