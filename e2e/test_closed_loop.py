@@ -186,9 +186,41 @@ def test_kubectl_get_pdc_shows_the_decision(run):
 #: spec's replicas) may part by this much: the demo's target is 5 pp over six minutes; this
 #: load is shorter (210 s) and its few hundred requests move a share more per request
 REPLAY_TOLERANCE_PP = 10.0
+#: how far under a perfect meter (``oracle:now``, told each interval's load once it ends) the
+#: live loop may fall on its own recorded load. At 439398a: live 52.4%, oracle:now over six
+#: router draws 47.0-49.9%, the oracle 85.8-88.9%, a fixed 1P2D (the spec's) 8.0%
+PERFECT_METER_MARGIN_PP = 5.0
 
 
-def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
+@pytest.fixture(scope="module")
+def recorded(run, tmp_path_factory):
+    """The live summary, the recording written from the run and the live loop's timing."""
+    from pdscale.testbed import demo_replay
+    from pdscale.testbed.demo import record_live_load
+
+    result, _, pdc, _, stack = run
+    assert stack.prometheus is not None
+    out = tmp_path_factory.mktemp("recording")
+    applied = {"apiVersion": pdc["apiVersion"], "kind": pdc["kind"],
+               "metadata": {"name": pdc["metadata"]["name"]}, "spec": pdc["spec"]}
+    record_live_load(result, applied, out)
+    slo = pdc["spec"]["slo"]
+    live = result.summary(slo["ttftMilliseconds"] / 1000, slo["tpotMilliseconds"] / 1000)
+    pdcluster, trace = out / demo_replay.PDCLUSTER_FILE, out / demo_replay.TRACE_FILE
+    assert len(trace.read_text().splitlines()) == len(result.records)
+    # The replay plans when the live loop did (where the ticks fall against a load change
+    # moves the replayed figure by several points on its own: demo_replay.tick_phase_spread)
+    # and its new instances serve as late as the live ones did (the control plane and the
+    # router's discovery add seconds to the warm-up: demo_replay.join_delay).
+    timing = demo_replay.live_timing(result.samples, INTERVAL_SECONDS,
+                                     pdc["spec"]["decode"]["warmupSeconds"],
+                                     stack.prometheus.scrape_interval_seconds)
+    assert timing.tick_phase_seconds is not None, \
+        "the samples saw no plan slot in the planner's memory"
+    return live, pdcluster, trace, timing
+
+
+def test_the_recorded_load_replays_to_the_live_attainment(run, recorded):
     """The loop records what it sent and what the client saw; replaying that recording with
     the PDCluster it ran, over the router's draws, comes within REPLAY_TOLERANCE_PP of the
     live attainment, and nearer it than the same replays on a fleet 1.5x as fast (a control):
@@ -198,26 +230,9 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
     from pdscale.planner.model import PerformanceModel
     from pdscale.planner.profile import load_profile, scaled_profile
     from pdscale.testbed import demo_replay
-    from pdscale.testbed.demo import record_live_load
 
-    result, _, pdc, _, stack = run
-    assert stack.prometheus is not None
-    applied = {"apiVersion": pdc["apiVersion"], "kind": pdc["kind"],
-               "metadata": {"name": pdc["metadata"]["name"]}, "spec": pdc["spec"]}
-    record_live_load(result, applied, tmp_path)
-    slo = pdc["spec"]["slo"]
-    live = result.summary(slo["ttftMilliseconds"] / 1000, slo["tpotMilliseconds"] / 1000)
-    pdcluster, trace = tmp_path / demo_replay.PDCLUSTER_FILE, tmp_path / demo_replay.TRACE_FILE
-    assert len(trace.read_text().splitlines()) == len(result.records)
-    # The replay plans when the live loop did (where the ticks fall against a load change
-    # moves the replayed figure by several points on its own: demo_replay.tick_phase_spread)
-    # and its new instances serve as late as the live ones did (the control plane and the
-    # router's discovery add seconds to the warm-up: demo_replay.join_delay).
-    timing = demo_replay.live_timing(result.samples, INTERVAL_SECONDS,
-                                     pdc["spec"]["decode"]["warmupSeconds"],
-                                     stack.prometheus.scrape_interval_seconds)
-    phase = timing.tick_phase_seconds
-    assert phase is not None, "the samples saw no plan slot in the planner's memory"
+    _, _, pdc, _, _ = run
+    live, pdcluster, trace, timing = recorded
     fast = PerformanceModel(scaled_profile(load_profile(pdc["spec"]["planner"]["profile"]),
                                            prefill_speed=1.5, decode_speed=1.5))
     # sglang-router picks PD prefills at random: the live run was one draw, the replay's
@@ -229,7 +244,8 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
                                            timing=timing).values()
     near = demo_replay.span_distance_pp(live["slo_attainment"], replayed)
     far = demo_replay.span_distance_pp(live["slo_attainment"], control)
-    print(f"live {live['slo_attainment']:.1%}; replayed at the live tick phase {phase:.1f} s of "
+    print(f"live {live['slo_attainment']:.1%}; replayed at the live tick phase "
+          f"{timing.tick_phase_seconds:.1f} s of "
           f"{INTERVAL_SECONDS} s, instances joining {timing.join_delay_seconds:.1f} s after "
           f"their warm-up, over {len(replayed)} router draws "
           f"{min(replayed):.1%}-{max(replayed):.1%} ({near:.1f} pp outside), on a fleet 1.5x as "
@@ -237,3 +253,26 @@ def test_the_recorded_load_replays_to_the_live_attainment(run, tmp_path):
           f"over ten phases {min(spread):.1%}-{max(spread):.1%}")
     assert near <= REPLAY_TOLERANCE_PP
     assert near < far
+
+
+def test_the_live_loop_meets_what_a_perfect_meter_meets_on_its_load(recorded):
+    """The issue's 80% is not reachable on this load without knowing it ahead: the oracle
+    meets it, a planner told each interval's load exactly once it ends (``oracle:now``) does
+    not (docs/replay.md, "What the demo's load allows"). What the live loop must show is that
+    it loses nothing beyond that: at its own tick phase and over the router's draws it meets
+    at least the perfect meter's lowest draw less PERFECT_METER_MARGIN_PP, where the spec's
+    fleet held fixed meets a few per cent."""
+    from pdscale.testbed import demo_replay
+
+    live, pdcluster, trace, timing = recorded
+    draws = demo_replay.ROUTER_DRAWS
+
+    def met(policy: str) -> list[float]:
+        return [demo_replay.replay_recording(pdcluster, trace, (policy,), timing=timing,
+                                             router_seed=seed)[policy]["slo_attainment"]
+                for seed in draws]
+
+    meter, oracle = met("oracle:now"), met("oracle")
+    print(f"live {live['slo_attainment']:.1%}; over {len(draws)} router draws oracle:now "
+          f"{min(meter):.1%}-{max(meter):.1%}, the oracle {min(oracle):.1%}-{max(oracle):.1%}")
+    assert live["slo_attainment"] >= min(meter) - PERFECT_METER_MARGIN_PP / 100.0
