@@ -424,6 +424,7 @@ def run_policy(
     if not 0.0 < utilization_scale <= 10.0:
         raise ValueError(f"utilization_scale must be in (0, 10], got {utilization_scale}")
     started = time.perf_counter()
+    stated_fleet = None if start_fleet is None else stated_start(setup, start_fleet)
     name = policy
     extra: dict[str, Any] = {}
     controller: Controller | None = None
@@ -439,7 +440,6 @@ def run_policy(
     elif policy in ("pdscale", *KNOWING):
         # the oracles are hindsight bounds: their start is sized from the fleet's true speed too
         start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history)
-        stated_fleet = None if start_fleet is None else stated_start(setup, start_fleet)
         ctl = planner_controller(setup, policy, history, start=stated_fleet)
         controller = ctl
         explanations = ctl.decisions
@@ -459,8 +459,8 @@ def run_policy(
     else:
         raise ValueError(f"policy must be one of {POLICIES} (static:xPyD e.g. static:4P17D), got {policy!r}")
     stated = False
-    if start_fleet is not None and not policy.startswith("static:"):
-        start, stated = stated_start(setup, start_fleet), True
+    if stated_fleet is not None and not policy.startswith("static:"):
+        start, stated = stated_fleet, True
     result = simulate_fleet(setup, start, controller, progress)
     report = summarize(setup, name, result)
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
