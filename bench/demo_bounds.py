@@ -29,13 +29,14 @@ import json
 import re
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from pdscale.testbed import demo_replay
-from pdscale.testbed.demo import phase_clock, recorded_result
+from pdscale.testbed.demo import phase_clock, recorded_result, recorded_timing
 
 DEFAULT_FLOORS = ("P3", "D6", "P5D6")
 DEFAULT_STARTS = ("P2D6",)
@@ -94,26 +95,22 @@ def main() -> None:
     rec: Path = args.recording
     body = yaml.safe_load((rec / demo_replay.PDCLUSTER_FILE).read_text())
     live = recorded_result(rec)
-    spec = body["spec"]
-    interval = float(spec["planner"].get("intervalSeconds", 10))
-    warmup = max(float(spec[r].get("warmupSeconds", 0)) for r in ("prefill", "decode"))
-    timing = demo_replay.live_timing(live.samples, interval, warmup)
+    interval, timing = recorded_timing(live, rec)
     phase_at = phase_clock(live.phases)
     tmp = Path(tempfile.mkdtemp(prefix="demo-bounds-"))
 
     def replays(name: str, variant: dict[str, Any], policy: str) -> dict[str, Any]:
-        path = tmp / f"{len(list(tmp.iterdir()))}.yaml"
+        path = tmp / f"{name.replace(' ', '_').replace(',', '')}.yaml"
         path.write_text(yaml.safe_dump(variant))
         runs = []
         for k in range(args.tick_phases):
-            at = demo_replay.LiveTiming(k * interval / args.tick_phases,
-                                        timing.join_delay_seconds, timing.scrape_seconds)
-            for seed in range(1, args.draws + 1):
-                r = demo_replay.replay_recording(path, rec / demo_replay.TRACE_FILE, (policy,),
-                                                 timing=at, router_seed=seed)[policy]
-                runs.append({"met": r["slo_attainment"], "gpu_hours": r["gpu_hours"],
-                             "by_phase": demo_replay.interval_attainment_by_phase(
-                                 r["per_interval"], interval, phase_at)})
+            at = replace(timing, tick_phase_seconds=k * interval / args.tick_phases)
+            by_draw = demo_replay.router_draw_replays(
+                path, rec / demo_replay.TRACE_FILE, at, seeds=range(1, args.draws + 1),
+                policy=policy)
+            runs += [{"met": r["slo_attainment"], "gpu_hours": r["gpu_hours"],
+                      "by_phase": demo_replay.interval_attainment_by_phase(
+                          r["per_interval"], interval, phase_at)} for r in by_draw.values()]
         row = summarise(name, runs)
         print(f"  {name}: {row['met_mean']:.1%}", flush=True)
         return row

@@ -381,16 +381,22 @@ def record_live_load(result: DemoResult, applied: dict[str, Any], out: Path) -> 
                                 block_tokens=block_tokens)
 
 
+def recorded_timing(result: DemoResult, out: Path) -> tuple[float, demo_replay.LiveTiming]:
+    """The planning interval of the PDCluster recorded under ``out`` and the live loop's
+    timing against it: its plan schedule (ticks a few seconds apart see a phase change
+    differently) and its new instances' join delay beyond the warm-up."""
+    spec = PDClusterSpec.model_validate(
+        yaml.safe_load((out / demo_replay.PDCLUSTER_FILE).read_text())["spec"])
+    interval = float(spec.planner.interval_seconds)
+    warmup = max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds)
+    return interval, demo_replay.live_timing(result.samples, interval, warmup)
+
+
 def compare_with_replay(result: DemoResult, summary: dict[str, Any], out: Path) -> dict[str, Any]:
     """Replay the recording under ``out`` with the PDCluster applied, through pdscale and the
     oracle (and each replay router), and compare with the live run (demo_replay.fidelity)."""
     pdcluster, trace = out / demo_replay.PDCLUSTER_FILE, out / demo_replay.TRACE_FILE
-    spec = PDClusterSpec.model_validate(yaml.safe_load(pdcluster.read_text())["spec"])
-    interval = float(spec.planner.interval_seconds)
-    # on the live loop's plan schedule (ticks a few seconds apart see a phase change
-    # differently), its new instances serving as late as they did
-    warmup = max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds)
-    timing = demo_replay.live_timing(result.samples, interval, warmup)
+    interval, timing = recorded_timing(result, out)
     reports = demo_replay.replay_recording(pdcluster, trace, timing=timing)
     phase_at = phase_clock(result.phases)
     rows = demo_replay.side_by_side(

@@ -258,10 +258,11 @@ ROUTER_DRAWS = range(1, 7)
 
 def router_draw_replays(pdcluster: Path, trace: Path, timing: LiveTiming = LiveTiming(),
                         *, fleet: PerformanceModel | None = None,
-                        seeds: Sequence[int] = ROUTER_DRAWS) -> dict[int, dict[str, Any]]:
-    """pdscale's replay report under each draw (seed) of the replay's random routers."""
-    return {seed: replay_recording(pdcluster, trace, ("pdscale",), fleet=fleet, timing=timing,
-                                   router_seed=seed)["pdscale"]
+                        seeds: Sequence[int] = ROUTER_DRAWS,
+                        policy: str = "pdscale") -> dict[int, dict[str, Any]]:
+    """``policy``'s replay report under each draw (seed) of the replay's random routers."""
+    return {seed: replay_recording(pdcluster, trace, (policy,), fleet=fleet, timing=timing,
+                                   router_seed=seed)[policy]
             for seed in seeds}
 
 
