@@ -187,9 +187,12 @@ def test_kubectl_get_pdc_shows_the_decision(run):
 #: load is shorter (210 s) and its few hundred requests move a share more per request
 REPLAY_TOLERANCE_PP = 10.0
 #: how far under a perfect meter (``oracle:now``, told each interval's load once it ends) the
-#: live loop may fall on its own recorded load. At 439398a: live 52.4%, oracle:now over six
-#: router draws 47.0-49.9%, the oracle 85.8-88.9%, a fixed 1P2D (the spec's) 8.0%
-PERFECT_METER_MARGIN_PP = 5.0
+#: live loop may fall on its own recorded load. The meter is a replay, and a live run parts
+#: from any replay of its load by up to the fidelity test's tolerance: at some tick phases
+#: pdscale's lowest of six draws is 4.3 pp under the meter's lowest, and a live run lies up to
+#: 4 pp outside pdscale's draws. Three runs: live 52.4% against 47.0-49.9%, 52.1% against
+#: 51.3-53.3%, 47.9% against 51.3-53.8%; the oracle 84-89%, a fixed 1P2D (the spec's) 8.0%
+PERFECT_METER_MARGIN_PP = REPLAY_TOLERANCE_PP
 
 
 @pytest.fixture(scope="module")
