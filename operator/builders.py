@@ -16,7 +16,13 @@ from . import engines, names, router
 from .checklist import Derived
 from .names import Owner, metadata
 from .network import NetworkSettings, network_policies
-from .pdcluster import GPU_PRODUCT_LABEL, GPU_RESOURCE, PDClusterSpec, PlannerMode
+from .pdcluster import (
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    MAX_ROLE_REPLICAS,
+    PDClusterSpec,
+    PlannerMode,
+)
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # A cold start (DeepGEMM JIT, empty page cache) can take several times the warm estimate.
@@ -236,7 +242,8 @@ def planned_replicas(spec: PDClusterSpec, status: dict[str, Any] | None) -> dict
         value = planned.get(role.value)
         if isinstance(value, int) and not isinstance(value, bool):
             r = getattr(spec, role)
-            out[role.value] = max(r.min_replicas, value)
+            # the CRD's cap: status is no spec, nothing there may pass what a spec may not
+            out[role.value] = min(max(r.min_replicas, value), MAX_ROLE_REPLICAS)
     return out
 
 

@@ -41,6 +41,8 @@ EVENT_SPEC_INVALID = SPEC_INVALID
 EVENT_READY = "Ready"
 EVENT_NOT_READY = "NotReady"
 EVENT_APPLY_REFUSED = APPLY_REFUSED
+#: a ConfigMap named like the planner memory is not controlled by the PDCluster: left alone
+EVENT_PLANNER_MEMORY_FOREIGN = "PlannerMemoryForeign"
 
 
 def condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from .fleet import (
 )
 from .kube import Kube
 from .pdcluster import GROUP, PLURAL, VERSION, EngineKind, PDClusterSpec
-from .reconcile import reconcile_current
+from .reconcile import is_ours, reconcile_current
 from .routersync import normalize_url
 from .telemetry import Reporter
 from .vllm_discovery import (
@@ -56,10 +56,14 @@ log = logging.getLogger(__name__)
 
 #: a drain ends this many preStop drains after it started, idle or not
 DRAIN_TIMEOUT_FACTOR = 5
+#: and never later than this (seconds): a deletion is held at most this long, whatever the
+#: spec says (the spec's preStopDrainSeconds is capped too, at MAX_PRE_STOP_DRAIN_SECONDS)
+MAX_DRAIN_TIMEOUT_SECONDS = 7200.0
 
 
 def drain_timeout_seconds(spec: PDClusterSpec, role: Role) -> float:
-    return float(getattr(spec, role).pre_stop_drain_seconds) * DRAIN_TIMEOUT_FACTOR
+    return min(float(getattr(spec, role).pre_stop_drain_seconds) * DRAIN_TIMEOUT_FACTOR,
+               MAX_DRAIN_TIMEOUT_SECONDS)
 
 
 def drain_marks(draining_since: float | None) -> dict[str, Any]:
@@ -247,6 +251,14 @@ class Drains:
             # The reconcile creates them; until then there are no replicas to move.
             log.info("planner %s/%s: Deployments %s not there yet; nothing to move", ns, name, missing)
             return
+        foreign = [names.child_name(name, role) for role, d in deployments.items()
+                   if d is not None and not is_ours(d, str(meta.get("uid") or ""))]
+        if foreign:
+            # Another object of that name (the reconcile reports the conflict): its pods are
+            # not ours to drain, whatever labels they carry.
+            log.warning("planner %s/%s: Deployments %s are not controlled by this PDCluster; "
+                        "nothing is moved", ns, name, foreign)
+            return
         replicas: dict[str, int] = {}
         waiting: list[str] = []
         leaving: set[str] = set()
@@ -430,6 +442,18 @@ class DeletionDrain:
         self.worker_lists = worker_lists
         self.in_flight = in_flight
 
+    def _owns_engines(self, ns: str, name: str, uid: str) -> bool:
+        """No engine Deployment of this PDCluster's names is someone else's: a deletion never
+        takes another PDCluster's engines out of its router (their pods carry the same labels
+        only when the names collide; the reconcile refuses to adopt them)."""
+        for role in Role:
+            live = self.kube.get("Deployment", ns, names.child_name(name, role))
+            if live is not None and not is_ours(live, uid):
+                log.warning("deletion of %s/%s: Deployment %s is not controlled by it; its pods "
+                            "are left alone", ns, name, names.child_name(name, role))
+                return False
+        return True
+
     def step(self, body: dict[str, Any], now: float) -> bool:
         """True once the finalizer is gone (or was never ours)."""
         meta = body["metadata"]
@@ -442,7 +466,7 @@ class DeletionDrain:
             spec: PDClusterSpec | None = PDClusterSpec.model_validate(body.get("spec") or {})
         except ValueError:
             spec = None  # nothing could have been built from it that serves
-        if spec is not None:
+        if spec is not None and self._owns_engines(ns, name, str(meta.get("uid") or "")):
             pods = self.kube.list_pods(ns, {names.LABEL_INSTANCE: names.base_name(name),
                                             names.LABEL_MANAGED_BY: names.MANAGER})
             role_of = {p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE)

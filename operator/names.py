@@ -23,6 +23,8 @@ ROLE_SUFFIXES = ("prefill", "decode", "router")
 _LONGEST_SUFFIX = max(len(s) for s in ROLE_SUFFIXES) + 1  # "-prefill"
 BASE_MAX_CHARS = CHILD_NAME_MAX_CHARS - _LONGEST_SUFFIX  # 38
 HASH_CHARS = 5
+#: how a hashed base name ends; a name kept unchanged never does (see base_name)
+_HASHED = re.compile(rf"-[0-9a-f]{{{HASH_CHARS}}}$")
 
 MANAGER = "pdscale-operator"
 LABEL_NAME = "app.kubernetes.io/name"
@@ -38,11 +40,16 @@ def base_name(cluster_name: str) -> str:
 
     Unchanged for ordinary names; otherwise sanitized and truncated, with a hash of the full
     name appended so that two long names sharing a prefix stay distinct.
+
+    The mapping is injective (up to the hash): a name kept as it is never ends like a
+    hashed one (``-`` and HASH_CHARS hex digits), so such a name is hashed too. Without that,
+    ``team-llm-88439`` (kept) and ``team.llm`` (hashed to ``team-llm-88439``) would share
+    every child, label and the planner memory.
     """
     clean = re.sub(r"[^a-z0-9-]", "-", cluster_name.lower())
     if clean and not clean[0].isalpha():
         clean = "p" + clean
-    if clean == cluster_name and len(clean) <= BASE_MAX_CHARS:
+    if clean == cluster_name and len(clean) <= BASE_MAX_CHARS and not _HASHED.search(clean):
         return clean
     digest = hashlib.sha256(cluster_name.encode()).hexdigest()[:HASH_CHARS]
     keep = BASE_MAX_CHARS - HASH_CHARS - 1

@@ -45,9 +45,11 @@ from .fleet import PodView, pod_view, role_state
 from .kube import Kube
 from .names import Owner
 from .pdcluster import PDClusterSpec, PlannerMode
-from .planner_memory import PlannerMemory, memory_problem
+from .planner_memory import ForeignMemory, PlannerMemory, memory_problem
 from .planning import (
     calibration_for_profile,
+    clamp_decision,
+    clamp_history,
     history_from_json,
     history_keep,
     history_to_json,
@@ -153,6 +155,7 @@ class PlannerLoop:
             decision, due = self._plan_if_due(body, spec, pods, now)
             # act
             if mode is PlannerMode.AUTO and decision is not None:
+                decision = clamp_decision(decision, spec)  # whatever its source
                 targets = {Role.PREFILL: decision.prefill, Role.DECODE: decision.decode}
                 self.drains.move(body, spec, pods, workers, listed, targets, now)
                 pods = {role: self._pods(ns, name, role) for role in Role}
@@ -184,13 +187,19 @@ class PlannerLoop:
         when the next plan falls due (None: unknown, as after a failure to plan)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        stored = self.memory.load(ns, name)
+        try:
+            stored = self.memory.load(ns, name, meta.get("uid"))
+        except ForeignMemory as foreign:
+            # someone else's object of the memory's name: never read, written or adopted
+            self.report.memory_foreign(body, str(foreign))
+            return None, None
         problem = None if stored is None else memory_problem(stored, now)
         if problem is not None:
             # start from an empty memory: one stabilization window of caution, not a stop
             self.report.memory_ignored(body, problem)
             stored = None
         history, last_plan = history_from_json(stored)
+        history = clamp_history(history, spec)  # stored data, held to today's bounds
         decision = history.decisions[-1] if history.decisions else None
         interval = spec.planner.interval_seconds
         slot = plan_slot(last_plan, interval, now)

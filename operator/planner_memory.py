@@ -5,6 +5,11 @@ The memory is not trusted as read: anyone with write access to ConfigMaps can ed
 future ``lastPlanAtSeconds`` alone would stop planning for good. ``memory_problem`` names what
 is wrong with a stored memory (the loop then starts from an empty one and says so).
 
+Only a ConfigMap this PDCluster controls (controller owner reference with its uid) is read
+or written as its memory: one created by someone else before the PDCluster (same name) is
+left alone, neither read, nor written over, nor adopted (``ForeignMemory``); the loop holds
+and says why.
+
 Writes carry the resourceVersion that was read, as a precondition (a create when none was
 read): a write that lost a race (another writer got there first, HTTP 409) does not clobber
 the newer memory; it is dropped, and the next tick reads the newer one.
@@ -30,19 +35,35 @@ log = logging.getLogger(__name__)
 MAX_CLOCK_SKEW_SECONDS = 60.0
 
 
+class ForeignMemory(Exception):
+    """A ConfigMap of the memory's name exists but is not controlled by this PDCluster."""
+
+
+def foreign_memory_message(name: str, namespace: str) -> str:
+    return (f"ConfigMap {namespace}/{name} is not controlled by this PDCluster (no controller "
+            f"owner reference with its uid): it is not the planner memory and is left alone; "
+            f"the planner holds until it is deleted or renamed")
+
+
 class PlannerMemory:
     def __init__(self, kube: Kube):
         self.kube = kube
         #: (namespace, PDCluster) -> the resourceVersion of the memory last read
         self.versions: dict[tuple[str, str], str] = {}
 
-    def load(self, namespace: str, cluster_name: str) -> str | None:
-        """The stored memory; None when there is none yet (a first plan, or it was deleted)."""
+    def load(self, namespace: str, cluster_name: str, uid: str | None = None) -> str | None:
+        """The stored memory; None when there is none yet (a first plan, or it was deleted).
+        With ``uid`` (the PDCluster's), a ConfigMap it does not control raises
+        ``ForeignMemory``."""
         key = (namespace, cluster_name)
-        stored = self.kube.get("ConfigMap", namespace, planner_memory_name(cluster_name))
+        name = planner_memory_name(cluster_name)
+        stored = self.kube.get("ConfigMap", namespace, name)
         if stored is None:
             self.versions.pop(key, None)
             return None
+        if uid is not None and not _controlled_by(stored, uid):
+            self.versions.pop(key, None)
+            raise ForeignMemory(foreign_memory_message(name, namespace))
         version = (stored.get("metadata") or {}).get("resourceVersion")
         if isinstance(version, str) and version:
             self.versions[key] = version
@@ -72,6 +93,12 @@ class PlannerMemory:
         if isinstance(new_version, str) and new_version:
             self.versions[key] = new_version
         return True
+
+
+def _controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    return any(ref.get("controller") is True and ref.get("uid") == uid
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+               if isinstance(ref, dict))
 
 
 def memory_problem(text: str, now: float, skew_seconds: float = MAX_CLOCK_SKEW_SECONDS) -> str | None:

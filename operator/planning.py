@@ -317,3 +317,32 @@ def _decision_from(d: dict[str, Any]) -> Decision:
     known = set(Decision.__dataclass_fields__)
     return Decision(**{k: v for k, v in d.items() if k in known})
 
+
+
+def clamp_decision(decision: Decision, spec: PDClusterSpec) -> Decision:
+    """``decision`` held to the spec's bounds now (pure): each role within its min/max
+    replicas, and prefill + decode within ``planner.nodeBudget``, the larger role giving way
+    first and never below its minimum. A remembered decision is stored data, not a plan: the
+    bounds may have changed since, and anyone able to write ConfigMaps may have written it."""
+    prefill = min(max(decision.prefill, spec.prefill.min_replicas), spec.prefill.max_replicas)
+    decode = min(max(decision.decode, spec.decode.min_replicas), spec.decode.max_replicas)
+    budget = spec.planner.node_budget
+    if budget is not None and prefill + decode > budget:
+        over = prefill + decode - budget
+        for _ in range(over):
+            if decode >= prefill and decode > spec.decode.min_replicas:
+                decode -= 1
+            elif prefill > spec.prefill.min_replicas:
+                prefill -= 1
+            elif decode > spec.decode.min_replicas:
+                decode -= 1
+    if (prefill, decode) == (decision.prefill, decision.decode):
+        return decision
+    return replace(decision, prefill=prefill, decode=decode)
+
+
+def clamp_history(history: History, spec: PDClusterSpec) -> History:
+    """Every remembered decision clamped (``clamp_decision``): the stabilization window reads
+    them, so an out-of-bounds one would hold the fleet there."""
+    decisions = tuple(clamp_decision(d, spec) for d in history.decisions)
+    return history if decisions == history.decisions else replace(history, decisions=decisions)

@@ -20,14 +20,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from pdscale.planner.model import Calibration
 from pdscale.planner.profile import (
     MAX_PROFILE_BYTES,
     Profile,
     ProfileError,
-    parse_profile,
+    parse_profile_text,
     shipped_profile,
 )
 
@@ -85,13 +83,9 @@ def profile_from_configmap(configmap: dict[str, Any] | None, ref: ProfileConfigM
         raise ProfileError(f"{where}: key {ref.key!r} holds {size} bytes, over the "
                            f"{MAX_PROFILE_BYTES // 1024} KiB a profile may have")
     try:
-        parsed = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{where}: key {ref.key!r} is not YAML ({_first_line(exc)})") from None
-    except RecursionError:
-        raise ProfileError(f"{where}: key {ref.key!r} is nested too deep") from None
-    try:
-        return parse_profile(parsed, source=f"in ConfigMap {namespace}/{ref.name} key {ref.key!r}")
+        # the one bounded reader (planner.profile): finite, sane numbers; no exception but
+        # ProfileError
+        return parse_profile_text(text, source=f"in ConfigMap {namespace}/{ref.name} key {ref.key!r}")
     except ProfileError as exc:
         raise ProfileError(f"{FIELD}: {exc}") from None
 
@@ -227,7 +221,7 @@ def export_profile(kube: Kube, namespace: str, name: str, *, now: float,
     ProfileError
         No such PDCluster, a spec that does not parse, or a profile that cannot be used (the
         problem the operator reports in ``status.planner.profile``)."""
-    from .planner_memory import PlannerMemory, memory_problem
+    from .planner_memory import ForeignMemory, PlannerMemory, memory_problem
     from .planning import (
         calibration_for_profile,
         history_from_json,
@@ -246,7 +240,10 @@ def export_profile(kube: Kube, namespace: str, name: str, *, now: float,
     resolved = ProfileSources(kube).resolve(namespace, spec)
     if resolved.profile is None:
         raise ProfileError(f"PDCluster {namespace}/{name}: {resolved.problem}")
-    stored = PlannerMemory(kube).load(namespace, name)
+    try:
+        stored = PlannerMemory(kube).load(namespace, name, (body.get("metadata") or {}).get("uid"))
+    except ForeignMemory:
+        stored = None  # not this PDCluster's memory: it teaches nothing
     if stored is not None and memory_problem(stored, now) is not None:
         stored = None  # as the planner does: a memory unfit to plan from teaches nothing
     history, _ = history_from_json(stored)

@@ -16,6 +16,7 @@ from pdscale.planner.observe import Observation, Role
 from pdscale.planner.prometheus import MetricsSnapshot
 
 from .clock import now_rfc3339
+from .conditions import EVENT_PLANNER_MEMORY_FOREIGN
 from .fleet import PodView
 from .kube import Kube
 from .pdcluster import PDClusterSpec
@@ -180,6 +181,20 @@ class Reporter:
         post_event(self.kube, body, Event("Warning", "PlannerMemoryIgnored",
                                           f"planner memory ignored, starting from an empty one: "
                                           f"{problem}"), now_rfc3339())
+
+    def memory_foreign(self, body: dict[str, Any], why: str) -> None:
+        """A ConfigMap of the memory's name is not this PDCluster's: the planner holds, says
+        why in ``status.planner`` and with one Warning Event (level-based: only when the
+        explanation it carries differs)."""
+        meta = body["metadata"]
+        explanation = f"holding: {why}"
+        before = (body.get("status") or {}).get("planner") or {}
+        if before.get("explanation") == explanation and before.get("held") is True:
+            return
+        log.warning("planner of %s/%s holds: %s", meta["namespace"], meta["name"], why)
+        self.kube.patch_status(meta["namespace"], meta["name"],
+                               {"planner": {"held": True, "explanation": explanation}})
+        post_event(self.kube, body, Event("Warning", EVENT_PLANNER_MEMORY_FOREIGN, why), now_rfc3339())
 
     def calibration_reset(self, body: dict[str, Any], why: str) -> None:
         """The profile changed under a learned calibration: planning starts from the profile's."""

@@ -29,7 +29,8 @@ def _setup(sample: str) -> tuple[FakeKube, dict, PDClusterSpec]:
                  _pod("demo-router-a", "router", "10.0.2.1")]
     for role in ("prefill", "decode"):
         kube.objects[("Deployment", NS, f"demo-{role}")] = {
-            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS},
+            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS,
+                                               "ownerReferences": [{"controller": True, "uid": "uid-1"}]},
             "spec": {"replicas": 2 if role == "prefill" else 1}}
     return kube, doc, PDClusterSpec.model_validate(doc["spec"])
 

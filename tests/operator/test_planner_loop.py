@@ -303,7 +303,8 @@ def _deployments(kube: FakeKube) -> None:
     """The engine Deployments as the reconcile left them: the spec's 1 prefill, 2 decode."""
     for role, replicas in (("prefill", 1), ("decode", 2)):
         kube.objects[("Deployment", NS, f"demo-{role}")] = {
-            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS},
+            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS,
+                                               "ownerReferences": [{"controller": True, "uid": "uid-1"}]},
             "spec": {"replicas": replicas}}
 
 

@@ -156,8 +156,8 @@ def test_a_tick_that_loses_the_write_race_does_not_fail_and_plans_on_the_newer_m
     loop = PlannerLoop(versioned, worker_lists=lists)
     loaded = loop.memory.load
 
-    def load_then_someone_writes(ns: str, name: str) -> str | None:
-        text = loaded(ns, name)
+    def load_then_someone_writes(ns: str, name: str, *uid: str | None) -> str | None:
+        text = loaded(ns, name, *uid)
         PlannerMemory(versioned).save(OWNER, _good(NOW))  # between our read and our write
         return text
 
