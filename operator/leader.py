@@ -10,7 +10,9 @@ is shorter than the Lease's duration.
 Expiry is judged by this process's own clock, never by comparing the holder's renewTime with
 it (the nodes' clocks may disagree): a Lease not written (same resourceVersion) for its
 duration, as seen from here, is expired. A follower therefore takes over one Lease duration after the
-leader's last renewal it saw.
+leader's last renewal it saw. A record's duration is believed only within bounds
+(``trusted_duration_seconds``): a Lease written with a duration of decades, or a renew time
+in the future, does not stop the operator for decades.
 
 The decisions (``decide``) are pure and tested against an in-memory store; ``KubeLeases`` is
 the store on the API server.
@@ -122,14 +124,48 @@ class Action(Enum):
     WAIT = "wait"  # another's, unexpired
 
 
-def decide(current: Record | None, identity: str, unchanged_for_seconds: float) -> Action:
+#: a holder's leaseDurationSeconds is believed up to this many times our own: every replica
+#: runs with the chart's one setting, so more is a foreign write, not a leader
+MAX_LEASE_DURATION_FACTOR = 4.0
+#: how far ahead of this process's wall clock a renewTime may be (node clock skew)
+MAX_RENEW_SKEW_SECONDS = 300.0
+
+
+def _epoch(micro: str | None) -> float | None:
+    if not micro:
+        return None
+    try:
+        return datetime.fromisoformat(micro.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def trusted_duration_seconds(current: Record, own_duration_seconds: float,
+                             wall_now: float | None = None) -> float:
+    """How long ``current`` keeps its holder, as this process believes it (pure): the
+    record's leaseDurationSeconds, but at most MAX_LEASE_DURATION_FACTOR times our own, and
+    only our own when its renewTime lies beyond MAX_RENEW_SKEW_SECONDS in the future (no
+    leader renews from the future: the record was written to hold the Lease for ever)."""
+    duration = min(float(current.lease_duration_seconds),
+                   MAX_LEASE_DURATION_FACTOR * own_duration_seconds)
+    renewed = _epoch(current.renew_time)
+    if wall_now is not None and renewed is not None and renewed > wall_now + MAX_RENEW_SKEW_SECONDS:
+        duration = min(duration, own_duration_seconds)
+    return duration
+
+
+def decide(current: Record | None, identity: str, unchanged_for_seconds: float,
+           duration_seconds: float | None = None) -> Action:
     """What to do with the Lease as read now. ``unchanged_for_seconds``: how long this process
-    has seen this very record unchanged (0 when it just changed or was first seen)."""
+    has seen this very record unchanged (0 when it just changed or was first seen);
+    ``duration_seconds``: how long the record holds (``trusted_duration_seconds``; None: its
+    own leaseDurationSeconds)."""
     if current is None:
         return Action.CREATE
     if current.holder == identity:
         return Action.RENEW
-    if current.holder is None or unchanged_for_seconds >= current.lease_duration_seconds:
+    holds = current.lease_duration_seconds if duration_seconds is None else duration_seconds
+    if current.holder is None or unchanged_for_seconds >= holds:
         return Action.TAKE
     return Action.WAIT
 
@@ -238,7 +274,9 @@ class Elector:
         current, version = got if got is not None else (None, "")
         if (current, version) != (self.observed, self.observed_version):
             self.observed, self.observed_version, self.observed_at = current, version, now
-        action = decide(current, self.settings.identity, now - self.observed_at)
+        trusted = None if current is None else trusted_duration_seconds(
+            current, self.settings.lease_duration_seconds, self.wall())
+        action = decide(current, self.settings.identity, now - self.observed_at, trusted)
         if action is Action.WAIT:
             if current is not None and current.holder != self.other:
                 self.other = current.holder

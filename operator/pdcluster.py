@@ -10,7 +10,7 @@ Conventions (Kubernetes API conventions): camelCase field names, units in names
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -25,6 +25,17 @@ SHORT_NAMES = ["pdc"]
 DEFAULT_GPU_PRODUCT = "NVIDIA-H200"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: accelerator resources by exact name, and by prefix (MIG slices, renamed shared GPUs, other
+#: vendors): none of them is an RDMA device, and none may be requested beside the whole-node
+#: GPUs (``is_gpu_class``; the admission policy carries the same two lists)
+GPU_CLASS_RESOURCES = (GPU_RESOURCE, "amd.com/gpu", "habana.ai/gaudi", "google.com/tpu")
+GPU_CLASS_PREFIXES = ("nvidia.com/mig-", "nvidia.com/gpu.", "nvidia.com/gpu-", "amd.com/gpu-",
+                      "amd.com/gpu.", "gpu.intel.com/", "aws.amazon.com/neuron")
+
+
+def is_gpu_class(resource: str) -> bool:
+    """An accelerator resource name (see GPU_CLASS_RESOURCES, GPU_CLASS_PREFIXES)."""
+    return resource in GPU_CLASS_RESOURCES or resource.startswith(GPU_CLASS_PREFIXES)
 
 # A Kubernetes quantity, as the API server's own pattern for resource.Quantity.
 QUANTITY_PATTERN = (
@@ -116,11 +127,23 @@ class TaintEffect(StrEnum):
 # ---- small shared pieces --------------------------------------------------------------------
 
 
+#: the longest string (characters) rendered as one argument or one environment value. The
+#: kernel refuses an exec whose single argument or ``NAME=value`` passes MAX_ARG_STRLEN
+#: (131,072 bytes with its NUL): a container rendered with one could never start. 32,000
+#: characters are at most 128,000 bytes of UTF-8, with room for a variable's name.
+MAX_EXEC_STRING_CHARS = 32_000
+#: the longest environment variable name (characters)
+MAX_ENV_NAME_CHARS = 1_024
+#: one command-line argument
+ExecString = Annotated[str, Field(max_length=MAX_EXEC_STRING_CHARS)]
+
+
 class EnvVar(_Model):
     """A plain environment variable for the engine container."""
 
-    name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    name: str = Field(min_length=1, max_length=MAX_ENV_NAME_CHARS, description="Variable name.")
+    value: str = Field(default="", max_length=MAX_EXEC_STRING_CHARS,
+                       description="Variable value (at most 32,000 characters: one exec string).")
 
 
 Quantity = str | int
@@ -194,12 +217,16 @@ class ModelSpec(_Model):
     """The model being served."""
 
     served_name: str = Field(
-        min_length=1, description="Model name clients send in requests (--served-model-name)."
+        min_length=1, max_length=MAX_EXEC_STRING_CHARS,
+        description="Model name clients send in requests (--served-model-name)."
     )
     path: str = Field(
-        min_length=1,
+        min_length=1, max_length=MAX_EXEC_STRING_CHARS,
+        # vLLM takes it as a positional argument: a leading "-" would be read as a flag
+        pattern=r"^[^-]",
         description="Model path the engine loads (--model-path / vllm serve MODEL): a directory "
-        "under weights.mountPath, or a hub id when no weights source is given.",
+        "under weights.mountPath, or a hub id when no weights source is given; never starts "
+        "with '-'.",
     )
     weights: WeightsSource | None = Field(
         default=None, description="Volume holding the weights; omit to download by hub id."
@@ -227,7 +254,7 @@ class EngineSpec(_Model):
     port: int = Field(
         default=8000, ge=1, le=65535, description="HTTP port of the engine (API, /health, /metrics)."
     )
-    extra_args: list[str] = Field(
+    extra_args: list[ExecString] = Field(
         default_factory=list,
         description="Extra command-line arguments for both roles. A decode batch cap here "
         "(SGLang --max-running-requests, vLLM --max-num-seqs) is read by the planner, which "
@@ -290,7 +317,7 @@ class KVTransferSpec(_Model):
         default=TransferBackend.MOONCAKE, description="Mooncake (SGLang) or NIXL (SGLang, vLLM)."
     )
     ib_devices: str | None = Field(
-        default=None,
+        default=None, max_length=MAX_EXEC_STRING_CHARS,
         alias="ibDevices",
         description="RDMA devices, e.g. mlx5_0,mlx5_1 or a per-GPU JSON map "
         "(--disaggregation-ib-device / UCX_NET_DEVICES). Unset: auto-detect.",
@@ -393,6 +420,12 @@ class PlacementSpec(_Model):
         return value
 
 
+#: the longest preStop drain (seconds); the drains the operator waits for are bounded by it
+MAX_PRE_STOP_DRAIN_SECONDS = 3600
+#: the most instances of one role the CRD admits; nothing the operator applies goes past it
+MAX_ROLE_REPLICAS = 1024
+
+
 class RoleSpec(_Model):
     """One role's fleet (prefill or decode)."""
 
@@ -413,9 +446,9 @@ class RoleSpec(_Model):
         }
     )
 
-    replicas: int = Field(default=1, ge=0, le=1024, description="Instances (nodes) now.")
-    min_replicas: int = Field(default=1, ge=0, le=1024, description="Planner lower bound.")
-    max_replicas: int = Field(default=16, ge=0, le=1024, description="Planner upper bound.")
+    replicas: int = Field(default=1, ge=0, le=MAX_ROLE_REPLICAS, description="Instances (nodes) now.")
+    min_replicas: int = Field(default=1, ge=0, le=MAX_ROLE_REPLICAS, description="Planner lower bound.")
+    max_replicas: int = Field(default=16, ge=0, le=MAX_ROLE_REPLICAS, description="Planner upper bound.")
     resources: ResourceOverrides = Field(
         default_factory=ResourceOverrides, description="Extra container resources."
     )
@@ -429,9 +462,10 @@ class RoleSpec(_Model):
     pre_stop_drain_seconds: int = Field(
         default=60,
         ge=0,
-        le=86400,
+        le=MAX_PRE_STOP_DRAIN_SECONDS,
         description="Seconds the pod keeps serving after it is marked for deletion, so the "
-        "router drops it first and in-flight requests finish.",
+        "router drops it first and in-flight requests finish (at most 3600: a planner drain "
+        "or a deletion waits a bounded multiple of it).",
     )
     termination_grace_period_seconds: int = Field(
         default=120,
@@ -439,7 +473,7 @@ class RoleSpec(_Model):
         le=86400,
         description="Pod terminationGracePeriodSeconds; must exceed preStopDrainSeconds.",
     )
-    extra_args: list[str] = Field(
+    extra_args: list[ExecString] = Field(
         default_factory=list,
         description="Extra arguments for this role only, after engine.extraArgs (the last "
         "occurrence of a flag wins). On decode, a batch cap (SGLang --max-running-requests for "
@@ -511,7 +545,7 @@ class RouterSpec(_Model):
         description="SMG only: shed at the router what waits too long for a prefill slot. "
         "Unset: the router admits everything (sglang-router, smg and vllm-router's default).",
     )
-    extra_args: list[str] = Field(default_factory=list, description="Extra router arguments.")
+    extra_args: list[ExecString] = Field(default_factory=list, description="Extra router arguments.")
 
 
 class SLOSpec(_Model):

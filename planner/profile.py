@@ -21,10 +21,28 @@ class ProfileError(ValueError):
     """A profile file is missing, unreadable or has an invalid field (named in the message)."""
 
 
+#: every number of a profile is 0 or within these magnitudes: a measured time, rate or size
+#: outside them (1e-300 tokens/s, 1e308 bytes) is no measurement, and the planner's divisions
+#: by them would overflow
+SANE_MIN = 1e-15
+SANE_MAX = 1e12
+
+
 class _Strict(BaseModel):
     # Unknown keys are typos until proven otherwise: a misspelt field silently falling back to
-    # a default would make every plan wrong without a trace.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a default would make every plan wrong without a trace. No infinity or NaN either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _sane_numbers(self) -> _Strict:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if value != 0 and not SANE_MIN <= abs(value) <= SANE_MAX:
+                raise ValueError(f"{name} {value!r} is outside the sane range "
+                                 f"[{SANE_MIN:g}, {SANE_MAX:g}] (or 0)")
+        return self
 
 
 class PrefillProfile(_Strict):
@@ -123,7 +141,7 @@ def shipped_profile(name: str | None = None) -> Profile:
     if not PROFILE_NAME.match(name) or name not in shipped_profiles():
         raise ProfileError(f"no shipped profile named {name!r}; shipped: {shipped_profiles()}")
     text = resources.files(__package__ or "pdscale.planner").joinpath("profiles", f"{name}.yaml").read_text()
-    return _parse_text(text, f"{name} (shipped)")
+    return parse_profile_text(text, source=f"{name} (shipped)")
 
 
 def load_profile(path_or_name: str | Path | None = None) -> Profile:
@@ -144,15 +162,41 @@ def load_profile(path_or_name: str | Path | None = None) -> Profile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProfileError(f"profile {path} is not UTF-8 text") from None
-    return _parse_text(text, str(path))
+    return parse_profile_text(text, source=str(path))
 
 
-def _parse_text(text: str, source: str) -> Profile:
+def parse_profile_text(text: str, *, source: str = "<text>") -> Profile:
+    """A profile from YAML text, read with bounds (every caller's one reader: the command
+    line's file, a tenant's ConfigMap, a shipped profile): at most MAX_PROFILE_BYTES, and
+    whatever the YAML parser or its constructors raise (too deep, an integer of 5,000 digits,
+    a date that is no date) becomes a ProfileError, never another exception.
+
+    Raises
+    ------
+    ProfileError
+        Naming ``source`` and what is wrong."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_PROFILE_BYTES:
+        raise ProfileError(f"invalid profile {source}: {size} bytes, over the "
+                           f"{MAX_PROFILE_BYTES // 1024} KiB a profile may have")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ProfileError(f"invalid profile {source}: not YAML ({exc})") from None
-    return parse_profile(data, source=source)
+        raise ProfileError(f"invalid profile {source}: not YAML ({_one_line(exc)})") from None
+    except RecursionError:
+        raise ProfileError(f"invalid profile {source}: nested too deep") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ProfileError(f"invalid profile {source}: a value cannot be read "
+                           f"({type(exc).__name__}: {_one_line(exc)})") from None
+    try:
+        return parse_profile(data, source=source)
+    except RecursionError:
+        raise ProfileError(f"invalid profile {source}: nested too deep") from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
+
 
 
 def scaled_profile(profile: Profile, *, prefill_speed: float = 1.0, decode_speed: float = 1.0) -> Profile:
