@@ -33,6 +33,7 @@ from .pdcluster import (
     RoutingPolicy,
     SGLangGateway,
     TransferBackend,
+    is_gpu_class,
 )
 from .tenant_policy import TenantPolicy, refusals
 
@@ -197,6 +198,11 @@ def _check_role(role: str, r: RoleSpec) -> list[Problem]:
             out.append(Problem(f"{base}.resources.{section}",
                                f"{GPU_RESOURCE} is set by placement.gpusPerNode (whole nodes); "
                                f"remove it here"))
+        others = sorted(k for k in quantities if k != GPU_RESOURCE and is_gpu_class(k))
+        if others:
+            out.append(Problem(f"{base}.resources.{section}",
+                               f"{', '.join(others)}: accelerators come from placement.gpusPerNode "
+                               f"(whole nodes) only"))
     return out
 
 
@@ -308,9 +314,10 @@ def _check_placement(spec: PDClusterSpec) -> list[Problem]:
     if taken:
         out.append(Problem("spec.placement.podAnnotations",
                            f"{', '.join(taken)} is set by the operator"))
-    if spec.placement.rdma is not None and spec.placement.rdma.resource_name == GPU_RESOURCE:
+    if spec.placement.rdma is not None and is_gpu_class(spec.placement.rdma.resource_name):
         out.append(Problem("spec.placement.rdma.resourceName",
-                           f"{GPU_RESOURCE} is the GPU resource (placement.gpusPerNode), not an RDMA device"))
+                           f"{spec.placement.rdma.resource_name} is an accelerator resource "
+                           f"(GPUs come from placement.gpusPerNode), not an RDMA device"))
     return out
 
 

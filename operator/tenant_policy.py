@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import posixpath
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -30,6 +29,12 @@ POLICY_ENV = "PDSCALE_TENANT_POLICY"
 CHART_ONLY_KEYS = frozenset({"admission"})
 #: "any value" in an allow-list; an admin writes it on purpose, it is never a default
 ANY = "*"
+#: network annotation domains (see TenantPolicy.denied_pod_annotation_prefixes)
+NETWORK_ANNOTATION_PREFIXES: tuple[str, ...] = (
+    "k8s.v1.cni.cncf.io/", "v1.multus-cni.io/", "cni.projectcalico.org/", "k8s.ovn.org/",
+    "ovn.kubernetes.io/", "network.cilium.io/", "io.cilium/", "kubernetes.io/ingress-bandwidth",
+    "kubernetes.io/egress-bandwidth",
+)
 
 @dataclass(frozen=True)
 class TenantPolicy:
@@ -56,6 +61,20 @@ class TenantPolicy:
     allow_affinity: bool = True
     #: environment variable names a spec may not set (besides those the operator renders)
     reserved_env_names: tuple[str, ...] = field(default_factory=tuple)
+    #: pod annotation keys allowed (with allowPodAnnotations): a key, a prefix ending in "/"
+    #: (every key of that domain), or "*" (any key except the denied prefixes below)
+    allowed_pod_annotation_keys: tuple[str, ...] = (ANY,)
+    #: annotation key prefixes "*" does not cover: they attach pods to networks or change
+    #: their network identity (Multus, Calico, OVN, Cilium, bandwidth shaping); allowed only
+    #: when allowedPodAnnotationKeys names the key or its prefix
+    denied_pod_annotation_prefixes: tuple[str, ...] = NETWORK_ANNOTATION_PREFIXES
+    #: ``model.trustRemoteCode`` for a model downloaded from a hub (no weights volume): it runs
+    #: the hub repository's code in the engine
+    allow_trust_remote_code: bool = False
+    #: ``model.weights.pvc.readOnly: false`` (the engines may write the claim)
+    allow_writable_weights: bool = False
+    #: PersistentVolumeClaims weights may come from (``"*"``: any claim of the namespace)
+    allowed_weights_claims: tuple[str, ...] = (ANY,)
 
     @classmethod
     def from_mapping(cls, data: Any) -> TenantPolicy:
@@ -107,17 +126,40 @@ def _camel(snake: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
+#: where an image reference's repository may end: a path, a tag, a digest
+_IMAGE_BOUNDARIES = ("/", ":", "@")
+
+
 def _image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:
-    return ANY in prefixes or any(image.startswith(p) for p in prefixes)
+    """``image`` starts with a prefix that ends at a boundary of the reference: the prefix
+    ends in ``/``, ``:`` or ``@``, or the image goes on with one of them (or is the prefix).
+    ``registry.corp.example`` admits ``registry.corp.example/x`` but never
+    ``registry.corp.example.attacker.io/x``."""
+    return ANY in prefixes or any(
+        image == p or (image.startswith(p) and p.endswith(_IMAGE_BOUNDARIES))
+        or any(image.startswith(p + b) for b in _IMAGE_BOUNDARIES)
+        for p in prefixes if p)
+
+
+def annotation_allowed(key: str, policy: TenantPolicy) -> bool:
+    """A pod annotation key the policy allows (with allowPodAnnotations): named, or under a
+    named prefix, or covered by ``"*"`` and under no denied prefix."""
+    allowed = policy.allowed_pod_annotation_keys
+    if key in allowed or any(p.endswith("/") and key.startswith(p) for p in allowed):
+        return True
+    return ANY in allowed and not any(key.startswith(p) for p in policy.denied_pod_annotation_prefixes)
 
 
 def _under(path: str, prefix: str) -> bool:
     """``path`` is ``prefix`` or below it, compared as directories (``/models-x`` is not under
-    ``/models``); a path that is not already normal (``..``, ``//``, ``/.``) is never under."""
-    if posixpath.normpath(path) != path.rstrip("/") or path.startswith("//"):
+    ``/models``; a trailing ``/`` on either changes nothing); a path that is not already
+    normal (a ``.`` or ``..`` segment, ``//`` anywhere) is never under. The admission
+    policy's rule says the same in CEL (templates/admission-policy.yaml)."""
+    if "//" in path or any(part in (".", "..") for part in path.split("/")):
         return False
     prefix = prefix.rstrip("/") or "/"
-    return path == prefix or path.startswith(prefix if prefix == "/" else prefix + "/")
+    return (path == prefix or path == prefix + "/"
+            or path.startswith(prefix if prefix == "/" else prefix + "/"))
 
 
 def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[str] = frozenset()
@@ -133,6 +175,18 @@ def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[
             out.append((path, f"image {image!r} is not allowed by the tenant policy "
                                      f"(allowedImagePrefixes: {list(policy.allowed_image_prefixes)})"))
     weights = spec.model.weights
+    if spec.model.trust_remote_code and weights is None and not policy.allow_trust_remote_code:
+        out.append(("spec.model.trustRemoteCode", "remote code of a hub model is not allowed by "
+                    "the tenant policy (allowTrustRemoteCode: false); mount the weights instead"))
+    if weights is not None and weights.pvc is not None:
+        if not weights.pvc.read_only and not policy.allow_writable_weights:
+            out.append(("spec.model.weights.pvc.readOnly", "writable weights are not allowed by "
+                        "the tenant policy (allowWritableWeights: false)"))
+        claims = policy.allowed_weights_claims
+        if ANY not in claims and weights.pvc.claim_name not in claims:
+            out.append(("spec.model.weights.pvc.claimName",
+                        f"{weights.pvc.claim_name!r} is not allowed by the tenant policy "
+                        f"(allowedWeightsClaims: {list(claims)})"))
     if weights is not None and weights.host_path is not None:
         host = weights.host_path.path
         if not any(_under(host, p) for p in policy.allowed_host_path_prefixes):
@@ -161,6 +215,13 @@ def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[
     if spec.placement.pod_annotations and not policy.allow_pod_annotations:
         out.append(("spec.placement.podAnnotations", "pod annotations are not allowed by "
                                                             "the tenant policy (allowPodAnnotations: false)"))
+    elif spec.placement.pod_annotations:
+        for key in sorted(spec.placement.pod_annotations):
+            if not annotation_allowed(key, policy):
+                out.append((f"spec.placement.podAnnotations.{key}",
+                            f"{key!r} is not allowed by the tenant policy (allowedPodAnnotationKeys: "
+                            f"{list(policy.allowed_pod_annotation_keys)}; deniedPodAnnotationPrefixes "
+                            f"need naming)"))
     if ANY not in policy.allowed_toleration_keys:
         for i, t in enumerate(spec.placement.tolerations):
             if t.key != GPU_RESOURCE and t.key not in policy.allowed_toleration_keys:
@@ -168,7 +229,10 @@ def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[
                 out.append((f"spec.placement.tolerations[{i}].key",
                                    f"{what} is not allowed by the tenant policy "
                                    f"(allowedTolerationKeys: {list(policy.allowed_toleration_keys)})"))
-    if spec.placement.affinity and not policy.allow_affinity:
+    if spec.placement.affinity and not policy.allow_affinity:  # an empty one pins nothing
         out.append(("spec.placement.affinity", "affinity is not allowed by the tenant policy "
                                                       "(allowAffinity: false)"))
+    if spec.placement.node_selector and not policy.allow_affinity:
+        out.append(("spec.placement.nodeSelector", "a node selector pins pods like affinity does: "
+                    "not allowed by the tenant policy (allowAffinity: false)"))
     return out

@@ -157,3 +157,86 @@ def test_the_command_line_refuses_a_huge_file_as_a_profile(tmp_path):
     big.write_bytes(b"#" * (1 << 20))
     with pytest.raises(ProfileError, match="not a profile"):
         load_profile(big)
+
+
+# -- the gaps a hostile tenant found (issue 42) -------------------------------------------------
+VLLM = ROOT / "examples" / "vllm-nixl-2p4d.yaml"
+
+
+def test_remote_code_of_a_hub_model_is_refused_by_default():
+    hub = spec_of(GLM, **{"model.path": "some-org/some-model", "model.trustRemoteCode": True})
+    del hub["model"]["weights"]
+    out = refused(hub)
+    assert "allowTrustRemoteCode" in out["spec.model.trustRemoteCode"]
+    assert refused(hub, TenantPolicy(allow_trust_remote_code=True)) == {}
+    # from a weights volume the admin's policy already governs: allowed
+    assert "spec.model.trustRemoteCode" not in refused(spec_of(GLM))
+
+
+def test_a_node_selector_is_refused_with_affinity():
+    spec = spec_of(GLM, **{"placement.nodeSelector": {"kubernetes.io/hostname": "victim-node"}})
+    out = refused(spec, TenantPolicy(allow_affinity=False))
+    assert "allowAffinity" in out["spec.placement.nodeSelector"]
+    assert refused(spec) == {}
+    # an empty affinity pins nothing: allowed either way (as at admission)
+    assert refused(spec_of(GLM, **{"placement.affinity": {}}), TenantPolicy(allow_affinity=False)) == {}
+
+
+@pytest.mark.parametrize("key", ["k8s.v1.cni.cncf.io/networks", "cni.projectcalico.org/ipAddrs",
+                                 "v1.multus-cni.io/default-network", "kubernetes.io/egress-bandwidth"])
+def test_network_annotations_are_refused_unless_named(key):
+    spec = spec_of(GLM, **{"placement.podAnnotations": {"team": "a", key: "x"}})
+    out = refused(spec)
+    assert list(out) == [f"spec.placement.podAnnotations.{key}"]
+    assert "allowedPodAnnotationKeys" in out[f"spec.placement.podAnnotations.{key}"]
+    domain = key.split("/")[0] + "/"
+    assert refused(spec, TenantPolicy(allowed_pod_annotation_keys=("*", domain))) == {}
+    assert refused(spec, TenantPolicy(allowed_pod_annotation_keys=("*", key))) == {}
+    only_team = TenantPolicy(allowed_pod_annotation_keys=("team",))
+    assert list(refused(spec, only_team)) == [f"spec.placement.podAnnotations.{key}"]
+
+
+@pytest.mark.parametrize(("image", "ok"), [
+    ("registry.corp.example/sglang:1", True), ("registry.corp.example:5000/x:1", True),
+    ("registry.corp.example@sha256:" + "a" * 64, True), ("registry.corp.example", True),
+    ("registry.corp.example.attacker.io/x:1", False), ("registry.corp.examplex/x", False),
+])
+def test_an_image_prefix_ends_at_a_boundary(image, ok):
+    policy = TenantPolicy(allowed_image_prefixes=("registry.corp.example",))
+    out = refused(spec_of(GLM, **{"engine.image": image}), policy)
+    assert ("spec.engine.image" not in out) is ok
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/mig-1g.10gb", "amd.com/gpu", "nvidia.com/gpu.shared",
+                                      "gpu.intel.com/i915"])
+def test_accelerators_are_no_rdma_device_nor_an_extra_resource(resource):
+    with pytest.raises(SpecError, match=re.escape("spec.placement.rdma.resourceName")):
+        validate(spec_of(GLM, **{"placement.rdma": {"resourceName": resource}}))
+    with pytest.raises(SpecError, match=re.escape("spec.prefill.resources.requests")):
+        validate(spec_of(GLM, **{"prefill.resources": {"requests": {resource: "1"}}}))
+    validate(spec_of(GLM, **{"placement.rdma": {"resourceName": "rdma/hca_shared_devices_a"}}))
+
+
+def test_weights_claims_are_read_only_and_may_be_limited_to_a_list():
+    writable = spec_of(VLLM, **{"model.weights": {"pvc": {"claimName": "llama70b-weights", "readOnly": False}}})
+    assert "allowWritableWeights" in refused(writable)["spec.model.weights.pvc.readOnly"]
+    assert refused(writable, TenantPolicy(allow_writable_weights=True)) == {}
+    other = spec_of(VLLM, **{"model.weights": {"pvc": {"claimName": "someone-elses"}}})
+    policy = TenantPolicy(allowed_weights_claims=("llama70b-weights",))
+    assert "allowedWeightsClaims" in refused(other, policy)["spec.model.weights.pvc.claimName"]
+    assert refused(spec_of(VLLM), policy) == {}
+
+
+@pytest.mark.parametrize(("path", "ok"), [("/models/", True), ("/models/x/", True), ("/models/x//", False),
+                                          ("/models/./x", False)])
+def test_host_paths_with_trailing_slashes_read_as_directories(path, ok):
+    spec = spec_of(GLM, **{"model.weights.hostPath.path": path})
+    assert ("spec.model.weights.hostPath.path" not in refused(spec)) is ok
+
+
+def test_the_admission_policy_names_the_same_accelerators():
+    from pdscale.operator.pdcluster import GPU_CLASS_PREFIXES, GPU_CLASS_RESOURCES
+    text = (ROOT / "charts" / "pdscale" / "templates" / "admission-policy.yaml").read_text()
+    variables = dict(re.findall(r"- name: (gpu\w+)\n\s+expression: '(\[.*\])'", text))
+    assert tuple(json.loads(variables["gpuResources"])) == GPU_CLASS_RESOURCES
+    assert tuple(json.loads(variables["gpuPrefixes"])) == GPU_CLASS_PREFIXES
