@@ -105,7 +105,9 @@ class Stack:
         self.say(f"Prometheus at {self.prometheus.url}")
 
         self.helm("install", self.release, str(self.chart), "-n", self.release_namespace,
-                  "--create-namespace", "--set", "replicaCount=0", "--wait=false")
+                  "--create-namespace", "--set", "replicaCount=0",
+                  # the test bed serves PDClusters in namespaces of its own: said explicitly
+                  "--set", "rbac.clusterWide=true", "--wait=false")
         self._cleanups.append("helm")
         self.say(f"chart installed: release {self.release} in {self.release_namespace}")
 

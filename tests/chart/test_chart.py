@@ -52,10 +52,38 @@ def test_chart_crd_is_the_crd_in_crds_folder():
 
 
 def test_chart_rbac_rules_are_the_operators_rules():
-    rendered = by_kind(render(), "ClusterRole")[0]["rules"]
+    rendered = by_kind(render("rbac.clusterWide=true"), "ClusterRole")[0]["rules"]
     assert rendered == json.loads(json.dumps(rbac.rules())), (
         "make chart-sync: regenerate charts/pdscale/rbac-*-rules.yaml from pdscale.operator.rbac"
     )
+
+
+def test_the_default_rbac_is_namespaced_to_the_release_namespace():
+    docs = render()
+    cluster_role = by_kind(docs, "ClusterRole")[0]
+    # cluster-wide: only following the CRD and namespaces, nothing that writes
+    assert cluster_role["rules"] == json.loads(json.dumps(rbac.watching_rules() + rbac.cluster_rules()))
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster_role["rules"])
+    roles = {r["metadata"]["namespace"]: r["rules"] for r in by_kind(docs, "Role")
+             if r["metadata"]["name"] == cluster_role["metadata"]["name"]}
+    assert roles == {"pdscale-system": json.loads(json.dumps(rbac.namespaced_rules()))}
+    container = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--all-namespaces" not in container["args"]
+    assert "--namespace=pdscale-system" in container["args"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PDSCALE_WATCH_NAMESPACES"] == "pdscale-system"
+
+
+def test_cluster_wide_rbac_only_when_asked_and_never_with_a_namespace_list():
+    docs = render("rbac.clusterWide=true")
+    container = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--all-namespaces" in container["args"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["PDSCALE_WATCH_NAMESPACES"] == ""
+    cluster_role = by_kind(docs, "ClusterRole")[0]
+    assert not [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == cluster_role["metadata"]["name"]]
+    result = helm("template", "t", str(CHART), "--kube-version", KUBE_VERSION,
+                  "--set", "rbac.clusterWide=true", "--set", "operator.watchNamespaces={a}", check=False)
+    assert result.returncode != 0 and "rbac.clusterWide" in result.stderr
 
 
 def test_helm_lint_strict_passes():
@@ -89,7 +117,7 @@ def test_operator_pod_meets_the_restricted_pod_security_standard():
     assert sc["readOnlyRootFilesystem"] is True
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
-    assert "--all-namespaces" in container["args"]
+    assert "--all-namespaces" not in container["args"]  # namespaced by default
     assert container["resources"]["limits"]["memory"] == "1Gi"
 
 
@@ -108,8 +136,8 @@ def test_watch_namespaces_grant_roles_there_and_only_the_crd_cluster_wide():
     env = {e["name"]: e.get("value") for e in
            by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["PDSCALE_WATCH_NAMESPACES"] == "team-a,team-b"
-    assert not by_kind(render(), "Role") or all(
-        r["metadata"]["name"] != cluster_role["metadata"]["name"] for r in by_kind(render(), "Role"))
+    wide = render("rbac.clusterWide=true")
+    assert all(r["metadata"]["name"] != cluster_role["metadata"]["name"] for r in by_kind(wide, "Role"))
 
 
 def test_watch_namespaces_replace_all_namespaces():
@@ -163,7 +191,7 @@ def test_every_value_is_documented():
 def test_helm_install_gives_the_operator_exactly_its_permissions(cluster, admin_api, namespace):
     release = f"e2e-{uuid.uuid4().hex[:6]}"
     helm("install", release, str(CHART), "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
-         "--set", "grafana.dashboard.enabled=false", "--wait=false")
+         "--set", "grafana.dashboard.enabled=false", "--set", "rbac.clusterWide=true", "--wait=false")
     try:
         crd = client.ApiextensionsV1Api(admin_api).read_custom_resource_definition(
             "pdclusters.pdscale.io")

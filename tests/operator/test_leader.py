@@ -284,9 +284,11 @@ def test_the_charts_leader_role_is_the_operators():
     out = subprocess.run([str(helm), "template", "t", str(chart), "-n", "ops", "--kube-version", "1.34.4"],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
-    (role,) = [d for d in docs if d["kind"] == "Role"]
+    # (the other Role is the namespaced operator rules in the release namespace)
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-leader-election")]
     assert role["metadata"]["namespace"] == "ops" and role["rules"] == rbac.leader_rules()
-    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"
+                  and d["metadata"]["name"].endswith("-leader-election")]
     assert binding["subjects"][0]["namespace"] == "ops"
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
