@@ -127,3 +127,38 @@ def test_the_planner_drains_nothing_through_deployments_another_pdcluster_contro
                                       {Role.PREFILL: 1, Role.DECODE: 0}, NOW)
     assert kube.pod_patches == []
     assert "replicas" not in (kube.get("PDCluster", NS, "demo").get("status") or {}).get("planner", {})
+
+
+class _PatchingKube(FakeKube):
+    """FakeKube with the raw call drain.patch_pdcluster makes (the finalizer patch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def _call(self, method, path, **_):  # type: ignore[no-untyped-def]
+        self.calls.append((method, path))
+        return {}
+
+
+def test_a_deletion_takes_no_engine_of_another_pdcluster_out_of_its_router():
+    from pdscale.operator.drain import FINALIZER, DeletionDrain
+
+    kube = _PatchingKube()
+    base, _ = _cluster("Auto")
+    kube.objects, kube.pods = base.objects, base.pods
+    _deployments(kube)
+    for role in ("prefill", "decode"):  # the names are another PDCluster's children
+        kube.objects[("Deployment", NS, f"demo-{role}")]["metadata"]["ownerReferences"] = [
+            {"controller": True, "uid": "someone-else"}]
+    body = kube.get("PDCluster", NS, "demo")
+    body["metadata"].update(deletionTimestamp="2027-01-15T08:00:00Z", finalizers=[FINALIZER])
+    workers = FakeWorkers()
+
+    class Lists:
+        def of(self, spec, routers):  # type: ignore[no-untyped-def]
+            return workers
+
+    done = DeletionDrain(kube, Lists(), in_flight=lambda ip, port: 5).step(body, NOW)  # type: ignore[arg-type]
+    assert workers.made == []  # no engine taken out of the other's router
+    assert done and kube.calls and kube.calls[0][0] == "PATCH"  # our finalizer goes
