@@ -54,6 +54,8 @@ FIELD_NAMED = re.compile(
 )
 DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 FILE_ERROR = re.compile(r"^document( \d+)?: ")
+#: the kernel's limit on one exec string (32 pages of 4 KiB), its terminating NUL included
+MAX_ARG_STRLEN = 131_072
 
 
 # ---- the generator ---------------------------------------------------------------------------
@@ -324,7 +326,8 @@ def random_affinity(rng: random.Random) -> Any:
 def m_affinity(rng: random.Random, doc: Any) -> Any:
     spec = _spec(doc)
     if spec is not None:
-        _ensure(spec, "placement")["affinity"] = random_affinity(rng)
+        # an empty affinity too: it pins nothing, and both enforcers must read it so
+        _ensure(spec, "placement")["affinity"] = {} if rng.random() < 0.1 else random_affinity(rng)
     return doc
 
 
@@ -370,7 +373,8 @@ def m_volumes(rng: random.Random, doc: Any) -> Any:
     elif choice == 1:
         weights.pop("pvc", None)
         weights["hostPath"] = {"path": rng.choice(["/raid/models", "/a/../b", "relative", "/",
-                                                   "/x/..", 5])}
+                                                   "/x/..", 5, "/raid/models/", "/models//x",
+                                                   "/models/./x", "/models/x/", "//models"])}
     else:
         weights["mountPath"] = rng.choice(["/models", "/dev/shm", "/dev/shm/x", "/", "/a/../b"])
     return doc
@@ -638,6 +642,12 @@ def _pod_template_violations(template: dict[str, Any]) -> list[str]:
         out += [f"{f}: {m}" for f, m in k8s_rules.resource_requirements(
             res.get("requests", {}), res.get("limits", {}), "resources")]
         out += [f"args: NUL in {a!r}" for a in c.get("args", []) if "\x00" in a]
+        # the kernel refuses an exec with one string (an argument, or NAME=value) of
+        # MAX_ARG_STRLEN bytes or more, NUL included: such a container can never start
+        strings = [*c.get("command", []), *c.get("args", []),
+                   *(f"{e['name']}={e.get('value', '')}" for e in c.get("env", []))]
+        out += [f"exec string of {n} bytes (kernel limit {MAX_ARG_STRLEN})" for x in strings
+                if (n := len(x.encode("utf-8", "surrogatepass")) + 1) > MAX_ARG_STRLEN]
         mounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
         if len(set(mounts)) != len(mounts):
             out.append(f"volumeMounts: duplicate mountPath in {mounts}")
