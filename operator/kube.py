@@ -73,6 +73,8 @@ REQUESTS: dict[Need, str] = {
     Need(GROUP, PLURAL, "patch"): "drain.patch_pdcluster: add and remove the finalizer",
     Need(GROUP, f"{PLURAL}/status", "patch"): "Kube.patch_status: conditions, planner status",
     Need("apps", "deployments", "get"): "Kube.get: reconcile reads each child; drains read replicas",
+    Need("apps", "deployments", "list"): "Kube.list_deployments: the planner loop, once a tick "
+    "(whose are the pods it selects by label)",
     Need("apps", "deployments", "patch"): "Kube.apply: reconcile applies the engines and router",
     Need("", "services", "get"): "Kube.get: reconcile reads each child",
     Need("", "services", "patch"): "Kube.apply: reconcile",
@@ -268,6 +270,17 @@ class Kube:
             return _items(self._call("GET", "/api/v1/pods", query=query))
         return [p for ns in watched
                 for p in _items(self._call("GET", f"/api/v1/namespaces/{ns}/pods", query=query))]
+
+    def list_deployments(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Deployments carrying ``labels``, in ``namespace`` or (None) every watched namespace."""
+        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items()))]
+        kind = KINDS["Deployment"]
+        if namespace is not None:
+            return _items(self._call("GET", kind.path(namespace), query=query))
+        watched = watch_namespaces()
+        if watched is None:
+            return _items(self._call("GET", f"/apis/{kind.api_version}/{kind.plural}", query=query))
+        return [d for ns in watched for d in _items(self._call("GET", kind.path(ns), query=query))]
 
     def list_pdclusters(self) -> list[dict[str, Any]]:
         """Every PDCluster in the watched namespaces."""

@@ -59,7 +59,7 @@ from .planning import (
     remembered_profile,
 )
 from .profile_source import ProfileSources, report_profile
-from .reconcile import reconcile_current
+from .reconcile import is_ours, reconcile_current
 from .status import overdue_pods, profile_status
 from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_after_seconds
 from .vllm_discovery import Announcer
@@ -83,6 +83,22 @@ def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
                str(labels.get(names.LABEL_ROLE, "")))
         out.setdefault(key, []).append(pod)
     return out
+
+
+def foreign_roles(ns: str, name: str, uid: str,
+                  deployments: Mapping[tuple[str, str], dict[str, Any]]) -> frozenset[str]:
+    """The roles whose Deployment (this PDCluster's child name) another object controls: their
+    pods carry this PDCluster's labels but are not its own (labels say which base name a pod
+    carries, the controller owner reference says whose it is), so the loop leaves them alone.
+    A role without a Deployment yet keeps its pods (nothing to tell them by; the reconcile
+    creates it)."""
+    foreign = frozenset(role for role in ("prefill", "decode", "router")
+                        if (d := deployments.get((ns, names.child_name(name, role)))) is not None
+                        and not is_ours(d, uid))
+    if foreign:
+        log.warning("planner %s/%s: the Deployments of %s are controlled by another object; their "
+                    "pods are left alone", ns, name, sorted(foreign))
+    return foreign
 
 
 def owner_of(body: dict[str, Any]) -> Owner:
@@ -111,6 +127,9 @@ class PlannerLoop:
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
         # PDClusters the loop must cost the API server next to nothing.
         pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
+        # and of their Deployments: whose the pods selected by label are
+        deployments = {(d["metadata"].get("namespace", ""), d["metadata"].get("name", "")): d
+                       for d in self.kube.list_deployments(None, {names.LABEL_MANAGED_BY: names.MANAGER})}
         self.routers_seen = set()
         self.drains.begin_tick()
         dues: list[float] = []
@@ -119,7 +138,7 @@ class PlannerLoop:
                 continue
             key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
             try:
-                due = self.tick(body, time.time(), pods)
+                due = self.tick(body, time.time(), pods, deployments)
                 if due is not None:
                     dues.append(due)
             except ApiException as exc:
@@ -131,9 +150,11 @@ class PlannerLoop:
         return min(dues) - time.time() if dues else None
 
     # ------------------------------------------------------------------------------------
-    def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey) -> float | None:
+    def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey,
+             deployments: Mapping[tuple[str, str], dict[str, Any]] | None = None) -> float | None:
         """Read, plan when due, act, report; returns when this PDCluster's next plan is due
-        (None: not known, the next fast tick tries)."""
+        (None: not known, the next fast tick tries). ``deployments``: the tick's listing by
+        (namespace, name); a role whose Deployment another PDCluster controls has no pods here."""
         try:
             spec = PDClusterSpec.model_validate(body.get("spec") or {})
         except ValueError:
@@ -141,6 +162,9 @@ class PlannerLoop:
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         instance = names.base_name(name)
+        foreign = foreign_roles(ns, name, str(meta.get("uid") or ""), deployments or {})
+        listed_pods = {k: ([] if k[:2] == (ns, instance) and k[2] in foreign else v)
+                       for k, v in listed_pods.items()}
         # read
         pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
                 for role in Role}
@@ -158,7 +182,7 @@ class PlannerLoop:
                 decision = clamp_decision(decision, spec)  # whatever its source
                 targets = {Role.PREFILL: decision.prefill, Role.DECODE: decision.decode}
                 self.drains.move(body, spec, pods, workers, listed, targets, now)
-                pods = {role: self._pods(ns, name, role) for role in Role}
+                pods = {role: [] if role in foreign else self._pods(ns, name, role) for role in Role}
         workers.make_equal(desired_workers(spec, pods))  # in every mode
         self.routers_seen.update(workers.addresses)
         # report what no event marks

@@ -257,6 +257,10 @@ class FakeKube:
                 if namespace in (None, p["metadata"]["namespace"])
                 and all(p["metadata"]["labels"].get(k) == v for k, v in labels.items())]
 
+    def list_deployments(self, namespace, labels):
+        return [copy.deepcopy(o) for (kind, ns, _), o in self.objects.items()
+                if kind == "Deployment" and namespace in (None, ns)]
+
     def list_pdclusters(self):
         return [copy.deepcopy(o) for (kind, _, _), o in self.objects.items() if kind == "PDCluster"]
 

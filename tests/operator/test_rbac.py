@@ -110,6 +110,8 @@ def _every_door(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("PDSCALE_WATCH_NAMESPACES", watched)
         kube.list_pods(None, {"a": "b"})
         kube.list_pods("team-a", {"a": "b"})
+        kube.list_deployments(None, {"a": "b"})
+        kube.list_deployments("team-a", {"a": "b"})
         kube.list_pdclusters()
     patch_pdcluster(kube, "team-a", "glm53", [{"op": "test", "path": "/metadata/finalizers"}])
     leases = KubeLeases(kube, "pdscale-system", "pdscale-operator-leader")

@@ -162,3 +162,24 @@ def test_a_deletion_takes_no_engine_of_another_pdcluster_out_of_its_router():
     done = DeletionDrain(kube, Lists(), in_flight=lambda ip, port: 5).step(body, NOW)  # type: ignore[arg-type]
     assert workers.made == []  # no engine taken out of the other's router
     assert done and kube.calls and kube.calls[0][0] == "PATCH"  # our finalizer goes
+
+
+def test_a_tick_selects_no_pod_whose_deployment_another_pdcluster_controls():
+    """Two PDClusters whose names map alike: the second's loop must neither list the first's
+    engines in a router, nor drain them, nor count them as its own."""
+    kube, lists = _cluster("Auto")
+    _deployments(kube)
+    kube.objects[("Deployment", NS, "demo-router")] = {
+        "kind": "Deployment", "metadata": {"name": "demo-router", "namespace": NS}, "spec": {"replicas": 1}}
+    for role in ("prefill", "decode", "router"):
+        kube.objects[("Deployment", NS, f"demo-{role}")]["metadata"]["ownerReferences"] = [
+            {"controller": True, "uid": "the-first-pdcluster"}]
+    PlannerLoop(kube, worker_lists=lists).tick_all()
+    assert kube.pod_patches == []
+    assert all(not made for made in lists.workers.made), lists.workers.made
+    # ours again: the same tick lists them
+    for role in ("prefill", "decode", "router"):
+        kube.objects[("Deployment", NS, f"demo-{role}")]["metadata"]["ownerReferences"] = [
+            {"controller": True, "uid": "uid-1"}]
+    PlannerLoop(kube, worker_lists=lists).tick_all()
+    assert lists.workers.made[-1]
