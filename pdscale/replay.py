@@ -392,17 +392,24 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
-    """The prefill admission the spec's router applies (smg's ``router.admission``), as the
-    replay models it; None when the router admits everything."""
+    """The prefill admission the spec's router applies, exactly as the operator renders it
+    (smg's, on by default and derived where ``router.admission`` leaves a value unset, from
+    the spec's shipped profile: operator/admission.py), whatever ``--profile`` the replay
+    plans with; None when the router admits everything. A spec of defaults (no ``-f``) has
+    the default router: smg with derived admission."""
     from pdscale.operator import router
+    from pdscale.operator.pdcluster import EngineKind, EngineSpec, RouterSpec
     from pdscale.planner.replay.router_admission import PrefillAdmission
 
     if getattr(spec, "router", None) is None:  # a spec of defaults (no -f) has no router
+        spec = spec.model_copy(update={
+            "router": RouterSpec.model_construct(),
+            "engine": EngineSpec.model_construct(kind=EngineKind.SGLANG, extra_args=[])})
+    adm = router.admission(spec)
+    if adm is None:
         return None
-    a, timeout = spec.router.admission, router.queue_timeout_seconds(spec)
-    if a is None or timeout is None or not router.smg(spec):
-        return None
-    return PrefillAdmission(a.prefill_inflight_per_worker, a.queue_size, float(timeout))
+    return PrefillAdmission(adm.prefill_inflight_per_worker, adm.queue_size,
+                            float(adm.queue_timeout_seconds))
 
 
 def configuration_from(args: argparse.Namespace) -> Configured:
