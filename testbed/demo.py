@@ -125,6 +125,12 @@ def phase_clock(phases: list[dict[str, Any]]) -> Callable[[float], str]:
 E2E_SCALE_DOWN_WINDOW_SECONDS = 30
 
 
+#: the router of the old default, sglang-router 0.3.2 (random PD prefill choice, no admission),
+#: for the e2e runs whose expectations were measured behind it: they name it explicitly rather
+#: than take the new default (smg with derived prefill admission, docs/admission.md)
+OLD_DEFAULT_ROUTER = {"gateway": "SGLangRouter", "image": "lmsysorg/sglang:v0.5.6-cu129"}
+
+
 def load_pdcluster(name: str, namespace: str, prometheus_url: str,
                    pdcluster_path: Path = Path("examples/demo-sim.yaml"), *,
                    scale_down_window_seconds: int | None = None) -> dict[str, Any]:
