@@ -232,8 +232,8 @@ def main() -> None:
                          "README")
     ap.add_argument("--stack", choices=list(STACKS), default="deployed",
                     help="the fleet every policy runs on (planner/replay/run.py STACKS): "
-                         "deployed (SGLang batched prefill, cache-aware routing, no admission: "
-                         "what users run), ideal-router (the same engines behind predicted-TTFT "
+                         "deployed (SGLang batched prefill behind the PDCluster's router as "
+                         "rendered: by default smg, cache-aware, with derived admission), ideal-router (the same engines behind predicted-TTFT "
                          "routing with early rejection, a what-if) or article (the earlier "
                          "figures' model: one prefill at a time)")
     ap.add_argument("--smg-admission", type=int, default=None, metavar="PER_INSTANCE",
