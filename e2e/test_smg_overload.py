@@ -81,8 +81,10 @@ def run(tmp_path_factory: pytest.TempPathFactory):
             "default", label_selector=f"app.kubernetes.io/instance={NAME},pdscale.io/role=router").items
         args = pods[0].spec.containers[0].args if pods else []
         summary = result.summary(TTFT_SECONDS, body["spec"]["slo"]["tpotMilliseconds"] / 1000)
-        print(f"\noverload e2e: {summary['requests']} requests, {summary['refused']} refused, "
-              f"{summary['failed']} failed; attainment {summary['slo_attainment']}; router args "
+        refused_in = max((r.e2e_seconds or 0.0 for r in result.records if r.status == 429), default=None)
+        print(f"\noverload e2e: {summary['requests']} requests, {summary['refused']} refused "
+              f"(slowest 429 after {refused_in} s), {summary['failed']} failed; admitted TTFT p90 "
+              f"{summary['ttft_p90_seconds']} s; attainment {summary['slo_attainment']}; router args "
               f"{args}; refused/min seen {refused_seen}; prefill targets "
               f"{[s.prefill_target for s in result.samples if s.phase == 'overload']}; "
               f"logs under {stack.workdir}")
