@@ -75,7 +75,7 @@ QUANTILES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
 OTHER_ROUTERS = ("random", "least-queue", "cache-aware", "smg-cache-aware")
 #: the replay's prefill router for each gateway's rendered CacheAware (operator/router.py
 #: prefill_choice: sglang-router 0.3.2 picks PD prefills at random; smg follows its own tree)
-GATEWAY_ROUTER = {"sglang-router": STACKS["deployed"]["router"], "smg": "smg-cache-aware"}
+GATEWAY_ROUTER = {"sglang-router": "random", "smg": "smg-cache-aware"}
 #: random routing replayed with this many seeds (its spread is reported)
 RANDOM_SEEDS = 20
 #: the API the load is sent in (and its prompts read back from the engines' request logs)

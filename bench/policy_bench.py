@@ -34,8 +34,10 @@ The planner runs the operator's configuration for one PDCluster,
 ``bench/policy_bench_pdcluster.yaml`` (through ``pdscale.replay.configure``, as ``pdscale
 replay -f`` does): TPOT SLO 50 ms, percentile 99, node budget 200, interval 60 s, warm-up
 600 s, decode drain 60 s; each trace sets only its TTFT target. Every policy runs on one
-fleet, ``--stack`` (planner/replay/run.py ``STACKS``): by default the stack users deploy,
-SGLang's batched prefill behind the router's cache-aware policy with no admission control;
+fleet, ``--stack`` (planner/replay/run.py ``STACKS``): by default the stack a PDCluster
+renders by default, SGLang's batched prefill behind smg's cache-aware policy with the prefill
+admission the operator derives (docs/admission.md); ``--old-default`` the earlier default,
+sglang-router 0.3.2 (random PD prefill choice) with no admission;
 ``ideal-router`` adds predicted-TTFT routing with early rejection (the article's overload
 control, which no router performs: a what-if); ``article`` is the earlier figures' model. A
 rejected request counts as a miss, and latency quantiles are over all requests. By default
@@ -230,14 +232,18 @@ def main() -> None:
                          "README")
     ap.add_argument("--stack", choices=list(STACKS), default="deployed",
                     help="the fleet every policy runs on (planner/replay/run.py STACKS): "
-                         "deployed (SGLang batched prefill, cache-aware routing, no admission: "
-                         "what users run), ideal-router (the same engines behind predicted-TTFT "
+                         "deployed (SGLang batched prefill behind the PDCluster's router as "
+                         "rendered: by default smg, cache-aware, with derived admission), ideal-router (the same engines behind predicted-TTFT "
                          "routing with early rejection, a what-if) or article (the earlier "
                          "figures' model: one prefill at a time)")
     ap.add_argument("--smg-admission", type=int, default=None, metavar="PER_INSTANCE",
                     help="the PDCluster's router is smg with prefill admission "
                          "(router.admission.prefillInflightPerWorker = PER_INSTANCE, the queue "
-                         "timeout at the TTFT target), replayed as smg applies it")
+                         "timeout at the TTFT target), replayed as smg applies it (the rows "
+                         "published before admission was derived)")
+    ap.add_argument("--old-default", action="store_true",
+                    help="the earlier default router: sglang-router 0.3.2 (router.gateway "
+                         "SGLangRouter; random PD prefill choice), no admission")
     ap.add_argument("--start-from", choices=list(START_FROM), default="history",
                     help="history: the trace's first warm-up is unscored history that sizes the "
                          "dynamic policies' start (as pdscale replay); hindsight: sized from the "
@@ -250,14 +256,16 @@ def main() -> None:
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
-    if args.smg_admission is not None and args.stack != "deployed":
-        ap.error("--smg-admission is the deployed stack's router; the what-if stacks have their own")
+    if (args.smg_admission is not None or args.old_default) and args.stack != "deployed":
+        ap.error("--smg-admission and --old-default are the deployed stack's router; the what-if "
+                 "stacks have their own")
+    if args.smg_admission is not None and args.old_default:
+        ap.error("--smg-admission and --old-default name two routers; take one")
     console = Console(width=170)
     spec = read_spec(str(PDCLUSTER))
-    if args.smg_admission is not None:
+    if args.old_default:
         spec = spec.model_copy(update={"router": spec.router.model_copy(update={
-            "gateway": SGLangGateway.SMG,
-            "admission": RouterAdmission(prefill_inflight_per_worker=args.smg_admission)})})
+            "gateway": SGLangGateway.SGLANG_ROUTER, "admission": None})})
     results: dict[str, Any] = {}
     for name in args.only.split(","):
         c = cases()[name]
@@ -269,7 +277,15 @@ def main() -> None:
         else:
             trace = load_trace(c["path"], rate_scale=c["rate_scale"], time_scale=c["time_scale"],
                                lengths_from=c.get("lengths"))
-        configured = configure(spec, spec_source=f"file {PDCLUSTER.name}",
+        case_spec = spec
+        if args.smg_admission is not None:
+            # as published: the queue timeout at the TTFT target in whole seconds, the rule
+            # before the derivation (which takes the engine's share off it)
+            case_spec = spec.model_copy(update={"router": spec.router.model_copy(update={
+                "gateway": SGLangGateway.SMG,
+                "admission": RouterAdmission(prefill_inflight_per_worker=args.smg_admission,
+                                             queue_timeout_seconds=max(1, int(c["ttft"])))})})
+        configured = configure(case_spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
         # the deployed stack routes as the PDCluster renders its router; what-ifs their own way
         deployed = args.stack == "deployed"
@@ -278,7 +294,7 @@ def main() -> None:
         planner = configured.config if deployed else replace(configured.config, prefill_queue="pooled")
         setup = ReplaySetup(trace=trace, planner=planner, **stack,
                             decode_admission=args.decode_admission,
-                            prefill_admission=router_admission(configured.spec),
+                            prefill_admission=router_admission(configured.spec) if deployed else None,
                             scrape_lag_seconds=args.scrape_lag_seconds)
         setup, history = start_from(setup, args.start_from)
         console.print(f"[bold]{name}[/bold]: {trace.name}, {len(setup.trace):,} requests scored over "
@@ -315,7 +331,11 @@ def main() -> None:
                         + ("early rejection" if setup.early_rejection
                            else f"smg admission {args.smg_admission} per prefill, queue timeout "
                                 "at the TTFT target" if args.smg_admission is not None
-                           else "no admission")
+                           else "sglang-router 0.3.2, no admission" if args.old_default
+                           else "no admission" if setup.prefill_admission is None
+                           else f"smg admission derived: {setup.prefill_admission.inflight_per_instance} "
+                                f"per prefill, queue timeout {setup.prefill_admission.queue_timeout_seconds:g} s "
+                                "(last trace)")
                         + ("" if args.decode_admission == "off"
                            else f", decode admission: {args.decode_admission}")
                         + (f", read {args.scrape_lag_seconds:g} s after a scrape"
@@ -348,6 +368,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     stem = "policy_bench" + ("" if args.stack == "deployed" else f"_{args.stack}") + (
         "" if args.smg_admission is None else "_smg_admission") + (
+        "_old_default" if args.old_default else "") + (
         f"_lag{args.scrape_lag_seconds:g}" if args.scrape_lag_seconds else "")
     path = OUT / (f"{stem}.json" if args.decode_admission == "off"
                   else f"{stem}_admission_{args.decode_admission}.json")

@@ -28,7 +28,14 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from pdscale.testbed.demo import GROUP, PLURAL, VERSION, load_pdcluster, router_url
+from pdscale.testbed.demo import (
+    GROUP,
+    OLD_DEFAULT_ROUTER,
+    PLURAL,
+    VERSION,
+    load_pdcluster,
+    router_url,
+)
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.loadgen import RequestRecord, RequestSpec, send_one
 from pdscale.testbed.nodes import api_client
@@ -151,6 +158,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         custom = client.CustomObjectsApi(api)
         body = load_pdcluster(NAME, NS, stack.prometheus.url)
         spec = body["spec"]
+        # measured behind sglang-router 0.3.2, which admits everything: named, not defaulted
+        spec["router"].update(OLD_DEFAULT_ROUTER)
         # A fixed fleet (1 prefill, 2 decode) under a light load: the planner decides every
         # interval, and its decisions move nothing, so the router's list must stay put.
         spec["prefill"].update(replicas=1, minReplicas=1, maxReplicas=1)

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
-from pdscale.testbed.demo import GROUP, PLURAL, VERSION, load_pdcluster, router_url
+from pdscale.testbed.demo import (
+    GROUP,
+    OLD_DEFAULT_ROUTER,
+    PLURAL,
+    VERSION,
+    load_pdcluster,
+    router_url,
+)
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.loadgen import RequestRecord, RequestSpec, send_one
 from pdscale.testbed.nodes import api_client
@@ -115,6 +122,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         custom = client.CustomObjectsApi(api)
         body = load_pdcluster(NAME, NS, stack.prometheus.url)
         spec = body["spec"]
+        # measured behind sglang-router 0.3.2, which admits everything: named, not defaulted
+        spec["router"].update(OLD_DEFAULT_ROUTER)
         spec["prefill"].update(replicas=2, minReplicas=2, maxReplicas=4)
         # A drain may take up to 5 x preStopDrainSeconds before it gives up waiting: 150 s,
         # longer than any request here, so only an idle engine ends a drain.

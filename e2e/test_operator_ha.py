@@ -21,7 +21,14 @@ import pytest
 from kubernetes import client
 from test_failures import World, in_flight, request
 
-from pdscale.testbed.demo import GROUP, PLURAL, VERSION, load_pdcluster, router_url
+from pdscale.testbed.demo import (
+    GROUP,
+    OLD_DEFAULT_ROUTER,
+    PLURAL,
+    VERSION,
+    load_pdcluster,
+    router_url,
+)
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.nodes import api_client
 from pdscale.testbed.stack import Stack
@@ -47,6 +54,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         custom = client.CustomObjectsApi(api)
         body = load_pdcluster(NAME, NS, stack.prometheus.url)
         spec = body["spec"]
+        # measured behind sglang-router 0.3.2, which admits everything: named, not defaulted
+        spec["router"].update(OLD_DEFAULT_ROUTER)
         # Fixed counts (min = max): only the user's change below makes the planner drain.
         spec["prefill"].update(replicas=1, minReplicas=1, maxReplicas=1)
         # A drain may take up to 5 x preStopDrainSeconds before it gives up waiting: 150 s,

@@ -81,11 +81,15 @@ class Derived:
     bootstrap_timeout_seconds: int
     waiting_timeout_seconds: int
     decoder_kv_blocks_ttl_seconds: int
+    #: the router's prefill admission (router.admission, derived where unset); None: off
+    prefill_inflight_per_worker: int | None = None
+    prefill_queue_size: int | None = None
+    prefill_queue_timeout_seconds: int | None = None
 
     def as_status(self) -> dict[str, int]:
         from pydantic.alias_generators import to_camel
 
-        return {to_camel(k): v for k, v in asdict(self).items()}
+        return {to_camel(k): v for k, v in asdict(self).items() if v is not None}
 
 
 def minimum_transfer_timeout_seconds(spec: PDClusterSpec) -> int:
@@ -102,6 +106,7 @@ def derive(spec: PDClusterSpec) -> Derived:
     minimum = minimum_transfer_timeout_seconds(spec)
     slowest = math.ceil(spec.model.max_context_length_tokens / kvt.conservative_prefill_tokens_per_second)
     floor = max(SGLANG_DEFAULT_TIMEOUT_SECONDS, minimum)
+    adm = router.admission(spec)
     return Derived(
         slowest_prefill_seconds=slowest,
         minimum_transfer_timeout_seconds=minimum,
@@ -109,6 +114,9 @@ def derive(spec: PDClusterSpec) -> Derived:
         waiting_timeout_seconds=kvt.waiting_timeout_seconds or floor,
         decoder_kv_blocks_ttl_seconds=kvt.decoder_kv_blocks_ttl_seconds
         or max(VLLM_DEFAULT_KV_BLOCKS_TTL_SECONDS, minimum),
+        prefill_inflight_per_worker=adm.prefill_inflight_per_worker if adm else None,
+        prefill_queue_size=adm.queue_size if adm else None,
+        prefill_queue_timeout_seconds=adm.queue_timeout_seconds if adm else None,
     )
 
 
@@ -348,14 +356,16 @@ def _check_router(spec: PDClusterSpec) -> list[Problem]:
                                "as they become Ready); use RoundRobin, Random or CacheAware"))
     if spec.router.port == spec.router.metrics_port:
         out.append(Problem("spec.router.metricsPort", "collides with router.port"))
-    if (spec.router.gateway is SGLangGateway.SMG
+    # the default gateway (SMG) applies to SGLang routers only; naming it for vLLM is refused
+    if ("gateway" in spec.router.model_fields_set and spec.router.gateway is SGLangGateway.SMG
             and (spec.router.kind or spec.engine.kind).value != RouterKind.SGLANG.value):
-        out.append(Problem("spec.router.gateway", "SMG is an SGLang router here; vLLM workers "
-                           "are fronted by vllm-router (leave gateway unset)"))
-    if spec.router.admission is not None and not router.smg(spec):
-        out.append(Problem("spec.router.admission", "only smg has prefill admission (set "
-                           "router.gateway: SMG); sglang-router 0.3.2 and vllm-router 0.1.17 "
-                           "admit everything"))
+        out.append(Problem("spec.router.gateway", "SMG is offered for SGLang workers only here; "
+                           "vLLM workers are fronted by vllm-router (leave gateway unset)"))
+    adm = spec.router.admission
+    if adm is not None and adm.enabled and not router.smg(spec):
+        out.append(Problem("spec.router.admission", "only smg has prefill admission (leave "
+                           "router.gateway unset, or SMG); sglang-router 0.3.2 and vllm-router "
+                           "0.1.17 admit everything (set admission.enabled: false or drop it)"))
     return out
 
 

@@ -224,7 +224,9 @@ def status_schema() -> dict[str, Any]:
             "router": _role_status_schema("router"),
             "derived": {
                 "type": "object",
-                "description": "Settings the operator derived from the spec (timeouts).",
+                "description": "Settings the operator derived from the spec (transfer timeouts; the "
+                "router's prefill admission: prefillInflightPerWorker, prefillQueueSize, "
+                "prefillQueueTimeoutSeconds, absent when admission is off).",
                 "x-kubernetes-preserve-unknown-fields": True,
             },
             "planner": {
@@ -271,6 +273,8 @@ def build_crd() -> dict[str, Any]:
                         {"name": "D-Desired", "type": "integer",
                          "jsonPath": ".status.decode.desiredReplicas"},
                         {"name": "Planner", "type": "string", "jsonPath": ".spec.planner.mode"},
+                        {"name": "Refused/min", "type": "integer",
+                         "jsonPath": ".status.planner.refusedRequestsPerMinute"},
                         {"name": "Decision", "type": "string",
                          "jsonPath": ".status.planner.lastDecision", "priority": 1},
                         {"name": "Ready", "type": "string", "jsonPath": ready},

@@ -173,6 +173,9 @@ def sglang(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
         _env("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", kvt.heartbeat_interval_seconds),
         _env("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", kvt.heartbeat_max_failures),
         _env("SGLANG_WARMUP_TIMEOUT", warmup),
+        # v0.5.23 exports the GPU busy time the planner's prefill calibration reads
+        # (sglang:forward_execution_seconds_total) only with its device timer on
+        _env("SGLANG_ENABLE_METRICS_DEVICE_TIMER", 1),
         *_user_env(spec, role),
     ]
     ports = []

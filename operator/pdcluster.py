@@ -94,9 +94,9 @@ class RouterKind(StrEnum):
 class SGLangGateway(StrEnum):
     """Which SGLang router program runs in the router pod (docs/routers.md)."""
 
-    #: ``python3 -m sglang_router.launch_router`` (sglang-router 0.3.2, in the SGLang images)
+    #: ``python3 -m sglang_router.launch_router`` (sglang-router 0.3.2, in older SGLang images)
     SGLANG_ROUTER = "SGLangRouter"
-    #: ``python3 -m smg launch`` (smg 1.13, the gateway that succeeded sglang-router)
+    #: ``python3 -m smg launch`` (smg 1.13, the gateway that succeeded sglang-router; default)
     SMG = "SMG"
 
 
@@ -486,15 +486,21 @@ class RouterAdmission(_Model):
     """smg's prefill admission (PD mode): each prefill worker takes at most
     ``prefillInflightPerWorker`` requests until its prefill answers; the rest wait at the router,
     oldest first, and one that waited ``queueTimeoutSeconds`` (or finds the queue full) is
-    refused with 429. With the timeout at the TTFT target, a request that could no longer
-    meet it is shed before it takes prefill time from those that still can: the nearest a
-    deployed router comes to early rejection at the TTFT deadline. The cap is per worker, so
-    the admitted load follows the planner's prefill count."""
+    refused with 429. On by default in front of smg, every unset value derived from the profile
+    and the TTFT target (operator/admission.py, docs/admission.md): under overload a client
+    gets a fast 429 instead of a late answer, and the requests admitted meet their TTFT. The
+    cap is per worker, so the admitted load follows the planner's prefill count."""
 
-    prefill_inflight_per_worker: int = Field(
-        ge=1, le=4096,
+    enabled: bool = Field(
+        default=True,
+        description="false turns admission off: the router admits everything and requests "
+        "beyond the prefill fleet wait in the engines' queues (late rather than refused).",
+    )
+    prefill_inflight_per_worker: int | None = Field(
+        default=None, ge=1, le=4096,
         description="Requests a prefill worker holds at once (smg "
-        "--prefill-max-inflight-requests-per-worker). About what one prefill pass carries.",
+        "--prefill-max-inflight-requests-per-worker). Unset: the full prefill passes that fit "
+        "in half the TTFT target at the profile's speed (status.derived).",
     )
     queue_size: int = Field(
         default=256, ge=0, le=100_000,
@@ -504,8 +510,8 @@ class RouterAdmission(_Model):
     queue_timeout_seconds: int | None = Field(
         default=None, ge=1, le=3600,
         description="Longest wait at the router for a prefill slot before a 429 (smg "
-        "--prefill-queue-timeout-secs, whole seconds). Unset: the TTFT target, rounded down to "
-        "whole seconds, at least 1.",
+        "--prefill-queue-timeout-secs, whole seconds). Unset: the TTFT target less the "
+        "in-flight cap's passes, rounded down, at least 1 (status.derived).",
     )
 
 
@@ -518,10 +524,12 @@ class RouterSpec(_Model):
         default=None, description="SGLang or VLLM router; unset follows engine.kind."
     )
     gateway: SGLangGateway = Field(
-        default=SGLangGateway.SGLANG_ROUTER,
-        description="SGLang router only: the program the image runs, SGLangRouter "
-        "(sglang-router 0.3.2, shipped in the SGLang images) or SMG (the smg 1.13 gateway; "
-        "its image must carry smg). Both are kept in step through the same /workers API.",
+        default=SGLangGateway.SMG,
+        description="SGLang router only: the program the image runs, SMG (default: the smg "
+        "1.13 gateway, image ghcr.io/lightseekorg/smg:<smg>-sglang-v<sglang>; cache-aware PD "
+        "prefill choice and prefill admission) or SGLangRouter (sglang-router 0.3.2, shipped "
+        "in older SGLang images; picks PD prefills at random, no admission). Both are kept in "
+        "step through the same /workers API.",
     )
     image: str = Field(min_length=1, description="Router container image.")
     replicas: int = Field(default=1, ge=0, le=64, description="Router pods.")
@@ -543,7 +551,8 @@ class RouterSpec(_Model):
     admission: RouterAdmission | None = Field(
         default=None,
         description="SMG only: shed at the router what waits too long for a prefill slot. "
-        "Unset: the router admits everything (sglang-router, smg and vllm-router's default).",
+        "Unset: on in front of smg with every value derived (status.derived); off in front of "
+        "sglang-router and vllm-router, which have none. enabled: false turns it off.",
     )
     extra_args: list[ExecString] = Field(default_factory=list, description="Extra router arguments.")
 

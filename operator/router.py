@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdscale.planner.profile import Profile
+
 from . import names
+from .admission import Admission
+from .admission import derive as derive_admission
 from .names import Owner, metadata
 from .pdcluster import PDClusterSpec, RouterKind, RouterSpec, RoutingPolicy, SGLangGateway
 
@@ -26,13 +30,14 @@ _POLICY = {
 
 def prefill_choice(spec: PDClusterSpec) -> RoutingPolicy:
     """How the rendered router really picks a PD prefill: its ``prefillPolicy``, except that
-    sglang-router 0.3.2 (the default gateway) picks at random under CacheAware, because its PD
+    sglang-router 0.3.2 (router.gateway SGLangRouter) picks at random under CacheAware, because its PD
     prefill policy never gets a prefix tree (tests/loop/test_router_prefill_tree.py). smg
     follows the prefix; vllm-router is taken at its policy's word (not observed). A spec
-    without a router section (a replay of the CRD's defaults) has the default router."""
+    without a router section (a replay of the CRD's defaults) has the default router: smg,
+    cache-aware."""
     r: RouterSpec | None = getattr(spec, "router", None)
     if r is None:
-        return RoutingPolicy.RANDOM
+        return RoutingPolicy.CACHE_AWARE
     if (r.prefill_policy is RoutingPolicy.CACHE_AWARE and kind(spec) is RouterKind.SGLANG
             and r.gateway is SGLangGateway.SGLANG_ROUTER):
         return RoutingPolicy.RANDOM
@@ -48,8 +53,9 @@ def smg(spec: PDClusterSpec) -> bool:
     return kind(spec) is RouterKind.SGLANG and spec.router.gateway is SGLangGateway.SMG
 
 
-def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
-    """(command, args) of the router container."""
+def args(spec: PDClusterSpec, profile: Profile | None = None) -> tuple[list[str], list[str]]:
+    """(command, args) of the router container; ``profile`` prices the derived admission
+    (None: the spec's shipped profile, admission.spec_profile)."""
     r = spec.router
     common = [
         "--host", "0.0.0.0",
@@ -64,7 +70,7 @@ def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
         # waits for the engine itself, so smg's 5 s drain settle time only delays the entry's
         # removal from its list (docs/routers.md)
         command = ["python3", "-m", "smg", "launch"]
-        mode = ["--pd-disaggregation", *admission_args(spec)]
+        mode = ["--pd-disaggregation", *admission_args(admission(spec, profile))]
     elif kind(spec) is RouterKind.SGLANG:
         command = ["python3", "-m", "sglang_router.launch_router"]
         mode = ["--pd-disaggregation"]
@@ -78,26 +84,35 @@ def args(spec: PDClusterSpec) -> tuple[list[str], list[str]]:
     return command, [*mode, *common, *r.extra_args]
 
 
-def queue_timeout_seconds(spec: PDClusterSpec) -> int | None:
-    """How long smg lets a request wait for a prefill slot (None: no admission): the spec's,
-    or the TTFT target in whole seconds (smg takes whole seconds; rounded down, since a
-    request that waited the whole target has missed it whatever its prefill)."""
-    a = spec.router.admission
-    if a is None:
-        return None
-    if a.queue_timeout_seconds is not None:
-        return a.queue_timeout_seconds
-    return max(1, int(spec.slo.ttft_seconds))
+def admission(spec: PDClusterSpec, profile: Profile | None = None) -> Admission | None:
+    """The prefill admission the router is rendered with (None: it admits everything): on by
+    default in front of smg, derived from the profile and the TTFT target (admission.py)."""
+    return derive_admission(spec, profile, smg=smg(spec))
 
 
-def admission_args(spec: PDClusterSpec) -> list[str]:
-    """smg's prefill admission flags for ``spec.router.admission`` (none when unset)."""
-    a = spec.router.admission
-    if a is None:
+def admission_args(adm: Admission | None) -> list[str]:
+    """smg's prefill admission flags (none when admission is off)."""
+    if adm is None:
         return []
-    return ["--prefill-max-inflight-requests-per-worker", str(a.prefill_inflight_per_worker),
-            "--prefill-queue-size", str(a.queue_size),
-            "--prefill-queue-timeout-secs", str(queue_timeout_seconds(spec))]
+    return ["--prefill-max-inflight-requests-per-worker", str(adm.prefill_inflight_per_worker),
+            "--prefill-queue-size", str(adm.queue_size),
+            "--prefill-queue-timeout-secs", str(adm.queue_timeout_seconds)]
+
+
+def gateway_note(spec: PDClusterSpec, profile: Profile | None = None) -> str:
+    """One line: which router program is rendered and why, and its admission."""
+    if kind(spec) is RouterKind.VLLM:
+        return "router: vllm-router (engine.kind VLLM; smg is not offered for vLLM yet), no admission"
+    explicit = "router.gateway" in spec.router.model_fields_set
+    if smg(spec):
+        why = "router.gateway SMG" if explicit else "the default gateway (router.gateway unset)"
+        adm = admission(spec, profile)
+        how = ("admission off (router.admission.enabled false)" if adm is None
+               else f"admission {adm.prefill_inflight_per_worker} per prefill, queue "
+                    f"{adm.queue_size}, timeout {adm.queue_timeout_seconds} s; {adm.reason}")
+        return f"router: smg ({why}); {how}"
+    return ("router: sglang-router 0.3.2 (router.gateway SGLangRouter): PD prefills at random, "
+            "no admission")
 
 
 def rbac(owner: Owner, spec: PDClusterSpec) -> list[dict[str, Any]]:

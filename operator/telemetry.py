@@ -35,6 +35,9 @@ OBSERVED_TTFT = Gauge("pdscale_planner_observed_ttft_seconds", "Observed TTFT at
 OBSERVED_TPOT = Gauge("pdscale_planner_observed_tpot_seconds", "Observed TPOT at the SLO percentile", _labels[:2])
 SLO_TTFT = Gauge("pdscale_slo_ttft_seconds", "TTFT target", _labels[:2])
 SLO_TPOT = Gauge("pdscale_slo_tpot_seconds", "TPOT target", _labels[:2])
+REFUSED = Gauge("pdscale_router_refused_requests_per_second",
+                "Requests the router refused per second (smg prefill admission 429s), as the planner "
+                "read them at its last decision", _labels[:2])
 PLAN_SECONDS = Histogram("pdscale_planner_plan_duration_seconds", "Time to read metrics and plan",
                          _labels[:2], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 # The fleet as the planner saw it at its last decision, and when that was: with the readings
@@ -141,6 +144,11 @@ class Reporter:
         ns, name = meta["namespace"], meta["name"]
         status = decision_status(decision, spec.planner.mode, snapshot, now_rfc3339())
         status["metricsAvailable"] = not snapshot.failures
+        refused = obs.rejected_rps
+        if refused is not None:  # no reading: status and gauge keep their last value
+            # integers in the API: per minute, so that a trickle still shows
+            status["refusedRequestsPerMinute"] = round(refused.value * 60)
+            REFUSED.labels(ns, name).set(refused.value)
         self.kube.patch_status(ns, name, {"planner": status})
         for role, count in ((Role.PREFILL, decision.prefill), (Role.DECODE, decision.decode)):
             RECOMMENDED.labels(ns, name, role).set(count)

@@ -45,6 +45,8 @@ class TenantPolicy:
         "lmsysorg/sglang:", "docker.io/lmsysorg/sglang:",
         "vllm/vllm-openai:", "docker.io/vllm/vllm-openai:",
         "vllm/vllm-router:", "docker.io/vllm/vllm-router:",
+        # smg, the default SGLang gateway: ghcr.io/lightseekorg/smg:<smg>-sglang-v<sglang>
+        "ghcr.io/lightseekorg/smg:",
     )
     #: node directories weights may be mounted from (read-only), a directory and what is below
     #: it; empty: no hostPath at all (weights from a PersistentVolumeClaim only)

@@ -141,8 +141,28 @@ def run(args: argparse.Namespace) -> int:
         from pdscale.operator.crd import build_crd
 
         manifests.insert(0, build_crd())
+    sys.stdout.write("".join(f"# {line}\n" for line in router_notes(docs, policy)))
     sys.stdout.write(dump(manifests))
     return 0
+
+
+def router_notes(docs: list[Any], policy: TenantPolicy | None = None) -> list[str]:
+    """One line per valid PDCluster: which router program was rendered, why, and its prefill
+    admission (derived values and what they were derived from), for ``render``'s output as
+    YAML comments."""
+    from pdscale.operator import router
+    from pdscale.operator.checklist import SpecError, validate
+
+    out = []
+    for doc in docs:
+        if not (isinstance(doc, dict) and isinstance(doc.get("spec"), dict)):
+            continue
+        try:
+            spec, _ = validate(doc["spec"], policy or TenantPolicy())
+        except SpecError:
+            continue
+        out.append(f"pdclusters/{doc['metadata']['name']}: {router.gateway_note(spec)}")
+    return out
 
 
 def read_tenant_policy(path: str) -> TenantPolicy:

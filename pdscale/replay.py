@@ -337,7 +337,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", choices=STACK_NAMES, default="deployed",
                         help="what the replay stands for (docs/replay.md): deployed = batching "
                              "engines routed as the spec's router applies its policies (the "
-                             "default sglang-router picks PD prefills at random), its admission; "
+                             "default smg by its cache-aware rule; sglang-router picks PD "
+                             "prefills at random), its admission (derived by default); "
                              "ideal-router = predicted-TTFT routing with early rejection (a "
                              "what-if); article = the article's model (default: deployed)")
     parser.add_argument("--router", default=None,
@@ -373,9 +374,9 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
     rendered with (``router.prefillPolicy``, ``router.decodePolicy``) as that router applies
     them; the deployed stack's defaults for a spec of defaults.
 
-    sglang-router 0.3.2 (the default gateway) routes PD prefills at random under CacheAware:
+    sglang-router 0.3.2 (router.gateway SGLangRouter) routes PD prefills at random under CacheAware:
     its PD prefill policy never gets a prefix tree (tests/loop/test_router_prefill_tree.py);
-    smg 1.13 keeps prefixes on a prefill by its own rule (``smg-cache-aware``: its tree takes
+    smg 1.13 (the default gateway) keeps prefixes on a prefill by its own rule (``smg-cache-aware``: its tree takes
     the prefix at routing, a per-request load gate, least loaded otherwise; docs/routers.md).
     vllm-router is a fork of sgl-router whose PD tree we have not observed: it is replayed by
     its policy's rule."""
@@ -392,17 +393,24 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
 
 
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
-    """The prefill admission the spec's router applies (smg's ``router.admission``), as the
-    replay models it; None when the router admits everything."""
+    """The prefill admission the spec's router applies, exactly as the operator renders it
+    (smg's, on by default and derived where ``router.admission`` leaves a value unset, from
+    the spec's shipped profile: operator/admission.py), whatever ``--profile`` the replay
+    plans with; None when the router admits everything. A spec of defaults (no ``-f``) has
+    the default router: smg with derived admission."""
     from pdscale.operator import router
+    from pdscale.operator.pdcluster import EngineKind, EngineSpec, RouterSpec
     from pdscale.planner.replay.router_admission import PrefillAdmission
 
     if getattr(spec, "router", None) is None:  # a spec of defaults (no -f) has no router
+        spec = spec.model_copy(update={
+            "router": RouterSpec.model_construct(),
+            "engine": EngineSpec.model_construct(kind=EngineKind.SGLANG, extra_args=[])})
+    adm = router.admission(spec)
+    if adm is None:
         return None
-    a, timeout = spec.router.admission, router.queue_timeout_seconds(spec)
-    if a is None or timeout is None or not router.smg(spec):
-        return None
-    return PrefillAdmission(a.prefill_inflight_per_worker, a.queue_size, float(timeout))
+    return PrefillAdmission(adm.prefill_inflight_per_worker, adm.queue_size,
+                            float(adm.queue_timeout_seconds))
 
 
 def configuration_from(args: argparse.Namespace) -> Configured:

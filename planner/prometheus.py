@@ -170,11 +170,14 @@ SGLANG_QUERIES: Mapping[str, str] = {
         f' / sum(rate({_sglang("per_stage_req_latency_seconds_count", "prefill", stage="prefill_forward")}[{{window}}]))'
     ),
     # The prefill GPUs' busy seconds per prompt finished: SGLang's GPU execution time
-    # (scheduler metrics, --enable-metrics) of its prefill passes, category forward_extend
-    # (forward_prefill in some releases), over the prompts prefill finished. Each pass counts
-    # once, so unlike the forward time above it does not read shared passes as slow compute
+    # (scheduler metrics, --enable-metrics) of its prefill passes, over the prompts prefill
+    # finished. Each pass counts once, so unlike the forward time above it does not read shared
+    # passes as slow compute. v0.5.23 names it forward_execution_seconds_total, category
+    # extend (split_prefill for split passes), behind SGLANG_ENABLE_METRICS_DEVICE_TIMER=1,
+    # which the operator sets; main in 2026 had gpu_execution_seconds_total, category
+    # forward_extend (forward_prefill in some releases). An engine exports one of the two
     "prefill_busy_seconds_per_request": (
-        f'sum(rate({_sglang("gpu_execution_seconds_total", "prefill", category="forward_(extend|prefill)")}[{{window}}]))'
+        f'sum(rate({_sglang("(gpu|forward)_execution_seconds_total", "prefill", category="forward_(extend|prefill)|extend|split_prefill")}[{{window}}]))'
         f' / sum(rate({_sglang("num_requests_total", "prefill")}[{{window}}]))'
     ),
 }

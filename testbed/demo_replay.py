@@ -127,7 +127,8 @@ def replay_recording(pdcluster: Path, trace: Path,
 
     The trace is read with the profile's block size (``pdscale replay --trace`` reads Mooncake
     files as 512-token blocks). ``router`` is one of the replay's prefill routers; None: the
-    spec's, as its router is rendered (decode too: ``pdscale.replay.routing``). ``fleet``: a
+    spec's, as its router is rendered (decode too: ``pdscale.replay.routing``; and its prefill
+    admission, ``pdscale.replay.router_admission``). ``fleet``: a
     simulated fleet other than the profile the planner plans with (a control: a replay on the
     wrong fleet must part from the live run). ``timing``: when the live loop planned and how
     long its instances took to join (:func:`live_timing`), for the replay to plan when it did
@@ -136,7 +137,7 @@ def replay_recording(pdcluster: Path, trace: Path,
     from pdscale.planner.model import Load
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
-    from pdscale.replay import configure, read_spec, routing, spec_replicas
+    from pdscale.replay import configure, read_spec, router_admission, routing, spec_replicas
 
     configured = configure(read_spec(str(pdcluster)), spec_source=f"file {pdcluster}")
     config = configured.config
@@ -151,6 +152,8 @@ def replay_recording(pdcluster: Path, trace: Path,
     # the demo's run at 9609359 it ordered chat 2-5 decodes fewer at each of its first ticks
     setup = ReplaySetup(trace=recorded, planner=config, router=router,
                         decode_router=routes["decode_router"], fleet_model=fleet,
+                        # smg's prefill admission as the spec's router is rendered (on by default)
+                        prefill_admission=router_admission(configured.spec),
                         tick_phase_seconds=timing.tick_phase_seconds, router_seed=router_seed,
                         idle_before=True, join_delay_seconds=timing.join_delay_seconds,
                         scrape_seconds=timing.scrape_seconds,

@@ -135,7 +135,10 @@ class ReplaySetup:
 #: PDCluster's own gateway and policies replace the deployed stack's routers
 #: (``pdscale.replay.routing``: smg 1.13 keeps prefixes on a prefill, ``smg-cache-aware``).
 STACKS: dict[str, dict[str, Any]] = {
-    "deployed": {"engine": "sglang", "router": "random", "decode_router": "round-robin",
+    # what a PDCluster renders by default: smg (cache-aware PD prefill choice by its own rule)
+    # with derived prefill admission (pdscale/replay.py router_admission); the old default,
+    # sglang-router 0.3.2's random choice with no admission, is router.gateway SGLangRouter
+    "deployed": {"engine": "sglang", "router": "smg-cache-aware", "decode_router": "round-robin",
                  "early_rejection": False},
     "ideal-router": {"engine": "sglang", "router": "predicted-ttft", "decode_router": "least-loaded",
                      "early_rejection": True},

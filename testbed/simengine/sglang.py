@@ -55,7 +55,8 @@ def render_metrics(
     out.sample("sglang:num_running_reqs", "gauge", gauges.get("running", 0))
     # the waiting queue only: never the bootstrap, inflight, prealloc or transfer queues
     out.sample("sglang:num_queue_reqs", "gauge", gauges.get("waiting", 0))
-    out.sample("sglang:num_prefill_prealloc_queue_reqs", "gauge", gauges.get("bootstrap", 0))
+    # v0.5.23's name (num_prefill_prealloc_queue_reqs before it)
+    out.sample("sglang:num_prefill_bootstrap_queue_reqs", "gauge", gauges.get("bootstrap", 0))
     out.sample("sglang:num_prefill_inflight_queue_reqs", "gauge", gauges.get("inflight", 0))
     out.sample("sglang:num_decode_prealloc_queue_reqs", "gauge", gauges.get("prealloc", 0))
     out.sample("sglang:num_decode_transfer_queue_reqs", "gauge", gauges.get("transfer", 0))
@@ -66,10 +67,12 @@ def render_metrics(
     out.sample("sglang:cached_tokens_total", "counter", m.cached_tokens)
     out.sample("sglang:num_requests_total", "counter", m.requests)
     out.sample("sglang:num_aborted_requests_total", "counter", m.aborted_requests)
-    out.sample("sglang:gpu_execution_seconds_total", "counter", m.busy_prefill_seconds,
-               ',category="forward_extend"')
-    out.sample("sglang:gpu_execution_seconds_total", "counter", m.busy_decode_seconds,
-               ',category="forward_decode"', declare=False)
+    # v0.5.23: forward_execution_seconds_total, categories extend and decode (observability/
+    # metrics_collector.py, model_executor/model_runner.py; SGLANG_ENABLE_METRICS_DEVICE_TIMER)
+    out.sample("sglang:forward_execution_seconds_total", "counter", m.busy_prefill_seconds,
+               ',category="extend"')
+    out.sample("sglang:forward_execution_seconds_total", "counter", m.busy_decode_seconds,
+               ',category="decode"', declare=False)
     # not an SGLang metric: what the sim's own exit waits on
     out.sample("pdscale_sim:inflight_requests", "gauge", inflight)
     out.histogram("sglang:time_to_first_token_seconds", m.ttft)

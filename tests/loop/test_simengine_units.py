@@ -114,7 +114,7 @@ def test_metrics_use_sglang_names_and_labels():
     for line in (
         f"sglang:num_running_reqs{labels} 1",
         f"sglang:num_queue_reqs{labels} 3",
-        f"sglang:num_prefill_prealloc_queue_reqs{labels} 2",
+        f"sglang:num_prefill_bootstrap_queue_reqs{labels} 2",
         f"sglang:num_prefill_inflight_queue_reqs{labels} 5",
         f"sglang:num_decode_prealloc_queue_reqs{labels} 0",
         f"sglang:token_usage{labels} 0.25",

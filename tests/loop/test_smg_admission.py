@@ -1,7 +1,8 @@
 """smg's prefill admission as a PDCluster renders it (``router.admission``): the flags, read
-back by smg's own parser; the default queue timeout at the TTFT target; the spec refused in
-front of a router without admission; and the real smg 1.13 in front of simulated engines,
-shedding what waits past the timeout and what finds the queue full, with 429s."""
+back by smg's own parser; explicit values winning over the derived ones (derivation:
+tests/operator/test_admission.py); the switch that turns it off; the spec refused in front of
+a router without admission; and the real smg 1.13 in front of simulated engines, shedding what
+waits past the timeout and what finds the queue full, with 429s."""
 
 from __future__ import annotations
 
@@ -49,32 +50,39 @@ def test_smg_reads_the_rendered_admission_flags():
     parsed = parse_router_args(_router_container(spec, derived)["args"])
     assert parsed.prefill_max_inflight_requests_per_worker == 6
     assert parsed.prefill_queue_size == 40
-    assert parsed.prefill_queue_timeout_secs == 2  # the 2 s TTFT target
+    # derived: the 2 s TTFT target less the engine's share (at most half of it), whole seconds
+    assert parsed.prefill_queue_timeout_secs == 1
 
 
-def test_the_queue_timeout_defaults_to_the_ttft_target_in_whole_seconds():
+def test_explicit_values_win_and_the_derived_timeout_is_whole_seconds():
     def timeout(ttft_ms, **extra):
         spec, _ = _spec({"prefillInflightPerWorker": 4, **extra}, ttft_ms=ttft_ms)
-        return router.queue_timeout_seconds(spec)
+        adm = router.admission(spec)
+        assert adm is not None and adm.prefill_inflight_per_worker == 4
+        return adm.queue_timeout_seconds
 
-    # rounded down: a request that waited the whole target has missed it, whatever its prefill
-    assert timeout(2500) == 2
+    # rounded down: 20 s less the engine's share (4 x 2 pods x 0.394 s = 3.15 s) = 16.85 s
+    assert timeout(20_000) == 16
     assert timeout(300) == 1  # smg takes whole seconds; 0 would refuse every wait
     assert timeout(2500, queueTimeoutSeconds=7) == 7
 
 
-def test_no_admission_renders_no_flag():
-    spec, derived = _spec(None)
-    assert not any(a.startswith("--prefill-queue") for a in _router_container(spec, derived)["args"])
+def test_admission_switched_off_renders_no_flag_and_no_derived_value():
+    spec, derived = _spec({"enabled": False})
+    assert router.admission(spec) is None
+    assert not any(a.startswith(("--prefill-queue", "--prefill-max")) for a in _router_container(spec, derived)["args"])
+    assert "prefillQueueTimeoutSeconds" not in derived.as_status()
 
 
 def test_admission_in_front_of_a_router_without_it_is_refused_naming_the_field():
     with pytest.raises(SpecError, match=r"spec\.router\.admission: only smg has prefill admission"):
-        _spec({"prefillInflightPerWorker": 4}, gateway=None)
+        _spec({"prefillInflightPerWorker": 4}, gateway="SGLangRouter")
     with pytest.raises(SpecError, match=r"spec\.router\.admission"):
         _spec({"prefillInflightPerWorker": 4}, gateway=None, sample="vllm-nixl-2p4d.yaml")
     with pytest.raises(SpecError, match=r"prefillInflightPerWorker"):
         _spec({"prefillInflightPerWorker": 0})
+    # switched off, it is accepted in front of any router
+    _spec({"enabled": False}, gateway="SGLangRouter")
 
 
 def _free_port() -> int:
@@ -116,7 +124,7 @@ def test_the_real_smg_sheds_what_waits_past_the_ttft_target(tmp_path):
     target 2 s: the first request is served, the second waits at the router and is refused
     after about 2 s (it could not have met the target), the third finds the queue full and is
     refused at once; once the worker is free a new request is served again."""
-    spec, derived = _spec({"prefillInflightPerWorker": 1, "queueSize": 1})
+    spec, derived = _spec({"prefillInflightPerWorker": 1, "queueSize": 1, "queueTimeoutSeconds": 2})
     c = _router_container(spec, derived)
     args = list(c["args"])
     for flag in ("--host", "--prometheus-host"):

@@ -42,10 +42,13 @@ def _router_container(gateway: str | None) -> dict:
     return children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_sglang_router_stays_the_default_gateway():
+def test_smg_is_the_default_gateway_and_sglang_router_stays_selectable():
     spec, _ = _spec(None)
-    assert spec.router.gateway is SGLangGateway.SGLANG_ROUTER and not router.smg(spec)
-    assert _router_container(None)["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    assert spec.router.gateway is SGLangGateway.SMG and router.smg(spec)
+    assert _router_container(None)["command"] == ["python3", "-m", "smg", "launch"]
+    spec, _ = _spec("SGLangRouter")
+    assert not router.smg(spec)
+    assert _router_container("SGLangRouter")["command"] == ["python3", "-m", "sglang_router.launch_router"]
 
 
 def test_smg_starts_in_pd_mode_with_no_workers_of_its_own():
@@ -66,7 +69,7 @@ def test_smg_starts_in_pd_mode_with_no_workers_of_its_own():
 
 
 def test_smg_in_front_of_vllm_workers_is_refused_naming_the_field():
-    with pytest.raises(SpecError, match=r"spec\.router\.gateway: SMG is an SGLang router here"):
+    with pytest.raises(SpecError, match=r"spec\.router\.gateway: SMG is offered for SGLang workers only"):
         _spec("SMG", "vllm-nixl-2p4d.yaml")
     with pytest.raises(SpecError, match=r"spec\.router\.gateway"):
         _spec("Smg")  # enums are CamelCase and exact
@@ -81,7 +84,7 @@ def test_the_operator_speaks_to_an_smg_that_is_not_ready_yet():
     it one: speaking to Ready routers alone would never add the first worker."""
     starting, ready, leaving = _pod("a", False), _pod("bb", True), _pod("ccc", True, deleting=True)
     smg, _ = _spec("SMG")
-    old, _ = _spec(None)
+    old, _ = _spec("SGLangRouter")
     assert router_urls(smg, [starting, ready, leaving]) == ["http://10.0.0.1:30000",
                                                             "http://10.0.0.2:30000"]
     assert router_urls(old, [starting, ready, leaving]) == ["http://10.0.0.2:30000"]

@@ -214,19 +214,41 @@ def test_vllm_nixl_settings(vllm_children):
                                                         "readOnly": True}} in pod["volumes"]
 
 
-def test_sglang_router_starts_in_pd_mode_with_no_workers_of_its_own(sglang_children):
-    """The operator owns the worker list (through /workers): the router must neither list
-    static workers nor discover pods itself, or a draining pod would stay routable."""
-    from sglang_router.launch_router import parse_router_args
+def test_a_pdcluster_naming_no_gateway_gets_smg_with_derived_admission(sglang_children):
+    """The default SGLang router is smg in PD mode with prefill admission derived from the
+    profile and the TTFT target (read back by smg's own parser), and no workers of its own:
+    the operator owns the worker list, so a draining pod never stays routable."""
+    from smg.launch_router import parse_router_args
 
     c = sglang_children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
-    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    assert c["command"] == ["python3", "-m", "smg", "launch"]
     parsed = parse_router_args(c["args"])
     assert parsed.pd_disaggregation
     assert not parsed.service_discovery
     assert not parsed.prefill_urls and not parsed.decode_urls and not parsed.worker_urls
     assert parsed.prefill_policy == "cache_aware" and parsed.decode_policy == "round_robin"
     assert parsed.port == 30000
+    # the sample: 2 s TTFT, default profile (a full 8,192-token pass 0.394 s), 2 router pods:
+    # 2 passes fit in half the target, shared by the 2 pods; 2 s less 0.79 s -> 1 s
+    assert parsed.prefill_max_inflight_requests_per_worker == 1
+    assert (parsed.prefill_queue_size, parsed.prefill_queue_timeout_secs) == (256, 1)
+
+
+def test_sglang_router_named_explicitly_starts_in_pd_mode_with_no_admission():
+    """sglang-router 0.3.2 stays selectable for older images; it has no admission."""
+    from sglang_router.launch_router import parse_router_args
+
+    doc = yaml.safe_load((ROOT / "examples" / "sglang-glm-4p8d.yaml").read_text())
+    doc["spec"]["router"]["gateway"] = "SGLangRouter"
+    spec, derived = validate(doc["spec"])
+    children = {(c["kind"], c["metadata"]["name"]): c for c in builders.build_children(OWNER, spec, derived)}
+    c = children[("Deployment", "glm53-router")]["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+    parsed = parse_router_args(c["args"])
+    assert parsed.pd_disaggregation and not parsed.service_discovery
+    assert not parsed.prefill_urls and not parsed.decode_urls and not parsed.worker_urls
+    assert not any(a.startswith("--prefill-max-inflight") for a in c["args"])
+    assert "prefillInflightPerWorker" not in derived.as_status()
 
 
 def test_vllm_router_starts_in_pd_mode_with_its_discovery_and_no_static_workers(vllm_children):

@@ -157,7 +157,7 @@ def test_drift_in_our_fields_is_repaired():
     dep["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
     reconcile(kube, _body(kube), NOW)
     image = kube.objects[("Deployment", "serving", "glm53-prefill")]["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "lmsysorg/sglang:v0.5.6-cu129"
+    assert image == "lmsysorg/sglang:v0.5.23"
 
 
 def test_an_object_that_is_not_ours_is_never_overwritten():

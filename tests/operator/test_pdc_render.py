@@ -71,7 +71,7 @@ def test_render_holds_the_spec_to_the_tenant_policy_as_the_operator_does(tmp_pat
     # the admin's values allow it
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"tenantPolicy": {
-        "allowedImagePrefixes": ["registry.corp/", "lmsysorg/sglang:"]}}))
+        "allowedImagePrefixes": ["registry.corp/", "ghcr.io/lightseekorg/smg:"]}}))
     assert main(["render", "-f", str(spec_file), "--tenant-policy", str(values)]) == 0
     capsys.readouterr()
     # a typo in the policy is refused, never read as "allow everything"

@@ -104,9 +104,17 @@ def test_the_worker_list_is_chosen_once_from_the_router_kind():
                pod_view(_pod("r3", "router", "10.0.1.3", deleting=True), "router"),
                pod_view(_pod("r4", "router", None), "router")]
     lists = WorkerLists(Announcer(side_channel_port=5600))
+    # smg (the default gateway): not only Ready routers, smg is not Ready until it has workers
     sglang = lists.of(_spec(), routers)
     assert isinstance(sglang, SGLangWorkerList) and not sglang.decode_picked_before_prefill
-    assert sglang.addresses == ("http://10.0.1.1:30000",) == tuple(router_urls(_spec(), routers))
+    assert sglang.addresses == ("http://10.0.1.1:30000", "http://10.0.1.2:30000") == tuple(
+        router_urls(_spec(), routers))
+    # sglang-router 0.3.2 is Ready without workers: only Ready routers
+    doc = _spec_doc()["spec"]
+    doc["router"]["gateway"] = "SGLangRouter"
+    old = PDClusterSpec.model_validate(doc)
+    sglang = lists.of(old, routers)
+    assert sglang.addresses == ("http://10.0.1.1:30000",) == tuple(router_urls(old, routers))
     vllm_spec = _spec("vllm-nixl-2p4d.yaml")
     vllm = lists.of(vllm_spec, routers)
     assert isinstance(vllm, DiscoveryWorkerList) and vllm.decode_picked_before_prefill
@@ -189,6 +197,29 @@ def test_what_bound_a_decision_labels_its_counter():
     assert decision_bound(base) == "slo"
     assert decision_bound(replace(base, shortfall=True)) == "shortfall"
     assert decision_bound(replace(base, held=True, shortfall=True)) == "held"
+
+
+def test_a_decision_shows_the_refusals_it_read_in_status_and_as_a_gauge():
+    """smg's admission refusals, as the planner read them, reach ``status.planner`` (integers:
+    per minute, the ``Refused/min`` column of ``kubectl get pdc``) and the operator's gauge; a
+    decision without a reading leaves both as they were."""
+    from pdscale.operator.telemetry import REFUSED
+    from pdscale.planner.observe import Observation, Reading
+    from pdscale.planner.prometheus import MetricsSnapshot
+
+    kube = FakeKube()
+    body = {"metadata": {"name": "demo", "namespace": NS, "uid": "u"}}
+    kube.objects[("PDCluster", NS, "demo")] = copy.deepcopy(body)
+    decision = Decision(at_seconds=NOW, prefill=1, decode=2, predicted_ttft_seconds=0.1,
+                        predicted_tpot_seconds=0.01, cost_gpu_hours=0.0, explanation="")
+    snapshot = MetricsSnapshot(readings={})
+    Reporter(kube).decision(body, _spec(), decision, None, snapshot,
+                            Observation(now_seconds=NOW, rejected_rps=Reading(0.4, NOW)))
+    assert kube.get("PDCluster", NS, "demo")["status"]["planner"]["refusedRequestsPerMinute"] == 24
+    assert REFUSED.labels(NS, "demo")._value.get() == 0.4
+    Reporter(kube).decision(body, _spec(), decision, None, snapshot, Observation(now_seconds=NOW + 60))
+    assert kube.get("PDCluster", NS, "demo")["status"]["planner"]["refusedRequestsPerMinute"] == 24
+    assert REFUSED.labels(NS, "demo")._value.get() == 0.4
 
 
 # -- one tick against an in-memory API ----------------------------------------------------------

@@ -129,11 +129,13 @@ class _Engine(BaseHTTPRequestHandler):
                 f'sglang:per_stage_req_latency_seconds_count{{engine_type="{role}",stage="prefill_forward"}} {5 * t:.3f}',
                 f'sglang:per_stage_req_latency_seconds_sum{{engine_type="{role}",stage="prefill_waiting"}} {5 * 9 * t:.3f}',
                 f'sglang:per_stage_req_latency_seconds_count{{engine_type="{role}",stage="prefill_waiting"}} {5 * t:.3f}',
-                # GPU busy 0.75 s per second in prefill passes (0.15 s per prompt), under both
-                # spellings of the category (0.5 + 0.25); decode steps are not prefill's
+                # GPU busy 0.75 s per second in prefill passes (0.15 s per prompt), under the
+                # names and categories of main (0.5) and of v0.5.23 (0.25); decode steps are not
+                # prefill's
                 f'sglang:gpu_execution_seconds_total{{engine_type="{role}",category="forward_extend"}} {0.5 * t:.3f}',
-                f'sglang:gpu_execution_seconds_total{{engine_type="{role}",category="forward_prefill"}} {0.25 * t:.3f}',
+                f'sglang:forward_execution_seconds_total{{engine_type="{role}",category="extend"}} {0.25 * t:.3f}',
                 f'sglang:gpu_execution_seconds_total{{engine_type="{role}",category="forward_decode"}} {9 * t:.3f}',
+                f'sglang:forward_execution_seconds_total{{engine_type="{role}",category="decode"}} {9 * t:.3f}',
             ]
         else:
             lines = [

@@ -44,9 +44,9 @@ def test_replay_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> None:
-    """The default is what users run (batching engines, sglang-router's PD prefill choice, which
-    is random, no admission); the
-    ideal router is a labelled what-if; the flag's names are the replay's stacks."""
+    """The default is what a PDCluster renders by default (batching engines, smg's cache-aware
+    PD prefill choice, its prefill admission derived from the profile and the TTFT target);
+    the ideal router is a labelled what-if; the flag's names are the replay's stacks."""
     from pdscale.planner.replay.run import STACKS
     from pdscale.replay import STACK_NAMES
 
@@ -57,9 +57,11 @@ def test_replay_stands_for_the_deployed_stack_unless_told(tmp_path: Path) -> Non
         assert main(["replay", "--trace", AZURE, "--policy", "static:10P2D", "--slo-ttft", "2",
                      "--json", str(out), *extra]) == 0
         stacks[" ".join(extra)] = json.loads(out.read_text())["stack"]
-    assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "random",
+    # 2 s TTFT, the default profile: 2 full passes in half the target, 1 s left to wait
+    assert stacks[""] == {"name": "deployed", "engine": "sglang", "router": "smg-cache-aware",
                           "decode_router": "round-robin", "early_rejection": False,
-                          "prefill_admission": None}
+                          "prefill_admission": {"inflight_per_instance": 2, "queue_size": 256,
+                                                "queue_timeout_seconds": 1.0}}
     assert stacks["--stack ideal-router"]["router"] == "predicted-ttft"
     assert stacks["--stack ideal-router"]["early_rejection"] is True
     assert stacks["--router random"]["router"] == "random"
@@ -97,9 +99,10 @@ def test_replay_of_a_pdcluster_behind_smg_admission_replays_that_admission(tmp_p
     assert main(["replay", "-f", str(spec), "--trace", AZURE, "--policy", "static:1P1D",
                  "--slo-ttft", "2.5", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    # the queue timeout is the TTFT target in whole seconds, as the operator renders it
+    # the queue timeout as the operator derives it: 2.5 s less the engine's share (4 passes
+    # of 0.39 s, at most half the target), whole seconds
     assert report["stack"]["prefill_admission"] == {
-        "inflight_per_instance": 4, "queue_size": 256, "queue_timeout_seconds": 2.0}
+        "inflight_per_instance": 4, "queue_size": 256, "queue_timeout_seconds": 1.0}
     assert report["rejected"] > 0  # one prefill instance at 4 in flight sheds at the peaks
 
 

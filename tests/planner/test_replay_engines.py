@@ -92,16 +92,17 @@ def test_unknown_engine_is_refused(model: PerformanceModel) -> None:
 def test_the_deployed_stack_sheds_nothing_and_the_ideal_router_is_a_what_if(
     model: PerformanceModel,
 ) -> None:
-    """The default replay is the router users run: sglang-router 0.3.2's PD prefill choice
-    (random, whatever its policy says: tests/loop/test_router_prefill_tree.py), no admission
-    (it has none), so an overloaded fleet serves everything late; early rejection at the
-    predicted TTFT is the named what-if ``ideal-router``."""
+    """The deployed stack routes as the default router does (smg's cache-aware PD prefill
+    choice); it sheds nothing of its own: smg's prefill admission, on by default, comes from
+    the PDCluster (pdscale/replay.py ``router_admission``, tests/planner/test_replay_cli.py), so
+    a stack without it serves an overloaded fleet late; early rejection at the predicted TTFT is
+    the named what-if ``ideal-router``."""
     from pdscale.planner.replay.run import STACKS, ReplaySetup
 
     assert ReplaySetup.__dataclass_fields__["early_rejection"].default is False
     assert ReplaySetup.__dataclass_fields__["router"].default == "random"
     assert ReplaySetup.__dataclass_fields__["decode_router"].default == "round-robin"
-    assert STACKS["deployed"] == {"engine": "sglang", "router": "random",
+    assert STACKS["deployed"] == {"engine": "sglang", "router": "smg-cache-aware",
                                   "decode_router": "round-robin", "early_rejection": False}
     # 40 prompts of 8,000 tokens a second on one instance: far past what it computes
     n = 400

@@ -118,11 +118,13 @@ def test_decode_cache_aware_keeps_a_conversation_on_its_instance(model) -> None:
 def test_every_policy_a_pdcluster_renders_has_a_replayed_router() -> None:
     for policy in RoutingPolicy:
         assert _ROUTING[policy.value] in ROUTERS and _ROUTING[policy.value] in DECODE_ROUTERS
-    assert routing(default_spec()) == {"router": "random", "decode_router": "round-robin"}
+    assert routing(default_spec()) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
     spec = read_spec(str(Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"))
-    # sglang-router 0.3.2 (the default gateway) picks PD prefills at random under CacheAware
-    # (tests/loop/test_router_prefill_tree.py); smg follows the prefix by its own rule
-    assert routing(spec) == {"router": "random", "decode_router": "round-robin"}
+    # smg (the default gateway) follows the prefix by its own rule; sglang-router 0.3.2 picks
+    # PD prefills at random under CacheAware (tests/loop/test_router_prefill_tree.py)
+    assert routing(spec) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
+    old = spec.model_copy(update={"router": spec.router.model_copy(update={"gateway": SGLangGateway.SGLANG_ROUTER})})
+    assert routing(old) == {"router": "random", "decode_router": "round-robin"}
     smg = spec.model_copy(update={"router": spec.router.model_copy(update={"gateway": SGLangGateway.SMG})})
     assert routing(smg) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
     rr = spec.model_copy(update={"router": spec.router.model_copy(

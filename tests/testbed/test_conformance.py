@@ -214,7 +214,7 @@ def test_sglang_prefill_waits_in_the_bootstrap_queue_until_its_decode_asks():
     assert rank["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1
     assert rank["queues"]["waiting"] == 0
     assert rank["num_waiting_reqs"] == 1 and get_load[0]["num_reqs"] == 1
-    assert gauges["sglang:num_prefill_prealloc_queue_reqs"] == 1
+    assert gauges["sglang:num_prefill_bootstrap_queue_reqs"] == 1  # v0.5.23's name
     assert gauges["sglang:num_queue_reqs"] == 0  # the waiting queue only
 
 
@@ -315,7 +315,7 @@ def test_sglang_prefill_gauges_are_logged_per_prefill_batch():
     assert before == 0 and during == 1
 
 
-def test_sglang_gpu_execution_seconds_count_each_prefill_pass_once():
+def test_sglang_forward_execution_seconds_count_each_prefill_pass_once():
     # three different 1,000-token prompts at 20,000 tokens/s (50 ms each), passes of up to two
     # prompts: however the passes form, the GPU was busy for the three prompts' compute, while
     # the per-stage forward time counts a shared pass once for each of its prompts
@@ -330,15 +330,16 @@ def test_sglang_gpu_execution_seconds_count_each_prefill_pass_once():
             return await p.metrics(), await d.metrics()
 
     pm, dm = run(scenario)
-    busy = pm["sglang:gpu_execution_seconds_total"]
-    assert [series for series in pm if series.startswith("sglang:gpu_execution_seconds_total{")
-            and 'category="forward_extend"' in series and pm[series] == busy]
+    # v0.5.23: forward_execution_seconds_total, prefill passes in category extend
+    busy = pm["sglang:forward_execution_seconds_total"]
+    assert [series for series in pm if series.startswith("sglang:forward_execution_seconds_total{")
+            and 'category="extend"' in series and pm[series] == busy]
     compute = 3 * PROMPT_TOKENS / 20_000.0
     # (counted per prompt, the shared pass would add 100 ms: passes of 1 and 2 prompts here)
     assert 0.95 * compute <= busy <= compute + 0.06, busy
     assert pm["sglang:per_stage_req_latency_seconds_sum"] >= 0.95 * busy
     # the decode's one step of 20 ms (two tokens: the first came from prefill)
-    decode_busy = [v for series, v in dm.items() if 'category="forward_decode"' in series]
+    decode_busy = [v for series, v in dm.items() if 'category="decode"' in series]
     assert decode_busy and 0.019 <= decode_busy[0] <= 0.2
 
 
