@@ -13,6 +13,9 @@ hindsight (it spends the 1% of misses at the peak), has >= 16; the script warns 
   rate (rate-scale 0.3 x the compression's 2; 0.2 left static:best at 7P5D = 12); TTFT SLO
   15 s.
 - A steady hour (constant 12 req/s, Mooncake lengths): role changes must be zero.
+- ``surge`` (only with ``--only surge``): issue 48's hour as a synthetic shape
+  (planner/replay/workloads.py): 100 req/s for 12 minutes, +70% over nine, then 105 req/s;
+  Azure code lengths; TTFT SLO 2 s.
 - Held-out days (only with ``--only heldout-mid-d1,heldout-small-d11``; pdscale and the oracle;
   about 2 minutes per policy): one real-time day of ServeGen's ``m-mid`` (day 1, a plain
   diurnal day) and ``m-small`` (day 11, the spikiest: single 10-minute windows at 2.4x their
@@ -75,6 +78,7 @@ from pdscale.planner.replay.traces import (
     read_rate_series,
     synthesize_from_rates,
 )
+from pdscale.planner.replay.workloads import synthetic_trace
 from pdscale.replay import configure, read_spec, router_admission, routing
 
 SHARED = Path("/work/shared/traces")
@@ -104,6 +108,10 @@ def cases() -> dict[str, dict[str, Any]]:
                                   policies=["pdscale", "oracle"]),
         "steady": dict(steady_rps=12.0, seconds=3600.0, rate_scale=1.0, time_scale=1.0, ttft=15.0,
                        policies=["pdscale"]),
+        # issue 48's hour (workloads.py ``surge``): 100 req/s flat, +70% over nine minutes,
+        # back to 105; Azure code lengths, TTFT 2 s (only with --only surge)
+        "surge": dict(shape="surge", base_rps=100.0, lengths=SHARED / "azure2023/AzureLLMInferenceTrace_code.csv",
+                      rate_scale=1.0, time_scale=1.0, ttft=2.0),
     }
 
 
@@ -272,6 +280,8 @@ def main() -> None:
         if "steady_rps" in c:
             trace = synthesize_from_rates([(0.0, c["steady_rps"]), (c["seconds"], 0.0)],
                                           read_mooncake(MOONCAKE), name="steady-12rps", seed=3)
+        elif "shape" in c:
+            trace = synthetic_trace(c["shape"], c["base_rps"], load_trace(c["lengths"]), seed=3)
         elif "day" in c:
             trace = one_day(c)
         else:

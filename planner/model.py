@@ -1,12 +1,22 @@
 """Performance model of one instance per role, and the instance counts a load needs.
 
 Prefill (as in the global-scheduling article): predicted TTFT = queueing delay + uncached
-prefill compute. The compute for a prompt of ``n`` tokens of which ``h`` are cached is
+prefill compute. The compute of a prompt of ``n`` tokens of which ``h`` are cached is
 
-    seconds = overhead + (u + (n**2 - h**2) / (2 L)) / R,     u = n - h
+    compute = (u + (n**2 - h**2) / (2 L)) / R,     u = n - h
 
 where ``R`` is the profile's tokens/s and ``L`` the length at which the per-token cost has
-doubled (attention grows linearly with position). Decode:
+doubled (attention grows linearly with position). The profile's ``overhead`` is paid once per
+forward pass, whatever the pass carries: SGLang's prefill scheduler runs one forward per batch
+(``event_loop_normal_disagg_prefill``: ``get_new_batch_prefill`` then one ``run_batch``) and a
+chunked prompt continues in the next batch, so a pass of k prompts costs ``overhead + sum of
+their compute`` (the replay's :mod:`.replay.prefill_batches`), and a prompt alone in its pass
+``overhead + compute`` (:meth:`PerformanceModel.prefill_seconds`). The sizing prices every
+prompt as one alone in its pass (:meth:`PerformanceModel.prefill_service_seconds`), which
+overstates a busy instance's cost by at most ``overhead`` per prompt: at the utilisation the
+TTFT sizing runs prefill at, passes carry one or two prompts, not a full chunk; the online
+calibration's busy-time sample (planner/calibration.py: GPU seconds per prompt) learns what
+batching saves on the fleet as it runs. Decode:
 
     TPOT(b, c) = step + b * (per_sequence + c * per_context_token)
 
@@ -95,15 +105,28 @@ class PerformanceModel:
 
     # -- prefill ---------------------------------------------------------------------------
     def prefill_seconds(self, input_tokens: float, cached_tokens: float = 0.0) -> float:
-        """Compute seconds for one prompt of ``input_tokens`` with ``cached_tokens`` cached."""
+        """Seconds of a pass that computes one prompt of ``input_tokens`` with
+        ``cached_tokens`` cached and nothing else: the pass's overhead plus the prompt's
+        compute (:meth:`prefill_compute_seconds`)."""
+        return self.prefill_pass_overhead_seconds() + self.prefill_compute_seconds(input_tokens, cached_tokens)
+
+    def prefill_pass_overhead_seconds(self) -> float:
+        """The fixed seconds of one prefill forward pass, paid once per pass however many
+        prompts (or chunks of prompts) it carries."""
+        return self.profile.prefill.overhead_seconds * self.calibration.prefill_factor
+
+    def prefill_compute_seconds(self, input_tokens: float, cached_tokens: float = 0.0) -> float:
+        """The compute seconds one prompt of ``input_tokens`` with ``cached_tokens`` cached
+        adds to the pass that carries it (no pass overhead). A chunk of a prompt is priced as
+        the prompt up to the chunk's end with what was computed before it cached, so that the
+        chunks of a prompt add up to the whole prompt's compute."""
         p = self.profile.prefill
         n = max(input_tokens, 0.0)
         h = min(max(cached_tokens, 0.0), n)
         work = n - h
         if p.attention_doubling_tokens is not None:
             work += (n * n - h * h) / (2.0 * p.attention_doubling_tokens)
-        base = work / p.tokens_per_second
-        return (p.overhead_seconds + base) * self.calibration.prefill_factor
+        return work / p.tokens_per_second * self.calibration.prefill_factor
 
     def prefill_service_seconds(self, load: Load) -> float:
         """Mean compute seconds of this load's prompts: the compute of the mean prompt plus the

@@ -149,6 +149,10 @@ class DecodeBatches:
         """The ready decode instance the router sends request ``r`` to."""
         ready, load = self.fleet.ready_decode, self.load
         if len(ready) == 1:
+            if self.router == "round-robin":
+                # the router's counter moves on every pick, one worker or many (smg
+                # ``policies/round_robin.rs``: fetch_add, then modulo the healthy workers)
+                self._count += 1
             return ready[0]
         if self._recorded is not None and 0 <= self._recorded[r] < len(ready):
             return ready[self._recorded[r]]
@@ -206,6 +210,9 @@ class DecodeBatches:
             waiting.append(r)
             return
         self._join(i, r, now)
+        # a one-token answer finishes as it joins, without a finish event: a draining
+        # instance it was the last work of is released here
+        self._release_if_drained(i, now)
 
     # -- the batch ----------------------------------------------------------------------------
     def _context(self, i: int) -> float:
@@ -311,6 +318,11 @@ class DecodeBatches:
             self._steps[i] = self._ctx_offset[i] = self._mean_context[i] = 0.0
         self._admit_waiting(i, now)
         self._schedule(i, now)
+        self._release_if_drained(i, now)
+
+    def _release_if_drained(self, i: int, now: float) -> None:
+        """Release draining instance ``i`` once it holds no work (called where its work can
+        end: a finish event, and a placement that finished at once)."""
         fleet = self.fleet
         if fleet.state[i] == DRAINING and not fleet.decode_holds_work(i):
             self.events.push(now, Events.RELEASE, i)

@@ -61,9 +61,13 @@ class Fleet:
         self.role_changes = 0
         # prefill work: when each instance's FIFO queue runs empty
         self.busy: list[float] = []
-        # requests routed to each instance whose prefill has not completed (what smg's prefill
-        # admission caps)
+        # requests routed to each prefill instance whose prefill response has not ended (in
+        # PD mode it ends after the KV transfer): what smg's prefill admission caps, and what
+        # a draining prefill instance waits for before it is released
         self.outstanding: list[int] = []
+        #: whether ``busy`` is when each prefill instance's work really ends (the article's
+        #: one request at a time), not the router's estimate of it (batched passes)
+        self.prefill_busy_exact = True
         # requests routed to each prefill instance that have not completed end to end: the
         # router's load of a worker (sgl-router's load guard is held until the response ends,
         # decode included)
@@ -162,8 +166,12 @@ class Fleet:
         if self.role[i] == Role.PREFILL:
             self.ready_prefill.remove(i)
             self.prefill_mask &= ~(1 << i)
-            done = max(self.busy[i], now)
             self.prefix.drop(i)
+            if self.outstanding[i]:
+                return  # released when its last prefill response ends (the simulator's)
+            # nothing in flight: batched passes are all done now, whatever the router
+            # estimated; one request at a time, a prompt routed may still be computing
+            done = max(self.busy[i], now) if self.prefill_busy_exact else now
         else:
             self.ready_decode.remove(i)
             if self.decode_holds_work(i):

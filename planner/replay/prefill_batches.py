@@ -19,10 +19,14 @@ Default budgets, read from the engines' sources: SGLang ``server_args.py`` sets
 above (B200, MI300); vLLM ``arg_utils.py`` sets ``max_num_batched_tokens`` to 8,192 for the
 API server on GPUs of 70 GB or more (other than A100), 2,048 below.
 
-A pass costs the sum of its parts priced by the profile
-(:meth:`~..model.PerformanceModel.prefill_seconds` of each chunk, with what was computed before
-it as its cached part, so that a long prompt's attention cost is charged once): the profile
-measures throughput, and batching changes when requests finish, not how much is computed.
+A pass costs the profile's pass overhead once
+(:meth:`~..model.PerformanceModel.prefill_pass_overhead_seconds`) plus the compute of each of
+its parts (:meth:`~..model.PerformanceModel.prefill_compute_seconds` of each chunk, with what
+was computed before it as its cached part, so that a long prompt's attention cost is charged
+once). SGLang runs one forward per batch (``event_loop_normal_disagg_prefill``:
+``get_new_batch_prefill`` builds the batch, the chunked request first, and one ``run_batch``
+computes it), so the fixed cost of a forward is paid per pass, not per prompt: a pass of k
+prompts pays it once, and a chunked prompt once in each pass it is part of, shared there.
 """
 
 from __future__ import annotations
@@ -109,8 +113,8 @@ class PrefillBatches:
     def _start_pass(self, i: int, now: float) -> None:
         budget = self.chunk_tokens
         members: list[tuple[int, int]] = []
-        seconds = 0.0
-        price = self.model.prefill_seconds
+        seconds = self.model.prefill_pass_overhead_seconds()
+        price = self.model.prefill_compute_seconds
         r = self.chunked.pop(i, None)
         queue = self.waiting.get(i)
         while budget > 0:

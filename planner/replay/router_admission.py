@@ -47,7 +47,9 @@ class AdmissionQueue:
     def expire(self, now: float) -> list[int]:
         """Take out and return the requests that have waited past the timeout by ``now``."""
         timeout, out = self.admission.queue_timeout_seconds, []
-        while self.waiting and now - self.waiting[0][1] > timeout:
+        # at the deadline itself it has timed out: smg's queue checks ``elapsed >= timeout``
+        # (``middleware/concurrency.rs``), and a tokio timeout fires at its deadline
+        while self.waiting and now - self.waiting[0][1] >= timeout:
             out.append(self.waiting.popleft()[0])
         return out
 

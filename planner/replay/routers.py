@@ -163,7 +163,11 @@ class _RouterTree(PrefixIndex):
     worker (not what the worker still caches). Its budget is tree-wide, shared by all workers
     (``evict_tenant_by_size`` in smg ``crates/kv_index/src/string_tree.rs``: least recently
     used leaves first, across tenants), so one LRU of (worker, block) entries here, a prompt's
-    deepest block the oldest so that leaves go before their prefix."""
+    deepest block the oldest so that leaves go before their prefix. Up to smg 1.9 the budget
+    was per worker (a tenant's leaves were evicted only while that tenant's own count was over
+    it); smg made it one budget per model's tree in "enforce max_tree_size as a shared
+    per-model tree budget" (#2137, after 1.9.0), and the pinned 1.13.0 says so in its own
+    ``--max-tree-size`` help ("shared across all workers")."""
 
     def __init__(self, capacity_blocks: int) -> None:
         super().__init__(capacity_blocks)

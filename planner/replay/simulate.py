@@ -31,8 +31,8 @@ Modelling choices (and why):
   rejection. No engine or router sheds so today.
 - With ``prefill_admission`` (smg's, :mod:`.router_admission`) the router holds what finds
   every ready prefill instance at its cap, oldest first, and refuses it when its queue is full
-  or it waited past the timeout; a slot opens when a prefill completes (the engine answers the
-  router then) or an instance becomes ready.
+  or it waited past the timeout; a slot opens when a prefill's response ends (after its KV
+  transfer: the engine answers the router then) or an instance becomes ready.
 
 The parts, each testable alone: :mod:`.prefix_index` (the prefix caches and which instance
 holds which block), :mod:`.routers` (the choice of a prefill instance), :mod:`.fleet`
@@ -58,7 +58,7 @@ import numpy as np
 from ..model import PerformanceModel, Slo
 from ..observe import Observation, Role
 from .decode_batches import DECODE_ADMISSIONS, DECODE_ROUTERS, DecodeBatches
-from .fleet import READY, WARMING, Events, Fleet, reconcile
+from .fleet import DRAINING, READY, WARMING, Events, Fleet, reconcile
 from .interval_stats import IntervalStats
 from .prefill_batches import ENGINES, PrefillBatches
 from .prefix_index import PrefixIndex
@@ -273,6 +273,7 @@ class _Replay:
             input_tokens=trace.input_tokens, blocks=trace.hash_ids, block_tokens=block,
             on_done=self._prefilled,
         )
+        self.fleet.prefill_busy_exact = self.batches is None
         #: requests waiting at the router for a prefill slot (``prefill_admission``)
         self.admission_queue = None
         if config.prefill_admission is not None:
@@ -464,6 +465,7 @@ class _Replay:
                 self.decode.finish_due(x, t, seq)
             elif kind == Events.ADMIT:
                 self.stats.prompt_finished(self._input[x], self._hits_of.pop(x))
+                self._prefill_answered(x, t)
                 self._admit_decode(x, t)
             elif kind == Events.PASS:
                 assert self.batches is not None
@@ -572,11 +574,10 @@ class _Replay:
         stats.prefill_forward.append(forward_seconds)
         if self.batches is None:
             stats.prefill_busy_seconds += forward_seconds  # one request per pass
-        self.fleet.outstanding[self._prefill_of[r]] -= 1
-        self._slot_opened = True
         self.prompt_tokens += n_in
         self.hit_tokens += hit_tok
         if self.config.prefill_only:
+            self._prefill_answered(r, done)
             stats.prompt_finished(n_in, hit_tok)
             self._completed(r)
             t = self._arrival[r]
@@ -588,6 +589,21 @@ class _Replay:
             # the prefill engine counts the request (and its prompt) as its KV transfer ends
             self._hits_of[r] = hit_tok
             self.events.push(done + self._kv_seconds(n_in), Events.ADMIT, r)
+
+    def _prefill_answered(self, r: int, now: float) -> None:
+        """Request ``r``'s prefill response ended at ``now``: in PD mode after its KV transfer
+        (SGLang's prefill holds a request in its inflight queue until the transfer polls done,
+        and only then answers; ``process_disagg_prefill_inflight_queue``), prefill-only at its
+        prefill. The router's prefill slot and load for it are released (smg drops its
+        ``PrefillLoadGuard`` when the prefill response ends), and a draining prefill instance
+        with nothing left in flight is released (pdscale stops an engine once it has nothing
+        in flight)."""
+        fleet = self.fleet
+        i = self._prefill_of[r]
+        fleet.outstanding[i] -= 1
+        self._slot_opened = True
+        if fleet.state[i] == DRAINING and fleet.outstanding[i] == 0:
+            self.events.push(now, Events.RELEASE, i)
 
     def _admit_decode(self, r: int, now: float) -> None:
         """Request ``r``'s KV arrived at ``now``: a decode instance takes it (into its batch or

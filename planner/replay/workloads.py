@@ -83,7 +83,7 @@ def multi_turn_chat(
 
 # -- synthetic load shapes for measuring ramps and spikes ------------------------------------
 #: the shapes :func:`shape_windows` draws (``pdscale replay --synthetic SHAPE``)
-SHAPES = ("steady", "ramp", "step", "spike")
+SHAPES = ("steady", "ramp", "step", "spike", "surge")
 #: every shape but ``steady`` opens with this much load at the base rate: three 10-minute
 #: warm-ups, so that the planner has a history and a start fleet at the base rate is the
 #: right one (what a planner running before the trace would hold), never hindsight
@@ -93,6 +93,14 @@ SHAPE_TAIL_SECONDS = 2400.0
 #: rates are piecewise constant over windows this long: smooth enough that a 10-minute ramp
 #: is a ramp, not a staircase of minutes
 SHAPE_WINDOW_SECONDS = 10.0
+#: ``surge`` (issue 48's one-hour conversation trace, which a fixed fleet served better than
+#: the planner): flat for 12 minutes, +70% over the next nine, then at once back to 1.05x the
+#: base for the rest of the hour. It has no 30-minute lead-in: like that trace, its first
+#: warm-up is all the history a planner gets before the rise
+SURGE_FLAT_SECONDS = 720.0
+SURGE_RISE_SECONDS = 540.0
+SURGE_PEAK = 1.7
+SURGE_AFTER = 1.05
 
 
 def shape_rate_rps(shape: str, t_seconds: float, base_rps: float) -> float:
@@ -103,11 +111,20 @@ def shape_rate_rps(shape: str, t_seconds: float, base_rps: float) -> float:
     - ``step``: base, then 2x at once, held.
     - ``spike``: base, then 2.5x at once decaying back to base exponentially (time constant
       3 minutes, so it is within 5% of base after about 12 minutes).
+    - ``surge``: base for 12 minutes, +70% linearly over 9, then 1.05x base for the rest of
+      the hour (the ``SURGE_*`` constants; no lead-in).
     """
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
     if shape == "steady":
         return base_rps
+    if shape == "surge":
+        rising = t_seconds - SURGE_FLAT_SECONDS
+        if rising < 0:
+            return base_rps
+        if rising < SURGE_RISE_SECONDS:
+            return base_rps * (1.0 + (SURGE_PEAK - 1.0) * rising / SURGE_RISE_SECONDS)
+        return base_rps * SURGE_AFTER
     dt = t_seconds - SHAPE_LEAD_SECONDS
     if dt < 0:
         return base_rps
@@ -119,8 +136,9 @@ def shape_rate_rps(shape: str, t_seconds: float, base_rps: float) -> float:
 
 
 def shape_duration_seconds(shape: str) -> float:
-    """How long a ``shape`` trace lasts: an hour steady, else the lead-in plus the tail."""
-    return 3600.0 if shape == "steady" else SHAPE_LEAD_SECONDS + SHAPE_TAIL_SECONDS
+    """How long a ``shape`` trace lasts: an hour steady or surging, else the lead-in plus the
+    tail."""
+    return 3600.0 if shape in ("steady", "surge") else SHAPE_LEAD_SECONDS + SHAPE_TAIL_SECONDS
 
 
 def shape_windows(shape: str, base_rps: float) -> list[tuple[float, float]]:

@@ -203,3 +203,28 @@ def test_the_gaps_streamed_are_counted_in_the_interval_they_stream(model: Perfor
     assert seconds == pytest.approx(2 * two, rel=1e-9) and count == pytest.approx(100, rel=1e-6)
     assert seconds / count == pytest.approx(two / 50, rel=1e-9)
     assert run.decode.take_gaps(one + two) == (0.0, 0.0)  # taken: reset
+
+
+def test_a_draining_decode_whose_last_request_has_one_token_is_released(model: PerformanceModel) -> None:
+    # the request was dispatched to decode 1 when it arrived; decode 1 drains before its KV
+    # comes; its one-token answer finishes as it joins, with no finish event to release it
+    run = Run(model, [(1000, 1)], instances=2, router="round-robin")
+    run.decode.bind(0)
+    bound = 0 if run.fleet.decode_bound[0] else 1
+    run.fleet.start_drain(bound, 0.5, None)
+    assert run.fleet.state[bound] == DRAINING
+    run.decode.place(0, 1.0)
+    run.until(1e9)
+    assert run.finished == {0: 1.0}
+    assert run.fleet.state[bound] == STOPPED and run.fleet.since[bound] == pytest.approx(1.0)
+
+
+def test_round_robin_moves_on_while_one_decode_is_ready(model: PerformanceModel) -> None:
+    # smg's round robin adds one to its counter on every pick (round_robin.rs: fetch_add then
+    # modulo the healthy workers), one worker or several: three picks with one decode ready,
+    # then a second one joins, and the fourth pick is counter 3 % 2, the second decode
+    run = Run(model, [(1000, 100)] * 4, instances=1, router="round-robin")
+    for r in range(3):
+        assert run.decode.choose(r) == 0
+    run.fleet.add(Role.DECODE, 0.0, 0.0)
+    assert run.decode.choose(3) == 1

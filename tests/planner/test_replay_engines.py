@@ -36,7 +36,10 @@ def test_requests_of_one_pass_finish_together(model: PerformanceModel) -> None:
     tr = trace_of([0.0, 0.001, 0.001, 0.001], [500, 1000, 2000, 3000], [(), (), (), ()])
     batched = one_instance(model, tr, "sglang")
     assert np.ptp(batched.ttft_seconds[1:]) == 0.0
-    whole = sum(model.prefill_seconds(n) for n in (500, 1000, 2000, 3000))
+    # two passes, each paying the pass overhead once: the first request's alone, then the
+    # other three's together
+    whole = (model.prefill_seconds(500) + model.prefill_pass_overhead_seconds()
+             + sum(model.prefill_compute_seconds(n) for n in (1000, 2000, 3000)))
     assert batched.ttft_seconds[1] == pytest.approx(whole - 0.001)
     # the article's model: each finishes right after its own compute
     article = one_instance(model, tr, "article")
@@ -56,9 +59,26 @@ def test_a_pass_stops_at_the_chunk_and_a_long_prompt_spans_passes(model: Perform
     assert big.ttft_seconds[1] > big.ttft_seconds[0] - 0.001
     assert big.ttft_seconds[1] == pytest.approx(
         model.prefill_seconds(20000) + model.prefill_seconds(100) - 0.001)
-    # three passes of one prompt cost what one pass of it costs, plus the per-pass overhead
-    extra = 2 * model.profile.prefill.overhead_seconds * model.calibration.prefill_factor
-    assert r.ttft_seconds[0] == pytest.approx(model.prefill_seconds(20000) + model.prefill_seconds(100) + extra)
+    # three passes of one prompt cost what one pass of it costs plus two more pass overheads,
+    # and the short prompt sharing the third pass pays none of its own
+    extra = 2 * model.prefill_pass_overhead_seconds()
+    assert r.ttft_seconds[0] == pytest.approx(
+        model.prefill_seconds(20000) + model.prefill_compute_seconds(100) + extra)
+
+
+def test_a_pass_pays_its_overhead_once_however_many_prompts_it_carries(model: PerformanceModel) -> None:
+    # SGLang runs one forward per batch: eight 100-token prompts arriving while a pass runs
+    # are computed by the next one, which costs one overhead plus their compute (charged per
+    # prompt, the pass would take 8 overheads: 80 ms of the profile's 10 ms each)
+    overhead = model.prefill_pass_overhead_seconds()
+    assert overhead > 0
+    tr = trace_of([0.0] + [0.001] * 8, [100] * 9, [()] * 9)
+    r = one_instance(model, tr, "sglang")
+    first = model.prefill_seconds(100)
+    second = overhead + 8 * model.prefill_compute_seconds(100)
+    assert r.ttft_seconds[0] == pytest.approx(first)
+    assert r.ttft_seconds[1] == pytest.approx(first + second - 0.001)
+    assert second < 8 * model.prefill_seconds(100) - 6 * overhead
 
 
 def test_no_prefix_hit_within_one_pass(model: PerformanceModel) -> None:
@@ -159,7 +179,7 @@ def test_the_forward_time_runs_from_the_pass_that_takes_a_prompt_to_the_one_that
     cfg = SimConfig(router="least-queue", initial_prefill=1, prefill_only=True, engine="sglang",
                     slo=Slo(ttft_seconds=60.0), interval_seconds=100.0)
     simulate(tr, model, cfg, controller=watch)
-    shared = sum(model.prefill_seconds(n) for n in (500, 1000, 2000))
+    shared = model.prefill_pass_overhead_seconds() + sum(model.prefill_compute_seconds(n) for n in (500, 1000, 2000))
     alone = model.prefill_seconds(4000)
     forward = [o.prefill_forward_seconds for o in seen if o.prefill_forward_seconds is not None]
     assert forward[0].value == pytest.approx((alone + 3 * shared) / 4)
@@ -184,3 +204,26 @@ def test_recorded_routes_replace_both_routers_choices(model: PerformanceModel) -
     assert np.array_equal(run(((-1, -1),) * n).ttft_seconds, spread.ttft_seconds)
     with pytest.raises(ValueError, match="8 requests"):
         run(((0, 0),) * 3)
+
+
+def test_a_draining_prefill_is_released_when_its_last_response_ends(model: PerformanceModel) -> None:
+    """pdscale stops a drained engine once it has nothing in flight, and SGLang's prefill holds
+    a PD request until its KV transfer is done: a prefill drained mid-prompt holds its node
+    until then, not until the router's estimate of its backlog (the one-prompt-at-a-time
+    price, which a chunked prompt's passes exceed)."""
+    ticks: list[float] = []
+
+    def drain_at_second_tick(obs: object) -> tuple[int, ...]:
+        ticks.append(0.0)
+        return (1, 1) if len(ticks) == 1 else (0, 1)
+
+    # a 20,000-token prompt spans three 8,192-token passes; the planner drains the only
+    # prefill half a second in, and the next request finds none
+    tr = Trace("t", [0.0, 0.6], [20000, 100], [2, 2], [(), ()], BLOCK)
+    cfg = SimConfig(router="least-queue", initial_prefill=1, initial_decode=1, engine="sglang",
+                    slo=Slo(ttft_seconds=60.0), interval_seconds=0.5)
+    r = simulate(tr, model, cfg, controller=drain_at_second_tick)
+    answered = r.ttft_seconds[0]  # its prefill's passes and its KV transfer
+    assert answered > model.prefill_seconds(20000) + model.kv_transfer_seconds(20000)
+    assert r.rejected[1]
+    assert r.instance_seconds["draining"] == pytest.approx(answered - 0.5)

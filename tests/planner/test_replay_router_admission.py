@@ -108,3 +108,24 @@ def test_the_planner_sees_requests_held_at_the_router_in_the_prefill_queue(model
     tr = Trace("t", [0.0] * 10 + [0.02], [4000] * 11, [1] * 11, [(1000 + i,) for i in range(11)], BLOCK)
     simulate(tr, model, cfg, controller)
     assert seen[1:] == [9.0, 9.0]
+
+
+def test_a_slot_opens_when_the_prefill_response_ends_after_its_kv_transfer(model) -> None:
+    """SGLang's prefill answers a PD request once its KV transfer is done (its inflight queue),
+    and smg releases the prefill slot when that response ends: the second request of a cap of
+    one is sent a KV transfer after the first prefill, not at its end."""
+    tr = Trace("t", [0.0, 0.001], [4000, 4000], [2, 2], [(1,), (2,)], BLOCK)
+    cfg = SimConfig(router="least-queue", initial_prefill=1, initial_decode=1, engine="sglang",
+                    prefill_chunk_tokens=4096, slo=Slo(ttft_seconds=60.0),
+                    prefill_admission=PrefillAdmission(1, queue_size=4, queue_timeout_seconds=60))
+    r = simulate(tr, model, cfg)
+    one_pass, transfer = model.prefill_seconds(4000), model.kv_transfer_seconds(4000)
+    assert r.ttft_seconds[0] == pytest.approx(one_pass + transfer, rel=1e-6)
+    assert r.ttft_seconds[1] == pytest.approx(2 * one_pass + 2 * transfer - 0.001, rel=1e-6)
+
+
+def test_a_request_waiting_exactly_the_timeout_is_refused() -> None:
+    # smg's queue refuses at elapsed >= timeout (middleware/concurrency.rs), not only after it
+    q = AdmissionQueue(PrefillAdmission(1, queue_size=3, queue_timeout_seconds=2.0))
+    assert q.offer(7, 0.0) and q.offer(8, 0.5)
+    assert q.expire(2.0) == [7] and [r for r, _ in q.waiting] == [8]

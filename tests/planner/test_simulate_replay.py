@@ -323,14 +323,15 @@ def test_the_replay_counts_lengths_when_the_engines_do_at_a_requests_finish(
 def test_the_replay_reports_the_prefill_gpus_busy_time_once_per_pass(model: PerformanceModel) -> None:
     """As SGLang's GPU execution time: three 3,000-token prompts arrive together on one
     prefill; the first takes a pass alone, the other two share the next. Busy per prompt is
-    one prompt's compute (the forward time counts the shared pass for each of its prompts),
-    and on a fleet half as fast it is twice that."""
+    the two passes over the three prompts: one pass overhead paid per pass, so less than a
+    prompt alone takes (the forward time counts the shared pass for each of its prompts), and
+    on a fleet half as fast it is twice that."""
     from pdscale.planner.profile import scaled_profile
 
     # (ticks from the first arrival; a fourth request keeps the run going past the second)
     tr = Trace(name="together", arrival_seconds=[1.0, 1.0, 1.0, 90.0], input_tokens=[3000] * 4,
                output_tokens=[2] * 4, hash_ids=[[0], [1], [2], [3]], block_tokens=512)
-    compute = model.prefill_seconds(3000)
+    overhead, compute = model.prefill_pass_overhead_seconds(), model.prefill_compute_seconds(3000)
     for speed in (1.0, 0.5):
         fleet = PerformanceModel(scaled_profile(model.profile, prefill_speed=speed, decode_speed=1.0))
         seen: dict[float, Observation] = {}
@@ -340,8 +341,11 @@ def test_the_replay_reports_the_prefill_gpus_busy_time_once_per_pass(model: Perf
             return 1, 1
 
         simulate(tr, fleet, SimConfig(initial_prefill=1, initial_decode=1, interval_seconds=60.0), hold)
-        assert seen[61.0].prefill_busy_seconds_per_request.value == pytest.approx(compute / speed)
-        assert seen[61.0].prefill_forward_seconds.value == pytest.approx(5 / 3 * compute / speed)
+        busy = (2 * overhead + 3 * compute) / 3 / speed
+        assert seen[61.0].prefill_busy_seconds_per_request.value == pytest.approx(busy)
+        assert busy < model.prefill_seconds(3000) / speed
+        forward = ((overhead + compute) + 2 * (overhead + 2 * compute)) / 3 / speed
+        assert seen[61.0].prefill_forward_seconds.value == pytest.approx(forward)
 
 
 def test_the_replay_plans_on_a_stated_tick_schedule(model: PerformanceModel) -> None:

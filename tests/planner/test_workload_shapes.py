@@ -31,6 +31,13 @@ def test_shape_rates() -> None:
     # spike: 2.5x at once, back within 5% of base after 12 minutes
     assert shape_rate_rps("spike", lead, 10.0) == pytest.approx(25.0)
     assert shape_rate_rps("spike", lead + 720.0, 10.0) < 10.5
+    # surge (issue 48's hour): flat 12 minutes, +70% over nine, then 1.05x for the rest
+    assert shape_rate_rps("surge", 719.0, 100.0) == 100.0
+    assert shape_rate_rps("surge", 720.0 + 270.0, 100.0) == pytest.approx(135.0)
+    assert shape_rate_rps("surge", 1259.0, 100.0) == pytest.approx(170.0, rel=0.01)
+    assert shape_rate_rps("surge", 1260.0, 100.0) == pytest.approx(105.0)
+    assert shape_rate_rps("surge", 3599.0, 100.0) == pytest.approx(105.0)
+    assert shape_duration_seconds("surge") == 3600.0
     with pytest.raises(ValueError, match="shape must be one of"):
         shape_rate_rps("sine", 0.0, 1.0)
 
