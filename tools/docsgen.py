@@ -138,8 +138,12 @@ def pdcluster_api() -> str:
         for path, child, required in _fields(schema, top):
             section = ".".join(path.split(".")[:2])
             sections.setdefault(section, []).append((path, child, required))
-        for section, rows in sections.items():
-            if section != top and len(rows) > 1:
+        # fields without children of their own share one table, ahead of the sections
+        single = [row for rows in sections.values() if len(rows) == 1 for row in rows]
+        tables = [("", single)] if single else []
+        tables += [(section, rows) for section, rows in sections.items() if len(rows) > 1]
+        for section, rows in tables:
+            if section:
                 lines.append(f"### `{section}`\n\n")
             lines.append("| field | type | default | validation | description |\n"
                          "|---|---|---|---|---|\n")
@@ -152,6 +156,9 @@ def pdcluster_api() -> str:
                              f"{_validation(child, required)} | "
                              f"{_cell(child.get('description', ''))} |\n")
             lines.append("\n")
+    lines.append("`status.planner` and `status.derived` are written by the operator as it goes: "
+                 "[Read a decision](../how-to/read-a-decision.md) lists the planner's fields, "
+                 "`pdscale render` prints the derived settings.\n")
     return "".join(lines)
 
 
