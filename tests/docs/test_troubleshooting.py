@@ -86,3 +86,21 @@ def blocks_of_text(text: str) -> list[list[str]]:
         return []
     joined = m.group(1).replace("\\\n", " ")
     return [[" ".join(c.split("#")[0].split()) for c in joined.splitlines() if c.strip()]]
+
+
+def _operator_module(filename: str):
+    """Import an operator module wherever it lives under operator/ (the folder may be split)."""
+    import importlib
+
+    (path,) = [p for p in _operator_sources() if p.name == filename]
+    parts = path.relative_to(ROOT / "operator").with_suffix("").parts
+    return importlib.import_module(".".join(("pdscale", "operator", *parts)))
+
+
+def test_the_leader_election_messages_are_the_ones_the_operator_logs():
+    leader = _operator_module("leader.py")
+    said = [leader.off_reason({}), leader.off_reason({"PDSCALE_LEADER_ELECTION": "false"}),
+            leader.missing_namespace_message("pdscale-system", "pdscale-operator-leader")]
+    page = TROUBLESHOOT.replace("`", "")
+    for message in said:
+        assert message[:60] in page, f"the page does not quote {message[:60]!r}"
