@@ -203,7 +203,7 @@ def _help(action: argparse.Action) -> str:
     text = action.help or ""
     if text == argparse.SUPPRESS:
         return ""
-    if "%(" in text:
+    if "%" in text:  # argparse %-formats every help string (%% is a percent sign)
         params = {**vars(action), "prog": "", "default": action.default}
         with contextlib.suppress(KeyError, TypeError, ValueError):
             text = text % params
