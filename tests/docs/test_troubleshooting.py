@@ -104,3 +104,11 @@ def test_the_leader_election_messages_are_the_ones_the_operator_logs():
     page = TROUBLESHOOT.replace("`", "")
     for message in said:
         assert message[:60] in page, f"the page does not quote {message[:60]!r}"
+
+
+def test_every_link_of_the_readme_and_contributing_resolves():
+    for doc in (README, ROOT / "CONTRIBUTING.md"):
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).is_file(), f"{doc.name}: {target} does not exist"
