@@ -6,7 +6,7 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo cluster down chart-sync e2e-kind image chart-package dynamo-venv
+.PHONY: setup test lint demo cluster down chart-sync e2e-kind image chart-package dynamo-venv docs docs-serve docs-ref
 
 setup:
 	@e2e/setup
@@ -21,6 +21,19 @@ lint: setup
 # drive it fail rather than skip when it is missing.
 test: lint dynamo-venv
 	PDSCALE_REQUIRE_DYNAMO=1 $(VENV)/bin/pytest
+
+# The docs site (MkDocs + Material, from .venv as make setup installs it): built strictly into
+# out/site (a broken link or a page missing from the nav fails), or served with live reload.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+# Regenerate docs/reference/ from the code (the CRD, argparse, the chart's values, the metrics,
+# the profile model); tests/docs/test_reference.py fails when they drift.
+docs-ref: setup
+	$(VENV)/bin/python tools/docsgen.py
 
 # NVIDIA Dynamo 1.6.1's planner in a venv of its own (it pins an older kubernetes client).
 dynamo-venv:

@@ -157,7 +157,7 @@ async def become_leader(memo: kopf.Memo, **_: Any) -> None:
     process holds the leader Lease; then renew it in a thread that exits the process when
     the Lease is lost."""
     if not leader.enabled():
-        log.warning("leader election off (PDSCALE_LEADER_ELECTION): run one replica only")
+        log.warning(leader.off_reason())
         return
     settings = leader.Settings.from_environment()
     elector = leader.Elector(leader.KubeLeases(Kube(api_client_from_environment()),

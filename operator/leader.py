@@ -76,10 +76,37 @@ class Settings:
         )
 
 
-def enabled(env: dict[str, str] | None = None) -> bool:
-    """On unless PDSCALE_LEADER_ELECTION is false (a single process run by hand)."""
-    value = (os.environ if env is None else env).get("PDSCALE_LEADER_ELECTION", "true")
-    return value.strip().lower() not in ("false", "0", "no", "off")
+def enabled(env: dict[str, str] | None = None, *, in_pod: bool | None = None) -> bool:
+    """Whether to elect a leader. PDSCALE_LEADER_ELECTION decides when set. Unset, a process
+    elects when it runs in a pod (the chart's replicas) or is told the Lease's namespace
+    (PDSCALE_LEADER_NAMESPACE); a process run by hand with neither is alone and runs without
+    election, rather than wait for a Lease in a namespace nothing created."""
+    env = dict(os.environ if env is None else env)
+    value = env.get("PDSCALE_LEADER_ELECTION", "").strip().lower()
+    if value:
+        return value not in ("false", "0", "no", "off")
+    if in_pod is None:
+        in_pod = os.path.exists(SERVICE_ACCOUNT_NAMESPACE)
+    return in_pod or bool(env.get("PDSCALE_LEADER_NAMESPACE"))
+
+
+def off_reason(env: dict[str, str] | None = None) -> str:
+    """The one log line that says why election is off and what turns it on."""
+    env = dict(os.environ if env is None else env)
+    if env.get("PDSCALE_LEADER_ELECTION", "").strip():
+        return ("leader election off (PDSCALE_LEADER_ELECTION=false): run one operator only")
+    return ("leader election off: not in a pod and PDSCALE_LEADER_NAMESPACE is unset, so this "
+            "operator runs alone; run one only, or set PDSCALE_LEADER_NAMESPACE to an existing "
+            "namespace to elect a leader through a Lease there")
+
+
+def missing_namespace_message(namespace: str, name: str) -> str:
+    """What a process waiting on a Lease whose namespace does not exist needs (said once)."""
+    return (f"leader election: namespace {namespace!r} does not exist, so Lease {namespace}/{name} "
+            f"cannot be created and this operator reconciles nothing until it does: create it "
+            f"(kubectl create namespace {namespace}), set PDSCALE_LEADER_NAMESPACE to an existing "
+            "namespace, or set PDSCALE_LEADER_ELECTION=false to run a single operator without "
+            "election")
 
 
 def _own_namespace() -> str:
@@ -266,6 +293,8 @@ class Elector:
         self.observed_at = 0.0
         #: the holder other than us seen last (for the logs)
         self.other: str | None = None
+        #: the last failure logged (each is logged once, until an attempt gets through)
+        self.last_problem: str | None = None
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when this process holds the Lease now."""
@@ -301,13 +330,24 @@ class Elector:
         return True
 
     def attempt(self) -> bool:
-        """try_acquire_or_renew, an API error counting as a failed attempt."""
+        """try_acquire_or_renew, an API error counting as a failed attempt. The same failure is
+        logged once, not at every retry; a missing namespace is said with what to do."""
         try:
-            return self.try_acquire_or_renew()
+            ok = self.try_acquire_or_renew()
         except (ApiException, OSError) as exc:
-            log.warning("leader election: Lease %s/%s not reachable: %s", self.settings.namespace,
-                        self.settings.name, exc)
+            # a GET of a missing Lease is None, so a 404 here is the create's: no namespace
+            missing = isinstance(exc, ApiException) and exc.status == 404
+            if missing:
+                message = missing_namespace_message(self.settings.namespace, self.settings.name)
+            else:
+                message = (f"leader election: Lease {self.settings.namespace}/"
+                           f"{self.settings.name} not reachable: {exc}")
+            if message != self.last_problem:
+                log.log(logging.ERROR if missing else logging.WARNING, message)
+            self.last_problem = message
             return False
+        self.last_problem = None
+        return ok
 
     async def acquire(self) -> None:
         """Return once this process holds the Lease."""

@@ -45,6 +45,19 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def test_plain_helm_template_renders_without_a_kube_version():
+    """What a reader types first. The chart asks for Kubernetes >= 1.29; a helm built without
+    its release ldflags assumed v1.20.0 and refused every render without --kube-version
+    (e2e/cluster/build now sets them as helm's own Makefile does)."""
+    result = helm("template", "t", str(CHART), check=False)
+    assert result.returncode == 0, result.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
+    assert {"Deployment", "ClusterRole", "ServiceAccount"} <= kinds
+    # and the constraint still refuses a cluster older than the chart supports
+    old = helm("template", "t", str(CHART), "--kube-version", "1.28.0", check=False)
+    assert old.returncode != 0 and "kubeVersion" in old.stderr
+
+
 def test_chart_crd_is_the_crd_in_crds_folder():
     assert (CHART / "crds" / "pdclusters.pdscale.io.yaml").read_text() == (
         ROOT / "crds" / "pdclusters.pdscale.io.yaml"

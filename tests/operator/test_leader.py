@@ -185,7 +185,38 @@ def test_settings_from_environment_and_their_order():
     assert str(__import__("os").getpid()) in default.identity
     with pytest.raises(ValueError, match="renew deadline"):
         Settings(lease_duration_seconds=10, renew_deadline_seconds=10)
-    assert leader.enabled({}) and not leader.enabled({"PDSCALE_LEADER_ELECTION": "false"})
+    assert leader.enabled({}, in_pod=True) and not leader.enabled({"PDSCALE_LEADER_ELECTION": "false"})
+
+
+def test_an_operator_run_by_hand_runs_alone_and_says_so():
+    """`kopf run -m pdscale.operator.handlers --standalone` outside a pod used to wait forever
+    for a Lease in pdscale-system, a namespace nothing created, warning every 2 s."""
+    assert not leader.enabled({}, in_pod=False)
+    assert "runs alone" in leader.off_reason({})
+    assert "PDSCALE_LEADER_NAMESPACE" in leader.off_reason({})
+    # told where the Lease lives, or told to elect, it elects even outside a pod
+    assert leader.enabled({"PDSCALE_LEADER_NAMESPACE": "ops"}, in_pod=False)
+    assert leader.enabled({"PDSCALE_LEADER_ELECTION": "true"}, in_pod=False)
+    assert not leader.enabled({"PDSCALE_LEADER_ELECTION": "off"}, in_pod=True)
+
+
+def test_a_missing_lease_namespace_is_said_once_with_the_fix(caplog):
+    from kubernetes.client.exceptions import ApiException
+
+    class NoNamespace(MemoryLeases):
+        def create(self, record: Record) -> None:
+            raise ApiException(status=404, reason="Not Found")
+
+    store, clock = NoNamespace(), Clock()
+    a = elector(store, clock, "a")
+    with caplog.at_level("WARNING", logger=leader.__name__):
+        for _ in range(5):
+            assert not a.attempt()
+    said = [r for r in caplog.records if r.name == leader.__name__]
+    assert len(said) == 1 and said[0].levelname == "ERROR"
+    assert "namespace 'pdscale-system' does not exist" in said[0].getMessage()
+    assert "kubectl create namespace pdscale-system" in said[0].getMessage()
+    assert "PDSCALE_LEADER_ELECTION=false" in said[0].getMessage()
 
 
 def test_lease_record_round_trips_through_the_spec():
