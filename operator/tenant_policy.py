@@ -108,9 +108,13 @@ def configured() -> TenantPolicy:
     return TenantPolicy.from_environment()
 
 
+#: words spelled in capitals in the chart's keys, as in the spec (``prometheusURL``)
+_ACRONYMS = {"urls": "URLs", "url": "URL"}
+
+
 def _camel(snake: str) -> str:
     head, *rest = snake.split("_")
-    return head + "".join(part.capitalize() for part in rest)
+    return head + "".join(_ACRONYMS.get(part, part.capitalize()) for part in rest)
 
 
 def _image_allowed(image: str, prefixes: tuple[str, ...]) -> bool:

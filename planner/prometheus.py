@@ -513,8 +513,9 @@ def read_metrics(
             failures[name] = given_up  # Prometheus did not answer the last query: not asked
             continue
         left = None if end is None else end - time.monotonic()
+        spent = f"not read: the {budget_seconds or 0:g} s for all queries ran out"
         if left is not None and left <= 0:
-            failures[name] = f"not read: the {budget_seconds:g} s for all queries ran out"
+            failures[name] = spent
             continue
         try:
             if left is not None:
@@ -522,11 +523,16 @@ def read_metrics(
             else:
                 answer = client.custom_query(query) if params is None else client.custom_query(query, params)
         except Exception as exc:  # any client's failure is an unknown reading, never a crash
-            failures[name] = _describe_error(exc)
+            # cut short by what was left of the budget: the budget's doing, not the server's
+            ran_out = end is not None and time.monotonic() >= end and left is not None and (
+                left < getattr(client, "deadline_seconds", math.inf))
+            failures[name] = spent if ran_out else _describe_error(exc)
             detail = exc.detail if isinstance(exc, QueryError) else f"{type(exc).__name__}: {exc}"
             log.warning("metrics query %s failed (%s): %s", name, failures[name], detail[:300])
             if failures[name].startswith("unreachable"):
                 given_up = failures[name]
+            elif ran_out:
+                given_up = spent
             continue
         interpret = to_square_ratio if name in BUCKET_READINGS else to_reading
         readings[name], reason = interpret(answer, now_seconds, max_age_seconds)
@@ -592,7 +598,7 @@ class BoundedPrometheus:
     def _exchange(self, target: str, seconds: float) -> tuple[int, bytes]:
         """(status, body) of ``GET target``, whole within ``seconds``; the body of an answer
         other than 200 is its first bytes only (for the log)."""
-        timed_out = QueryError(f"unreachable: no whole answer within {seconds:g} s")
+        timed_out = QueryError(f"unreachable: no whole answer within {seconds:.3g} s")
         if seconds <= 0:
             raise timed_out
         deadline = time.monotonic() + seconds
