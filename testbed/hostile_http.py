@@ -23,7 +23,8 @@ class HostileServer:
     KINDS = ("silent", "drip", "stream", "error")
 
     def __init__(self, kind: str, *, give_up_seconds: float = 30.0, drip_every_seconds: float = 0.5,
-                 secret: str = "SECRET-internal-page-token-4711"):
+                 secret: str = "SECRET-internal-page-token-4711", host: str = "127.0.0.1",
+                 port: int = 0):
         if kind not in self.KINDS:
             raise ValueError(f"kind: expected one of {self.KINDS}, got {kind!r}")
         self.kind = kind
@@ -36,11 +37,13 @@ class HostileServer:
         self._stop = threading.Event()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        if not host.startswith("127."):
+            raise ValueError(f"host: loopback only (127.0.0.0/8), got {host!r}")
+        self._sock.bind((host, port))
         self._sock.listen(64)
         self._sock.settimeout(0.2)
         self.port = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._accept, daemon=True, name=f"hostile-{kind}")
         self._thread.start()
 
