@@ -46,7 +46,7 @@ def _fleet(port: int) -> tuple[FakeKube, dict, PDClusterSpec]:
 def test_32_silent_draining_engines_cost_one_bound_not_64_seconds():
     servers = _silent_engines()
     try:
-        kube, doc, spec = _fleet(servers[0].port)
+        kube, _, spec = _fleet(servers[0].port)
         pods = {role: [pod_view(p, role) for p in kube.list_pods(NS, names.selector_labels("demo", role))]
                 for role in Role}
         drains = Drains(kube, Reporter(kube))  # the real probes (engine_probe, 2 s each)
@@ -69,7 +69,7 @@ def test_32_silent_draining_engines_cost_one_bound_not_64_seconds():
 def test_a_deleted_pdcluster_asks_its_engines_at_once_too():
     servers = _silent_engines()
     try:
-        kube, doc, _ = _fleet(servers[0].port)
+        kube, _, _ = _fleet(servers[0].port)
         body = kube.get("PDCluster", NS, "demo")
         body["metadata"].update(finalizers=["pdscale.io/drain"], deletionTimestamp="2027-01-15T08:00:00Z")
 

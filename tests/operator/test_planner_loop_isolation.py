@@ -22,7 +22,7 @@ HOSTILE = ("silent", "drip", "stream", "error")
 
 
 class _Healthy(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the handler's name
+    def do_GET(self):
         body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {}, "value": [time.time(), "1"]}]}}).encode()
         self.send_response(200)

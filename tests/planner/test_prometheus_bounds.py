@@ -93,7 +93,7 @@ def test_a_partial_read_groups_the_unknown_by_reason_in_a_bounded_line():
 class _SlowAnswers(BaseHTTPRequestHandler):
     """A valid answer to every query, each after 0.4 s."""
 
-    def do_GET(self):  # noqa: N802 - the handler's name
+    def do_GET(self):
         time.sleep(0.4)
         body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {}, "value": [time.time(), "1"]}]}}).encode()
