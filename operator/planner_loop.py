@@ -73,11 +73,13 @@ TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
 #: PDClusters ticked at once: a plan mostly waits on its Prometheus, so one tenant's slow
 #: Prometheus holds one worker, not the loop
 CONCURRENCY = int(os.environ.get("PDSCALE_PLANNER_CONCURRENCY", "8"))
-#: the longest a tick waits for its PDClusters (seconds). One still planning then goes on in
-#: its worker (its metrics read is bounded by READ_BUDGET_SECONDS) and is not started again
-#: until it ends; the loop beats and the others keep their interval. Under the 60 s liveness
-#: bound (telemetry.stuck_after_seconds) with room for the tick's own listing.
-TICK_DEADLINE_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_DEADLINE_SECONDS", "30"))
+#: the longest a tick waits for its PDClusters (seconds): one tick. One still planning then
+#: goes on in its worker (its metrics read is bounded by READ_BUDGET_SECONDS) and is not
+#: started again until it ends, while the next ticks plan the others on time: a slow
+#: Prometheus delays only its own PDCluster. Far under the 60 s liveness bound
+#: (telemetry.stuck_after_seconds).
+TICK_DEADLINE_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_DEADLINE_SECONDS",
+                                             str(TICK_SECONDS)))
 
 #: every pod the operator manages, by (namespace, instance label, role label)
 PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
@@ -148,7 +150,7 @@ class PlannerLoop:
         for key in sorted(bodies, key=lambda k: self.finished_at.get(k, 0.0)):
             with self.lock:
                 if key in self.running:
-                    log.warning("planner tick of %s: the last one is still running (its "
+                    log.info("planner tick of %s: the last one is still running (its "
                                 "Prometheus is slow); not started again", key)
                     continue
                 self.running.add(key)
