@@ -11,6 +11,7 @@ operator's memory stays bounded and its process is never restarted. About four m
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -94,7 +95,7 @@ def test_hostile_prometheus_servers_delay_no_other_plan_leak_nothing_and_cost_bo
             assert operator.poll() is None, "the operator process died"
             time.sleep(1.0)
         times = sorted(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() for t in decisions)
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
         print(f"\nhealthy plans {len(times)} in {WATCH_SECONDS} s, gaps {[round(g) for g in gaps]}; "
               f"operator RSS {baseline:.0f} MiB -> peak {peak:.0f} MiB; hostile servers sent "
               f"{ {k: s.bytes_sent for k, s in servers.items()} } bytes")
