@@ -115,6 +115,6 @@ def test_hostile_prometheus_servers_delay_no_other_plan_leak_nothing_and_cost_bo
         # memory: the streaming answers are cut at 1 MiB a query, never buffered whole (the
         # operator without bounds passed 1 GiB in 1.5 s)
         assert peak - baseline < 150, f"operator RSS grew {peak - baseline:.0f} MiB"
-        assert servers["stream"].bytes_sent > 10 * 1024 * 1024  # it did stream at us
+        assert servers["stream"].bytes_sent > 1024 * 1024  # it did stream at us
         for name in (HEALTHY, *(f"hostile-{k}" for k in HOSTILE)):
             stack.remove_pdcluster(NS, name)

@@ -500,7 +500,7 @@ def read_metrics(
     answer once every scrape up to that time is stored).
 
     Bounded: once a query finds Prometheus unreachable (no connection, or no whole answer by
-    its deadline) the rest are not sent, and with ``budget_seconds`` the queries together
+    its deadline) or answering past the size cap, the rest are not sent, and with ``budget_seconds`` the queries together
     take no longer than that (each gets what is left; the rest are unknown)."""
     readings: dict[str, Reading | None] = {}
     failures: dict[str, str] = {}
@@ -529,7 +529,7 @@ def read_metrics(
             failures[name] = spent if ran_out else _describe_error(exc)
             detail = exc.detail if isinstance(exc, QueryError) else f"{type(exc).__name__}: {exc}"
             log.warning("metrics query %s failed (%s): %s", name, failures[name], detail[:300])
-            if failures[name].startswith("unreachable"):
+            if failures[name].startswith(_GIVE_UP):
                 given_up = failures[name]
             elif ran_out:
                 given_up = spent
@@ -539,6 +539,11 @@ def read_metrics(
         if reason:
             failures[name] = reason
     return MetricsSnapshot(readings, failures, source)
+
+
+#: failures after which the plan's other queries are not sent: the server is not answering,
+#: or answers more than the planner reads (each further query would cost the cap again)
+_GIVE_UP = ("unreachable", "query failed: answer over")
 
 
 def _describe_error(exc: Exception) -> str:
