@@ -16,11 +16,12 @@ deletion until every engine is out of the router and idle, or the drain timeout 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pdscale.planner.observe import Role
 
@@ -59,6 +60,42 @@ DRAIN_TIMEOUT_FACTOR = 5
 #: and never later than this (seconds): a deletion is held at most this long, whatever the
 #: spec says (the spec's preStopDrainSeconds is capped too, at MAX_PRE_STOP_DRAIN_SECONDS)
 MAX_DRAIN_TIMEOUT_SECONDS = 7200.0
+#: engines probed at once, and the most one step's probes take together (seconds): each probe
+#: has its own 2 s deadline (engine_probe), so 32 silent engines take 4 s, not 64; beyond the
+#: bound an engine not yet answered is unknown (never idle), and asked again next tick
+PROBE_CONCURRENCY = 16
+PROBE_BOUND_SECONDS = 5.0
+
+_T = TypeVar("_T")
+_A = TypeVar("_A")
+
+
+def probe_all(probe: Callable[[_A], _T | None], targets: Iterable[_A], *,
+              bound_seconds: float = PROBE_BOUND_SECONDS,
+              concurrency: int = PROBE_CONCURRENCY) -> dict[_A, _T | None]:
+    """Each target's answer, asked concurrently (at most ``concurrency`` at once) and all
+    within ``bound_seconds``: a target not answered by then, or whose probe raised, is None
+    (unknown). The probes left running end on their own deadlines, in the background."""
+    unique = list(dict.fromkeys(targets))
+    if not unique:
+        return {}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(unique)),
+                                                 thread_name_prefix="probe")
+    try:
+        futures = {pool.submit(probe, t): t for t in unique}
+        done, _ = concurrent.futures.wait(futures, timeout=bound_seconds)
+        out: dict[_A, _T | None] = {}
+        for future, target in futures.items():
+            if future not in done:
+                out[target] = None
+            elif (exc := future.exception()) is not None:
+                log.debug("probe of %s raised %s: unknown", target, exc)
+                out[target] = None
+            else:
+                out[target] = future.result()
+        return out
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def drain_timeout_seconds(spec: PDClusterSpec, role: Role) -> float:
@@ -262,16 +299,16 @@ class Drains:
         replicas: dict[str, int] = {}
         waiting: list[str] = []
         leaving: set[str] = set()
-        loads: dict[str | None, EngineLoad | None] = {}  # by IP: what each probe said
-
-        def probe(ip: str | None, port: int) -> EngineLoad | None:
-            loads[ip] = as_engine_load(self.in_flight(ip, port))
-            return loads[ip]
+        port = spec.engine.port
+        # by IP, what each draining engine holds: every one asked at once, within one bound
+        loads: dict[str | None, EngineLoad | None] = probe_all(
+            lambda ip: as_engine_load(self.in_flight(ip, port)),
+            [p.ip for role in Role for p in pods[role] if p.draining])
 
         for role in Role:
             self.report.target(ns, name, role, targets[role])
             current = int(((deployments[role] or {}).get("spec") or {}).get("replicas") or 0)
-            views = with_engine_state(pods[role], spec.engine.port, listed, probe)
+            views = with_engine_state(pods[role], port, listed, lambda ip, _port: loads.get(ip))
             if role is Role.DECODE and workers.decode_picked_before_prefill:
                 views = self._await_prefill(ns, spec, views, pods[Role.PREFILL], now)
             if role is Role.PREFILL:
@@ -305,11 +342,11 @@ class Drains:
         leaving = [p for p in decode if p.draining and not p.in_router]
         if not leaving:
             return decode
-        counts: dict[str, PrefillCount | None] = {}
-        for p in prefill:
-            if p.ip:
-                totals = self.vllm_totals(p.ip, spec.engine.port)
-                counts[p.name] = None if totals is None else PrefillCount.from_totals(totals)
+        port = spec.engine.port
+        answers = probe_all(lambda ip: self.vllm_totals(ip, port), [p.ip for p in prefill if p.ip])
+        counts: dict[str, PrefillCount | None] = {
+            p.name: None if (totals := answers.get(p.ip)) is None else PrefillCount.from_totals(totals)
+            for p in prefill if p.ip}
         serving = [p.name for p in prefill if p.ready and p.ip]
         awaited = self.prefill_waits.awaited(ns, leaving, serving, counts, now,
                                              minimum_transfer_timeout_seconds(spec))
@@ -327,11 +364,10 @@ class Drains:
             # deleted, as long as it has an address. Read once a tick, and only if needed.
             nonlocal pulls
             if pulls is None:
-                pulls = {}
-                for d in decode:
-                    if d.ip:
-                        totals = self.vllm_totals(d.ip, spec.engine.port)
-                        pulls[d.name] = None if totals is None else decode_pulls_pending(totals)
+                port = spec.engine.port
+                answers = probe_all(lambda ip: self.vllm_totals(ip, port), [d.ip for d in decode if d.ip])
+                pulls = {d.name: None if (totals := answers.get(d.ip)) is None
+                         else decode_pulls_pending(totals) for d in decode if d.ip}
             return pulls
 
         out = []
@@ -477,9 +513,10 @@ class DeletionDrain:
             workers = self.worker_lists.of(spec, routers)
             workers.make_equal(frozenset())  # every engine out of the router first
             port = spec.engine.port
+            asked = [p for p in engines if p.ip and not p.deleting]
+            answers = probe_all(lambda ip: self.in_flight(ip, port), [p.ip for p in asked])
             state = deletion_state(engines, port, workers.listed(),
-                                   {p.name: self.in_flight(p.ip, port) for p in engines
-                                    if p.ip and not p.deleting},
+                                   {p.name: answers.get(p.ip) for p in asked},
                                    deleted_at, now, timeout)
             if not state.done:
                 log.info("deletion of %s/%s waits: listed %s, busy %s", ns, name,

@@ -16,8 +16,10 @@ window nor re-plans early; drain state lives on the pods.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -27,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Role
 from pdscale.planner.prometheus import (
+    READ_BUDGET_SECONDS,
     MetricsSnapshot,
     observation_from,
     prometheus_client,
@@ -36,7 +39,7 @@ from pdscale.planner.prometheus import (
 )
 from pdscale.planner.solve import step
 
-from . import conditions, names
+from . import conditions, names, tenant_policy
 from .builders import unready_allowance_seconds
 from .clock import now_rfc3339
 from .drain import Drains
@@ -53,6 +56,7 @@ from .planning import (
     history_from_json,
     history_keep,
     history_to_json,
+    metrics_source,
     plan_slot,
     planner_config,
     profile_identity,
@@ -68,6 +72,16 @@ from .workerlist import WorkerLists, desired_workers
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
+#: PDClusters ticked at once: a plan mostly waits on its Prometheus, so one tenant's slow
+#: Prometheus holds one worker, not the loop
+CONCURRENCY = int(os.environ.get("PDSCALE_PLANNER_CONCURRENCY", "8"))
+#: the longest a tick waits for its PDClusters (seconds): one tick. One still planning then
+#: goes on in its worker (its metrics read is bounded by READ_BUDGET_SECONDS) and is not
+#: started again until it ends, while the next ticks plan the others on time: a slow
+#: Prometheus delays only its own PDCluster. Far under the 60 s liveness bound
+#: (telemetry.stuck_after_seconds).
+TICK_DEADLINE_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_DEADLINE_SECONDS",
+                                             str(TICK_SECONDS)))
 
 #: every pod the operator manages, by (namespace, instance label, role label)
 PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
@@ -112,42 +126,88 @@ class PlannerLoop:
     def __init__(self, kube: Kube, prometheus_url: str | None = None, *,
                  worker_lists: WorkerLists | None = None, drains: Drains | None = None):
         self.kube = kube
-        self.prometheus_url = prometheus_url or os.environ.get("PDSCALE_PROMETHEUS_URL")
+        #: the operator's own Prometheus (the chart's operator.prometheusURL): the admin's
+        self.prometheus_url = prometheus_url or os.environ.get("PDSCALE_PROMETHEUS_URL") or None
         self.report = Reporter(kube)
         self.memory = PlannerMemory(kube)
         self.profiles = ProfileSources(kube)
         #: the vLLM announcer inside runs in its own thread (started by the kopf wiring)
         self.worker_lists = worker_lists or WorkerLists(Announcer(side_channel_port=NIXL_SIDE_CHANNEL_PORT))
         self.drains = drains or Drains(kube, self.report)
-        self.routers_seen: set[str] = set()
+        #: each PDCluster's router addresses as its last finished tick saw them
+        self.routers_of: dict[str, frozenset[str]] = {}
+        #: PDClusters whose tick is still running (in a worker), and when each last finished
+        self.running: set[str] = set()
+        self.finished_at: dict[str, float] = {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, CONCURRENCY), thread_name_prefix="planner")
+        self.lock = threading.Lock()
+        self.tick_deadline_seconds = TICK_DEADLINE_SECONDS
+
+    @property
+    def routers_seen(self) -> set[str]:
+        with self.lock:
+            return set().union(*self.routers_of.values())
 
     def tick_all(self) -> float | None:
-        """One tick over every PDCluster; returns the seconds until the next plan falls due
-        (None: none scheduled), so the loop wakes for it rather than up to a tick late."""
+        """One tick over every PDCluster, at most ``CONCURRENCY`` at once and for at most
+        ``tick_deadline_seconds``; returns the seconds until the next plan falls due (None:
+        none scheduled), so the loop wakes for it rather than up to a tick late.
+
+        A PDCluster whose tick outlasts the deadline (its Prometheus is slow) keeps its worker
+        until its bounded read ends and is skipped by the ticks in between: it delays neither
+        the loop nor another PDCluster's plan. Those waiting longest go first."""
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
         # PDClusters the loop must cost the API server next to nothing.
         pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
         # and of their Deployments: whose the pods selected by label are
         deployments = {(d["metadata"].get("namespace", ""), d["metadata"].get("name", "")): d
                        for d in self.kube.list_deployments(None, {names.LABEL_MANAGED_BY: names.MANAGER})}
-        self.routers_seen = set()
+        started = time.monotonic()
         self.drains.begin_tick()
-        dues: list[float] = []
-        for body in self.kube.list_pdclusters():
-            if body["metadata"].get("deletionTimestamp"):
-                continue
-            key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
-            try:
-                due = self.tick(body, time.time(), pods, deployments)
-                if due is not None:
-                    dues.append(due)
-            except ApiException as exc:
-                log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
-            except Exception:  # one PDCluster's failure must not stop the others'
-                log.exception("planner tick of %s failed", key)
+        bodies = {f"{b['metadata']['namespace']}/{b['metadata']['name']}": b
+                  for b in self.kube.list_pdclusters() if not b["metadata"].get("deletionTimestamp")}
+        futures: dict[concurrent.futures.Future[float | None], str] = {}
+        for key in sorted(bodies, key=lambda k: self.finished_at.get(k, 0.0)):
+            with self.lock:
+                if key in self.running:
+                    log.info("planner tick of %s: the last one is still running (its "
+                                "Prometheus is slow); not started again", key)
+                    continue
+                self.running.add(key)
+            futures[self.pool.submit(self._tick_one, key, bodies[key], pods,
+                                          deployments)] = key
+        done, late = concurrent.futures.wait(
+            futures, timeout=max(0.0, self.tick_deadline_seconds - (time.monotonic() - started)))
+        for future in late:
+            if future.cancel():  # never started (every worker busy): the next tick tries
+                with self.lock:
+                    self.running.discard(futures[future])
+            else:
+                log.warning("planner tick of %s: still running after %.0f s; the loop goes on",
+                            futures[future], self.tick_deadline_seconds)
+        dues = [due for f in done if (due := f.result()) is not None]
+        with self.lock:  # PDClusters gone: their routers too
+            self.routers_of = {k: v for k, v in self.routers_of.items() if k in bodies}
         self.worker_lists.keep_only(self.routers_seen)
         self.drains.end_tick()
         return min(dues) - time.time() if dues else None
+
+    def _tick_one(self, key: str, body: dict[str, Any], pods: PodsByKey,
+                  deployments: Mapping[tuple[str, str], dict[str, Any]]) -> float | None:
+        """``tick`` in a worker: a failure is logged (one PDCluster's failure must not stop
+        the others'), and the PDCluster is free to tick again when it ends."""
+        try:
+            return self.tick(body, time.time(), pods, deployments)
+        except ApiException as exc:
+            log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
+        except Exception:
+            log.exception("planner tick of %s failed", key)
+        finally:
+            with self.lock:
+                self.running.discard(key)
+                self.finished_at[key] = time.monotonic()
+        return None
 
     # ------------------------------------------------------------------------------------
     def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey,
@@ -184,7 +244,8 @@ class PlannerLoop:
                 self.drains.move(body, spec, pods, workers, listed, targets, now)
                 pods = {role: [] if role in foreign else self._pods(ns, name, role) for role in Role}
         workers.make_equal(desired_workers(spec, pods))  # in every mode
-        self.routers_seen.update(workers.addresses)
+        with self.lock:
+            self.routers_of[f"{ns}/{name}"] = frozenset(workers.addresses)
         # report what no event marks
         self._report_overdue(body, spec, [p for role in Role
                                           for p in listed_pods.get((ns, instance, role), [])], now)
@@ -266,14 +327,14 @@ class PlannerLoop:
 
     def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
                       percentile: float) -> MetricsSnapshot:
-        url = spec.planner.prometheus_url or self.prometheus_url
+        url, source, problem = metrics_source(spec, self.prometheus_url, tenant_policy.configured())
         queries = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
                                  window_seconds=rate_window_seconds(spec.planner.interval_seconds),
                                  percentile=percentile)
-        if not url:
-            return MetricsSnapshot({q: None for q in queries},
-                                   {q: "no Prometheus URL (spec.planner.prometheusURL)" for q in queries})
-        return read_metrics(prometheus_client(url), queries, now, at_seconds=now)
+        if url is None:
+            return MetricsSnapshot({q: None for q in queries}, {q: f"not read: {problem}" for q in queries})
+        return read_metrics(prometheus_client(url), queries, now, at_seconds=now,
+                            budget_seconds=READ_BUDGET_SECONDS, source=source)
 
 
 #: the longest wait between retries of a failing loop tick (well under the stuck bound)

@@ -23,6 +23,7 @@ from pdscale.planner.solve import History
 
 from . import engines, router
 from .pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
+from .tenant_policy import TenantPolicy, prometheus_refusal
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
 #: the scale-down window spans more intervals (see history_keep). About 200 bytes each.
@@ -124,6 +125,29 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         decode_rise_quantile=0.95,
         prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
     )
+
+
+#: where the operator's own Prometheus is set, as status names it
+OPERATOR_PROMETHEUS = "the operator's Prometheus (chart value operator.prometheusURL)"
+SPEC_PROMETHEUS = "spec.planner.prometheusURL"
+
+
+def metrics_source(spec: PDClusterSpec, operator_url: str | None, policy: TenantPolicy
+                   ) -> tuple[str | None, str, str | None]:
+    """(URL, where it was set, why there is none) of the Prometheus a PDCluster's planner
+    reads: the spec's when it names one the tenant policy allows (checked here again, as the
+    loop plans specs the reconcile may have refused), else the operator's; never a URL the
+    policy refuses."""
+    url = spec.planner.prometheus_url
+    if url is not None:
+        why = prometheus_refusal(spec, policy)
+        if why is not None:
+            return None, SPEC_PROMETHEUS, f"{SPEC_PROMETHEUS} is refused: {why}"
+        return url, SPEC_PROMETHEUS, None
+    if operator_url:
+        return operator_url, OPERATOR_PROMETHEUS, None
+    return None, SPEC_PROMETHEUS, (f"no Prometheus to read: {OPERATOR_PROMETHEUS} is not set, "
+                                   f"nor is {SPEC_PROMETHEUS}")
 
 
 #: a tick this close before its plan's due time plans it (the loop sleeps to the due time on

@@ -77,6 +77,12 @@ class TenantPolicy:
     allow_writable_weights: bool = False
     #: PersistentVolumeClaims weights may come from (``"*"``: any claim of the namespace)
     allowed_weights_claims: tuple[str, ...] = (ANY,)
+    #: Prometheus servers ``spec.planner.prometheusURL`` may name: a URL (that URL and what is
+    #: below it, ``http://prom.monitoring:9090``) or a host with or without its port
+    #: (``prom.monitoring.svc``, ``prom.monitoring.svc:9090``); ``"*"``: any. Empty: a spec
+    #: names none, and the operator's own (the chart's ``prometheus.url``) serves every
+    #: PDCluster. The operator queries what a spec names, from inside the cluster.
+    allowed_prometheus_urls: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
     def from_mapping(cls, data: Any) -> TenantPolicy:
@@ -123,9 +129,13 @@ def configured() -> TenantPolicy:
     return TenantPolicy.from_environment()
 
 
+#: words spelled in capitals in the chart's keys, as in the spec (``prometheusURL``)
+_ACRONYMS = {"urls": "URLs", "url": "URL"}
+
+
 def _camel(snake: str) -> str:
     head, *rest = snake.split("_")
-    return head + "".join(part.capitalize() for part in rest)
+    return head + "".join(_ACRONYMS.get(part, part.capitalize()) for part in rest)
 
 
 #: where an image reference's repository may end: a path, a tag, a digest
@@ -162,6 +172,45 @@ def _under(path: str, prefix: str) -> bool:
     prefix = prefix.rstrip("/") or "/"
     return (path == prefix or path == prefix + "/"
             or path.startswith(prefix if prefix == "/" else prefix + "/"))
+
+
+def _authority(url: str) -> str:
+    """``host[:port]`` of an ``http(s)://`` URL as the admission policy reads it: what follows
+    ``://`` up to the first ``/``, ``?`` or ``#`` (string operations both enforcers share;
+    userinfo and other oddities stay in it, and so match no entry)."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    return rest.split("/")[0].split("?")[0].split("#")[0]
+
+
+def prometheus_url_allowed(url: str, allowed: tuple[str, ...]) -> bool:
+    """``url`` is one the admin listed in ``allowedPrometheusURLs`` (see ``TenantPolicy``):
+    an entry with a scheme is the URL itself (one trailing ``/`` aside) or a prefix ending at
+    a ``/``, so ``http://prom:9090`` admits neither ``http://prom:90901`` nor
+    ``http://prom:9090@evil``; an entry without one is the URL's ``host[:port]``, and a host
+    without a port admits it on any port. The chart's admission policy has the same rules."""
+    if ANY in allowed:
+        return True
+    authority = _authority(url)
+    for entry in allowed:
+        if "://" in entry:
+            whole = entry[:-1] if entry.endswith("/") else entry
+            if url == whole or url.startswith(whole + "/"):
+                return True
+        elif authority == entry or (":" not in entry and authority.split(":")[0] == entry):
+            return True
+    return False
+
+
+def prometheus_refusal(spec: PDClusterSpec, policy: TenantPolicy) -> str | None:
+    """Why the spec's Prometheus URL is refused, or None (no URL, or an allowed one)."""
+    url = spec.planner.prometheus_url
+    if url is None or prometheus_url_allowed(url, policy.allowed_prometheus_urls):
+        return None
+    if not policy.allowed_prometheus_urls:
+        return ("the tenant policy lets no spec name a Prometheus (allowedPrometheusURLs is "
+                "empty): leave it unset to use the operator's (the chart's prometheus.url)")
+    return (f"{url!r} is not allowed by the tenant policy (allowedPrometheusURLs: "
+            f"{list(policy.allowed_prometheus_urls)})")
 
 
 def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[str] = frozenset()
@@ -237,4 +286,6 @@ def refusals(spec: PDClusterSpec, policy: TenantPolicy, operator_env: frozenset[
     if spec.placement.node_selector and not policy.allow_affinity:
         out.append(("spec.placement.nodeSelector", "a node selector pins pods like affinity does: "
                     "not allowed by the tenant policy (allowAffinity: false)"))
+    if (why := prometheus_refusal(spec, policy)) is not None:
+        out.append(("spec.planner.prometheusURL", why))
     return out

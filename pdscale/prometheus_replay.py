@@ -379,7 +379,8 @@ def run(args: Any, configured: Any, whatif: Any | None) -> int:
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    client = prometheus_client(args.prometheus, timeout_seconds=60.0)
+    # a recording is many samples a query: a larger answer than one plan's, still bounded
+    client = prometheus_client(args.prometheus, timeout_seconds=60.0, max_answer_bytes=256 << 20)
     engine = configured.spec.engine.kind.value
     try:
         recorded, ready, planned_before = read_recording(client, namespace, name, start, end)

@@ -17,13 +17,24 @@ query name so that a condition can say which query failed and why.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
+import logging
 import math
 import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .observe import Observation, Reading, RoleState, square_ratio_from_buckets
+
+log = logging.getLogger(__name__)
 
 #: Reading names, in the order they are queried. Per-role gauges end in ``_prefill``/``_decode``.
 READINGS = (
@@ -406,10 +417,13 @@ def _is_sample(x: object) -> bool:
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    """Readings by name (``None`` = unknown) and, for each unknown one, why."""
+    """Readings by name (``None`` = unknown) and, for each unknown one, why. ``source`` names
+    where the Prometheus address came from (a spec field or an operator setting), so that a
+    failure's one line can say what to check."""
 
     readings: Mapping[str, Reading | None]
     failures: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""
 
     @property
     def unreachable(self) -> bool:
@@ -418,68 +432,241 @@ class MetricsSnapshot:
         )
 
     def summary(self) -> str:
-        """One line for a condition message: which queries failed and why."""
+        """One short line for status: what is unknown and why, grouped by reason (each a short
+        fixed phrase, never an answer's text), and what to check when nothing was read."""
         if not self.failures:
             return "all metrics read"
-        parts = [f"{name}: {reason}" for name, reason in sorted(self.failures.items())]
-        return f"{len(parts)} of {len(self.readings)} metrics unknown ({'; '.join(parts)})"
+        total = len(self.readings)
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in sorted(self.failures.items()):
+            by_reason.setdefault(reason, []).append(name)
+        if len(by_reason) == 1 and len(self.failures) == total:
+            (reason,) = by_reason
+            check = f"; check {self.source}" if self.source else ""
+            if self.unreachable:
+                return f"Prometheus {reason}: no metrics read, the planner holds{check}"
+            return f"no metrics read ({reason}){check}"
+        parts = []
+        for reason, names in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            shown = ", ".join(names[:_NAMES_SHOWN])
+            more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+            parts.append(f"{reason} ({shown}{more})")
+        return f"{len(self.failures)} of {total} metrics unknown: {'; '.join(parts)}"
+
+
+#: query names listed per reason in a summary (the operator's log has them all)
+_NAMES_SHOWN = 4
 
 
 class QueryClient(Protocol):
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
+class QueryError(Exception):
+    """A query that got no usable answer. ``reason`` is a short fixed phrase for status
+    (status class, timeout, too large, unreachable); ``detail`` (the start of an error body,
+    the exception) is for the operator's log only: an answer's text never reaches a status a
+    tenant reads, as it could be any internal page the URL points at."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+#: the most one PromQL query may take, from connecting to the answer's last byte (seconds)
+QUERY_DEADLINE_SECONDS = 10.0
+#: the largest answer the planner reads (bytes): its queries aggregate to one series, or one
+#: per histogram bucket, a few KiB; a larger answer is refused as it streams, never buffered
+MAX_ANSWER_BYTES = 1 << 20
+#: the most one plan's metrics read may take, all queries together (seconds)
+READ_BUDGET_SECONDS = 20.0
+_READ_CHUNK = 64 * 1024
+
+
 def read_metrics(
     client: QueryClient, queries: Mapping[str, str], now_seconds: float,
     max_age_seconds: float | None = None, *, at_seconds: float | None = None,
+    budget_seconds: float | None = None, source: str = "",
 ) -> MetricsSnapshot:
     """Run every query; a failure makes that reading unknown, never zero.
 
-    ``client`` is a ``prometheus_api_client.PrometheusConnect`` (or anything with its
-    ``custom_query``); readings carry their samples' timestamps, which the planner compares
-    with its own clock (``Reading.fresh``). With ``max_age_seconds`` (the planner's), a
-    sample that old is unknown here already, and the failure says it was stale;
-    ``now_seconds`` is the caller's clock for that comparison.
+    ``client`` is a :class:`BoundedPrometheus` (or anything with its ``custom_query``);
+    readings carry their samples' timestamps, which the planner compares with its own clock
+    (``Reading.fresh``). With ``max_age_seconds`` (the planner's), a sample that old is
+    unknown here already, and the failure says it was stale; ``now_seconds`` is the caller's
+    clock for that comparison.
 
     ``at_seconds`` evaluates every query at that time (Unix seconds; the HTTP API's ``time``)
     instead of whenever the request arrives: what a replay of a past interval reads, and what
     makes a live reading reproducible (the same query at the same time gives the same
-    answer once every scrape up to that time is stored)."""
+    answer once every scrape up to that time is stored).
+
+    Bounded: once a query finds Prometheus unreachable (no connection, or no whole answer by
+    its deadline) or answering past the size cap, the rest are not sent, and with ``budget_seconds`` the queries together
+    take no longer than that (each gets what is left; the rest are unknown)."""
     readings: dict[str, Reading | None] = {}
     failures: dict[str, str] = {}
+    params = None if at_seconds is None else {"time": repr(float(at_seconds))}
+    end = None if budget_seconds is None else time.monotonic() + budget_seconds
+    given_up: str | None = None
     for name, query in queries.items():
+        readings[name] = None
+        if given_up is not None:
+            failures[name] = given_up  # Prometheus did not answer the last query: not asked
+            continue
+        left = None if end is None else end - time.monotonic()
+        spent = f"not read: the {budget_seconds or 0:g} s for all queries ran out"
+        if left is not None and left <= 0:
+            failures[name] = spent
+            continue
         try:
-            answer = (client.custom_query(query) if at_seconds is None
-                      else client.custom_query(query, params={"time": repr(float(at_seconds))}))
-        except Exception as exc:  # the client raises requests' and its own errors alike
-            readings[name] = None
-            failures[name] = _describe_error(exc)
+            if left is not None:
+                answer = client.custom_query(query, params, timeout=left)  # type: ignore[call-arg]
+            else:
+                answer = client.custom_query(query) if params is None else client.custom_query(query, params)
+        except Exception as exc:  # any client's failure is an unknown reading, never a crash
+            # cut short by what was left of the budget: the budget's doing, not the server's
+            ran_out = end is not None and time.monotonic() >= end and left is not None and (
+                left < getattr(client, "deadline_seconds", math.inf))
+            failures[name] = spent if ran_out else _describe_error(exc)
+            detail = exc.detail if isinstance(exc, QueryError) else f"{type(exc).__name__}: {exc}"
+            log.warning("metrics query %s failed (%s): %s", name, failures[name], detail[:300])
+            if failures[name].startswith(_GIVE_UP):
+                given_up = failures[name]
+            elif ran_out:
+                given_up = spent
             continue
         interpret = to_square_ratio if name in BUCKET_READINGS else to_reading
         readings[name], reason = interpret(answer, now_seconds, max_age_seconds)
         if reason:
             failures[name] = reason
-    return MetricsSnapshot(readings, failures)
+    return MetricsSnapshot(readings, failures, source)
+
+
+#: failures after which the plan's other queries are not sent: the server is not answering,
+#: or answers more than the planner reads (each further query would cost the cap again)
+_GIVE_UP = ("unreachable", "query failed: answer over")
 
 
 def _describe_error(exc: Exception) -> str:
-    text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-    connection = ("Connection", "Timeout", "MaxRetry", "NewConnection")
-    if any(word in type(exc).__name__ or word in text for word in connection):
-        return f"unreachable: {text}"
-    return f"query failed: {text}"
+    """A short fixed reason: the exception's class, never its text (a client's error message
+    carries the answer's body)."""
+    if isinstance(exc, QueryError):
+        return exc.reason
+    kind = type(exc).__name__
+    if "Timeout" in kind:
+        return "unreachable: no answer in time"
+    if any(word in kind for word in ("Connection", "MaxRetry", "NewConnection")) or isinstance(exc, OSError):
+        return "unreachable: cannot connect"
+    return f"query failed ({kind})"
 
 
-def prometheus_client(url: str, timeout_seconds: float = 10.0) -> QueryClient:
-    """A PrometheusConnect with a bounded timeout and no retries: a slow Prometheus must not
-    stall the planning loop; the next interval tries again."""
-    from prometheus_api_client import PrometheusConnect
-    from urllib3.util.retry import Retry
+class BoundedPrometheus:
+    """A Prometheus HTTP API client whose every query is bounded: one deadline over the whole
+    exchange (connect, headers, body; a watchdog cuts the connection when it passes, so a
+    server that drips a byte a second cannot hold it), and a cap on the answer's size (read in
+    chunks and refused past the cap, never buffered whole). No retries and no redirects: the
+    next interval tries again, and a redirect would lead the operator elsewhere than the URL
+    the admin allowed. Errors are :class:`QueryError` with a fixed reason.
 
-    return PrometheusConnect(  # type: ignore[no-any-return]
-        url=url, disable_ssl=url.startswith("http://"), retry=Retry(total=0),
-        timeout=timeout_seconds,
-    )
+    ``custom_query`` answers as ``prometheus_api_client.PrometheusConnect``'s does (the
+    ``data.result`` of ``/api/v1/query``)."""
+
+    def __init__(self, url: str, *, deadline_seconds: float = QUERY_DEADLINE_SECONDS,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url: expected http(s)://host[:port][/path], got {url!r}")
+        self.url = url
+        self.deadline_seconds = deadline_seconds
+        self.max_answer_bytes = max_answer_bytes
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._path = parts.path.rstrip("/") + "/api/v1/query"
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None,
+                     timeout: float | None = None) -> Any:
+        seconds = self.deadline_seconds if timeout is None else min(timeout, self.deadline_seconds)
+        target = self._path + "?" + urllib.parse.urlencode({"query": query, **(params or {})})
+        status, body = self._exchange(target, seconds)
+        if status != 200:
+            raise QueryError(f"query failed: HTTP {status // 100}xx",
+                             detail=f"HTTP {status}: {body[:160]!r}")
+        try:
+            answer = json.loads(body)
+        except (ValueError, RecursionError):
+            raise QueryError("query failed: the answer is not JSON") from None
+        if (not isinstance(answer, dict) or answer.get("status") != "success"
+                or not isinstance(answer.get("data"), dict)):
+            raise QueryError("query failed: not a Prometheus answer")
+        return answer["data"].get("result")
+
+    def _exchange(self, target: str, seconds: float) -> tuple[int, bytes]:
+        """(status, body) of ``GET target``, whole within ``seconds``; the body of an answer
+        other than 200 is its first bytes only (for the log)."""
+        timed_out = QueryError(f"unreachable: no whole answer within {seconds:.3g} s")
+        if seconds <= 0:
+            raise timed_out
+        deadline = time.monotonic() + seconds
+        conn: http.client.HTTPConnection = (
+            http.client.HTTPSConnection(self._host, self._port, timeout=seconds,
+                                        context=ssl.create_default_context())
+            if self._https else http.client.HTTPConnection(self._host, self._port, timeout=seconds))
+        cut = threading.Event()
+        watchdog = threading.Timer(seconds, _cut, (conn, cut))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request("GET", target, headers={"Accept": "application/json",
+                                                 "Connection": "close", "User-Agent": "pdscale"})
+            response = conn.getresponse()
+            if response.status != 200:
+                return response.status, response.read(512)
+            length = response.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > self.max_answer_bytes:
+                raise self._too_large()
+            chunks, size = [], 0
+            while chunk := response.read(_READ_CHUNK):
+                size += len(chunk)
+                if size > self.max_answer_bytes:
+                    raise self._too_large()
+                chunks.append(chunk)
+            if cut.is_set() or time.monotonic() >= deadline:
+                raise timed_out  # cut by the watchdog: what arrived may be short
+            return 200, b"".join(chunks)
+        except QueryError:
+            raise
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if cut.is_set() or time.monotonic() >= deadline or isinstance(exc, TimeoutError):
+                raise timed_out from None
+            if conn.sock is None:
+                raise QueryError("unreachable: cannot connect", detail=repr(exc)) from None
+            raise QueryError("unreachable: the connection broke", detail=repr(exc)) from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+
+    def _too_large(self) -> QueryError:
+        return QueryError(f"query failed: answer over {self.max_answer_bytes // 1024} KiB")
+
+
+def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
+    """The deadline passed: end the exchange (a blocked read returns at once)."""
+    cut.set()
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def prometheus_client(url: str, timeout_seconds: float = QUERY_DEADLINE_SECONDS,
+                      max_answer_bytes: int = MAX_ANSWER_BYTES) -> BoundedPrometheus:
+    """The planner's Prometheus client: each query whole within ``timeout_seconds`` and at
+    most ``max_answer_bytes`` long (:class:`BoundedPrometheus`): a slow or hostile Prometheus
+    must not stall the planning loop or fill the operator's memory."""
+    return BoundedPrometheus(url, deadline_seconds=timeout_seconds, max_answer_bytes=max_answer_bytes)
 
 
 def observation_from(

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import yaml
 
@@ -54,6 +55,9 @@ class Stack:
     #: leader election: Lease duration, renew deadline, retry period (shorter than the
     #: operator's defaults, so that a takeover costs a test seconds)
     lease_seconds: tuple[float, float, float] = (8.0, 6.0, 1.0)
+    #: Prometheus servers (tenantPolicy.allowedPrometheusURLs entries) the admin lets a
+    #: PDCluster name besides the stack's own, which its PDClusters name
+    allowed_prometheus_urls: tuple[str, ...] = ()
     _cleanups: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -107,7 +111,9 @@ class Stack:
         self.helm("install", self.release, str(self.chart), "-n", self.release_namespace,
                   "--create-namespace", "--set", "replicaCount=0",
                   # the test bed serves PDClusters in namespaces of its own: said explicitly
-                  "--set", "rbac.clusterWide=true", "--wait=false")
+                  "--set", "rbac.clusterWide=true", "--wait=false",
+                  # the admission policy admits what the operator's policy admits
+                  "--set-json", f"tenantPolicy.allowedPrometheusURLs={json.dumps(self.prometheus_allow_list())}")
         self._cleanups.append("helm")
         self.say(f"chart installed: release {self.release} in {self.release_namespace}")
 
@@ -125,7 +131,17 @@ class Stack:
         """The chart's tenantPolicy values (what the installed release carries), as the
         operator's environment variable."""
         values = yaml.safe_load((self.chart / "values.yaml").read_text())
-        return json.dumps({k: v for k, v in values["tenantPolicy"].items() if k != "admission"})
+        policy = {k: v for k, v in values["tenantPolicy"].items() if k != "admission"}
+        policy["allowedPrometheusURLs"] = self.prometheus_allow_list(values)
+        return json.dumps(policy)
+
+    def prometheus_allow_list(self, values: dict[str, Any] | None = None) -> list[str]:
+        """The chart's allowedPrometheusURLs and, as the admin of this test bed, its own
+        Prometheus (the demo's PDClusters name it) and whatever else a test allows."""
+        values = values or yaml.safe_load((self.chart / "values.yaml").read_text())
+        own = [self.prometheus.url] if self.prometheus is not None else []
+        return [*values["tenantPolicy"].get("allowedPrometheusURLs", []), *own,
+                *self.allowed_prometheus_urls]
 
     def start_operator(self, identity: str = "operator-0") -> None:
         """Run an operator process (again: the failure tests kill it mid-drain and restart

@@ -308,6 +308,82 @@ def test_the_api_server_refuses_what_the_tenant_policy_forbids(cluster, admin_ap
         helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
 
 
+def test_the_prometheus_url_and_allow_list_are_the_admins_values():
+    docs = render("operator.prometheusURL=http://prom.monitoring:9090",
+                  "tenantPolicy.allowedPrometheusURLs={vm.monitoring.svc}")
+    env = {e["name"]: e.get("value") for e in
+           by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PDSCALE_PROMETHEUS_URL"] == "http://prom.monitoring:9090"
+    assert json.loads(env["PDSCALE_TENANT_POLICY"])["allowedPrometheusURLs"] == ["vm.monitoring.svc"]
+    policy = by_kind(docs, "ValidatingAdmissionPolicy")[0]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert json.loads(variables["prometheusURLs"]) == ["vm.monitoring.svc"]
+    assert any("allowedPrometheusURLs" in v.get("messageExpression", "")
+               for v in policy["spec"]["validations"])
+    # by default: no operator Prometheus, and no spec may name one
+    default = render()
+    env = {e["name"]: e.get("value") for e in
+           by_kind(default, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PDSCALE_PROMETHEUS_URL"] == ""
+    assert json.loads(env["PDSCALE_TENANT_POLICY"])["allowedPrometheusURLs"] == []
+
+
+#: URLs a spec may name, against the allow-list below: both enforcers must agree on each
+PROMETHEUS_ALLOWED = ["http://prom.monitoring:9090", "https://thanos.example/prom/", "vm.monitoring.svc",
+                      "mimir.monitoring.svc:8080"]
+PROMETHEUS_CORPUS = [
+    "http://prom.monitoring:9090", "http://prom.monitoring:9090/", "http://prom.monitoring:9090/x/y",
+    "http://prom.monitoring:90901", "http://prom.monitoring:9090@evil.example/",
+    "http://prom.monitoring:9090.evil.example/", "https://prom.monitoring:9090",
+    "https://thanos.example/prom", "https://thanos.example/prom/api", "https://thanos.example/promx",
+    "http://vm.monitoring.svc", "https://vm.monitoring.svc:8428/select/0/prometheus",
+    "http://vm.monitoring.svc.evil.example", "http://user@vm.monitoring.svc/",
+    "http://vm.monitoring.svc?x=1", "http://vm.monitoring.svc#frag",
+    "http://mimir.monitoring.svc:8080/prometheus", "http://mimir.monitoring.svc:8081/prometheus",
+    "http://mimir.monitoring.svc/prometheus", "http://169.254.169.254/latest/meta-data",
+    "http://kubernetes.default.svc/api", "http://", "https://:9090/",
+    "http://prom.monitoring:9090//", "http://VM.monitoring.svc/",
+]
+
+
+@pytest.mark.cluster
+def test_admission_and_the_operator_agree_on_every_prometheus_url(cluster, admin_api, namespace):
+    """The differential for allowedPrometheusURLs: each URL of the corpus is created through
+    the API server under the chart's admission policy, and its verdict compared with the
+    operator's (tenant_policy.prometheus_url_allowed)."""
+    from pdscale.operator.tenant_policy import prometheus_url_allowed
+
+    release = f"vapp-{uuid.uuid4().hex[:6]}"
+    helm("install", release, str(CHART), "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+         "--set", "grafana.dashboard.enabled=false", "--set", "replicaCount=0",
+         "--set-json", f"tenantPolicy.allowedPrometheusURLs={json.dumps(PROMETHEUS_ALLOWED)}",
+         "--wait=false")
+    custom = client.CustomObjectsApi(admin_api)
+
+    def admitted(name: str, url: str) -> bool:
+        body = _pdcluster(name, **{"planner.prometheusURL": url})
+        try:
+            custom.create_namespaced_custom_object("pdscale.io", "v1alpha1", namespace, "pdclusters", body)
+        except ApiException as exc:
+            assert exc.status in (403, 422), exc.body
+            assert "spec.planner.prometheusURL" in exc.body, exc.body
+            return False
+        custom.delete_namespaced_custom_object("pdscale.io", "v1alpha1", namespace, "pdclusters", name)
+        return True
+
+    try:
+        # the policy takes a moment to reach the admission chain: wait until it refuses one
+        deadline = time.monotonic() + 30
+        while admitted("probe", "http://169.254.169.254/") and time.monotonic() < deadline:
+            time.sleep(1)
+        disagree = {url: (ok, prometheus_url_allowed(url, tuple(PROMETHEUS_ALLOWED)))
+                    for i, url in enumerate(PROMETHEUS_CORPUS)
+                    if (ok := admitted(f"u{i}", url)) != prometheus_url_allowed(url, tuple(PROMETHEUS_ALLOWED))}
+        assert disagree == {}, f"(admission, operator) disagree: {disagree}"
+    finally:
+        helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
+
+
 def test_the_operator_is_told_its_own_pod_labels_for_the_network_policies():
     docs = render("networkPolicy.monitoringNamespaces={prom}")
     deployment = by_kind(docs, "Deployment")[0]

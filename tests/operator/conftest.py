@@ -83,6 +83,12 @@ def run_operator(cluster, operator_installed, monkeypatch) -> Iterator[Callable[
     monkeypatch.setenv("KUBECONFIG", str(cluster.operator_kubeconfig))
     monkeypatch.setenv("PDSCALE_WATCH_TIMEOUT_SECONDS", "10")
     monkeypatch.setenv("PDSCALE_LEADER_NAMESPACE", "pdscale-system")
+    # the admin of this test cluster lets PDClusters name a Prometheus on loopback (the
+    # tests' own, or a port where none listens); the rest of the policy is the default
+    from pdscale.operator import tenant_policy
+
+    monkeypatch.setenv(tenant_policy.POLICY_ENV, '{"allowedPrometheusURLs": ["127.0.0.1"]}')
+    tenant_policy.configured.cache_clear()
     runners: list[KopfRunner] = []
 
     def start() -> KopfRunner:
@@ -94,6 +100,7 @@ def run_operator(cluster, operator_installed, monkeypatch) -> Iterator[Callable[
         return runner
 
     yield start
+    tenant_policy.configured.cache_clear()  # the environment is restored after this fixture
     for runner in runners:
         if runner.exception is not None:
             raise runner.exception

@@ -224,7 +224,7 @@ def test_compute_degraded_on_a_stalled_rollout():
 def _scale_decode(kube: FakeKube, replicas: int) -> None:
     """What the planner does in Auto: replicas from status.planner, the spec unchanged."""
     pdc = kube.objects[("PDCluster", "serving", "glm53")]
-    pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
+    pdc["spec"]["planner"] = {"mode": "Auto"}  # the operator's Prometheus serves it
     pdc["status"]["planner"] = {"replicas": {"prefill": 4, "decode": replicas}}
 
 
@@ -320,7 +320,7 @@ def test_rbac_is_least_privilege():
 def test_in_auto_mode_the_planners_replicas_drive_the_deployments_raised_to_min():
     kube = FakeKube()
     pdc = _pdc(kube)
-    pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
+    pdc["spec"]["planner"] = {"mode": "Auto"}  # the operator's Prometheus serves it
     pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 0}}}
     out = reconcile(kube, _body(kube), NOW)
     deployments = {n: o["spec"]["replicas"] for (k, _, n), o in kube.objects.items() if k == "Deployment"}
@@ -333,7 +333,7 @@ def test_in_auto_mode_the_planners_replicas_drive_the_deployments_raised_to_min(
 def test_a_lowered_max_is_left_to_the_planners_drains_not_cut_by_the_replicaset():
     kube = FakeKube()
     pdc = _pdc(kube)
-    pdc["spec"]["planner"] = {"mode": "Auto", "prometheusURL": "http://prom:9090"}
+    pdc["spec"]["planner"] = {"mode": "Auto"}  # the operator's Prometheus serves it
     pdc["spec"]["decode"].update(maxReplicas=4, replicas=4)
     pdc["status"] = {"planner": {"replicas": {"prefill": 4, "decode": 8}}}
     reconcile(kube, _body(kube), NOW)
@@ -343,7 +343,7 @@ def test_a_lowered_max_is_left_to_the_planners_drains_not_cut_by_the_replicaset(
 def test_outside_auto_mode_the_spec_replicas_win():
     kube = FakeKube()
     pdc = _pdc(kube)
-    pdc["spec"]["planner"] = {"mode": "Recommend", "prometheusURL": "http://prom:9090"}
+    pdc["spec"]["planner"] = {"mode": "Recommend"}  # the operator's Prometheus serves it
     pdc["status"] = {"planner": {"replicas": {"prefill": 6, "decode": 10}}}
     reconcile(kube, _body(kube), NOW)
     assert kube.objects[("Deployment", "serving", "glm53-prefill")]["spec"]["replicas"] == 4

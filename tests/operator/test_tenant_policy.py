@@ -40,9 +40,9 @@ GLM = ROOT / "examples" / "sglang-glm-4p8d.yaml"
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_the_shipped_examples_pass_the_default_policy(example):
-    spec = spec_of(example)
-    spec.setdefault("planner", {}).setdefault("prometheusURL", "http://prometheus:9090")  # the demo's is filled in
-    assert refused(spec) == {}
+    # (none names a Prometheus: the operator's serves them; the demo's is filled in, and
+    # allowed, by the test bed's admin)
+    assert refused(spec_of(example)) == {}
 
 
 def test_an_image_from_elsewhere_is_refused_naming_the_field_and_the_key():
@@ -240,3 +240,71 @@ def test_the_admission_policy_names_the_same_accelerators():
     variables = dict(re.findall(r"- name: (gpu\w+)\n\s+expression: '(\[.*\])'", text))
     assert tuple(json.loads(variables["gpuResources"])) == GPU_CLASS_RESOURCES
     assert tuple(json.loads(variables["gpuPrefixes"])) == GPU_CLASS_PREFIXES
+# -- the Prometheus a spec may name: the admin's choice -------------------------------------
+def test_by_default_no_spec_names_a_prometheus():
+    out = refused(spec_of(GLM, **{"planner.prometheusURL": "http://10.0.0.1:8080/internal"}))
+    assert list(out) == ["spec.planner.prometheusURL"]
+    assert "allowedPrometheusURLs is empty" in out["spec.planner.prometheusURL"]
+    assert "operator.prometheusURL" in out["spec.planner.prometheusURL"] or \
+        "prometheus.url" in out["spec.planner.prometheusURL"]
+
+
+ALLOWED = ("http://prom.monitoring:9090", "https://thanos.example/prom/", "vm.monitoring.svc",
+           "mimir.monitoring.svc:8080")
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("http://prom.monitoring:9090", True),
+    ("http://prom.monitoring:9090/", True),
+    ("http://prom.monitoring:9090/sub/path", True),
+    ("http://prom.monitoring:90901", False),  # a prefix is not a boundary
+    ("http://prom.monitoring:9090@evil.example/", False),  # userinfo trick
+    ("http://prom.monitoring:9090.evil.example/", False),
+    ("https://prom.monitoring:9090", False),  # another scheme is another URL
+    ("https://thanos.example/prom", True),
+    ("https://thanos.example/prom/api", True),
+    ("https://thanos.example/promx", False),
+    ("http://vm.monitoring.svc", True),
+    ("https://vm.monitoring.svc:8428/select/0/prometheus", True),  # a host: any port, any path
+    ("http://vm.monitoring.svc.evil.example", False),
+    ("http://user@vm.monitoring.svc/", False),
+    ("http://mimir.monitoring.svc:8080/prometheus", True),
+    ("http://mimir.monitoring.svc:8081/prometheus", False),
+    ("http://mimir.monitoring.svc/prometheus", False),  # the entry names its port
+    ("http://169.254.169.254/latest/meta-data", False),
+    ("http://kubernetes.default.svc/api", False),
+])
+def test_an_allow_list_admits_urls_below_a_url_and_hosts_with_or_without_a_port(url, allowed):
+    policy = TenantPolicy(allowed_prometheus_urls=ALLOWED)
+    out = refused(spec_of(GLM, **{"planner.prometheusURL": url}), policy)
+    assert ("spec.planner.prometheusURL" not in out) is allowed, out
+    if not allowed:
+        assert "allowedPrometheusURLs" in out["spec.planner.prometheusURL"]
+
+
+def test_any_prometheus_only_when_the_admin_says_so():
+    policy = TenantPolicy(allowed_prometheus_urls=("*",))
+    assert refused(spec_of(GLM, **{"planner.prometheusURL": "http://anything:1"}), policy) == {}
+
+
+def test_a_spec_without_a_url_is_valid_and_planned_with_the_operators():
+    from pdscale.operator.planning import OPERATOR_PROMETHEUS, metrics_source
+
+    spec, _ = validate(spec_of(GLM, **{"planner.mode": "Recommend"}), TenantPolicy())
+    assert metrics_source(spec, "http://prom.monitoring:9090", TenantPolicy()) == (
+        "http://prom.monitoring:9090", OPERATOR_PROMETHEUS, None)
+    url, _, why = metrics_source(spec, None, TenantPolicy())
+    assert url is None and "operator.prometheusURL" in why
+
+
+def test_the_planner_never_queries_a_url_the_policy_refuses():
+    # the loop plans specs the reconcile may have refused (admitted before the policy changed)
+    from pdscale.operator.checklist import parse
+    from pdscale.operator.planning import metrics_source
+
+    spec = parse(spec_of(GLM, **{"planner.mode": "Recommend",
+                                 "planner.prometheusURL": "http://10.0.0.1:8080/"}))
+    url, source, why = metrics_source(spec, "http://prom.monitoring:9090", TenantPolicy())
+    assert url is None and source == "spec.planner.prometheusURL" and "refused" in why
+    allowed = TenantPolicy(allowed_prometheus_urls=("10.0.0.1:8080",))
+    assert metrics_source(spec, None, allowed)[0] == "http://10.0.0.1:8080/"

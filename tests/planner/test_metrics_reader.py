@@ -86,7 +86,8 @@ def test_unreachable_prometheus_gives_unknown_everywhere_and_says_so():
     snap = read_metrics(_Refusing(), queries, now_seconds=100.0)
     assert all(v is None for v in snap.readings.values())
     assert snap.unreachable
-    assert snap.summary().startswith(f"{len(READINGS)} of {len(READINGS)} metrics unknown")
+    # one line, not one per query (issue 46): what failed and that the planner holds
+    assert snap.summary() == "Prometheus unreachable: cannot connect: no metrics read, the planner holds"
     obs = observation_from(snap, 100.0, RoleState(ready=3), RoleState(ready=5))
     assert obs.rate_rps is None and obs.prefill.queue_depth is None
     assert obs.prefill.ready == 3 and obs.decode.ready == 5

@@ -154,7 +154,7 @@ class _FakePrometheus:
 def test_the_command_simulates_the_spec_and_a_tighter_what_if_side_by_side(monkeypatch, capsys,
                                                                           tmp_path):
     fake = _FakePrometheus()
-    monkeypatch.setattr(prometheus, "prometheus_client", lambda url, timeout_seconds=10.0: fake)
+    monkeypatch.setattr(prometheus, "prometheus_client", lambda url, timeout_seconds=10.0, **_: fake)
     monkeypatch.setenv("COLUMNS", "200")  # the table's headers on one line
     out = tmp_path / "sim.json"
     start, end = fake.T0, fake.T0 + 600

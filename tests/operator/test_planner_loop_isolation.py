@@ -1,0 +1,114 @@
+"""One tenant's Prometheus cannot hold another's plan: the loop ticks PDClusters concurrently,
+each within its own bounds, and returns at its deadline whatever a hostile server does. Four
+PDClusters name a loopback "Prometheus" that never answers, drips, streams for ever or answers
+500 with a secret page (the admin's allow-list admits loopback here, so the bounds are what is
+tested); a fifth names a healthy one and is planned in the first tick, on time."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from test_planner_loop import NS, FakeKube, FakeWorkerLists, FakeWorkers, _pod, _spec_doc
+
+from pdscale.operator import tenant_policy
+from pdscale.operator.planner_loop import PlannerLoop
+from pdscale.testbed.hostile_http import HostileServer
+
+HOSTILE = ("silent", "drip", "stream", "error")
+
+
+class _Healthy(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {}, "value": [time.time(), "1"]}]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def loopback_allowed(monkeypatch):
+    monkeypatch.setenv(tenant_policy.POLICY_ENV, json.dumps({"allowedPrometheusURLs": ["127.0.0.1"]}))
+    tenant_policy.configured.cache_clear()
+    yield
+    tenant_policy.configured.cache_clear()
+
+
+def _pdcluster(kube: FakeKube, name: str, url: str, ip: str) -> None:
+    doc = _spec_doc(mode="Recommend", prometheusURL=url)
+    doc["metadata"].update(name=name, uid=f"uid-{name}")
+    kube.objects[("PDCluster", NS, name)] = doc
+    kube.pods += [_pod(f"{name}-prefill-a", "prefill", f"{ip}.1", instance=name),
+                  _pod(f"{name}-decode-a", "decode", f"{ip}.2", instance=name)]
+
+
+def _planner(kube: FakeKube, name: str) -> dict:
+    return ((kube.get("PDCluster", NS, name) or {}).get("status") or {}).get("planner") or {}
+
+
+def test_a_hostile_prometheus_delays_neither_the_loop_nor_another_pdclusters_plan(loopback_allowed):
+    healthy = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=healthy.serve_forever, daemon=True).start()
+    servers = {kind: HostileServer(kind, give_up_seconds=60, drip_every_seconds=0.2) for kind in HOSTILE}
+    try:
+        kube = FakeKube()
+        for i, (kind, server) in enumerate(servers.items()):
+            _pdcluster(kube, f"hostile-{kind}", server.url, f"10.1.{i}")
+        _pdcluster(kube, "healthy", f"http://127.0.0.1:{healthy.server_address[1]}", "10.2.0")
+        loop = PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers()))
+        loop.tick_deadline_seconds = 2.0
+
+        def timed_tick() -> float:
+            started = time.monotonic()
+            ticked = threading.Thread(target=loop.tick_all, daemon=True)
+            ticked.start()
+            ticked.join(timeout=15)  # bounded here whatever the loop does
+            assert not ticked.is_alive(), "the tick is held by a hostile Prometheus"
+            return time.monotonic() - started
+
+        took = timed_tick()
+        assert took < 4.0, f"the tick took {took:.1f} s (deadline 2 s)"
+        planner = _planner(kube, "healthy")
+        assert planner.get("lastDecision"), "the healthy PDCluster was not planned in the first tick"
+        assert "unreachable" not in planner["metrics"]
+        # the slow ones still read (bounded by their query deadline, 10 s); a tick meanwhile
+        # does not start them again and is as quick
+        assert {"serving/hostile-silent", "serving/hostile-drip"} <= loop.running
+        assert timed_tick() < 4.0
+        end = time.monotonic() + 30
+        while loop.running and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not loop.running, f"still planning after 30 s: {loop.running}"
+        metrics = {kind: _planner(kube, f"hostile-{kind}").get("metrics", "") for kind in HOSTILE}
+        assert metrics["silent"].startswith("Prometheus unreachable: no whole answer within 10 s")
+        assert metrics["drip"].startswith("Prometheus unreachable: no whole answer within 10 s")
+        assert metrics["stream"].startswith("no metrics read (query failed: answer over 1024 KiB)")
+        assert metrics["error"].startswith("no metrics read (query failed: HTTP 5xx)")
+        for kind, line in metrics.items():
+            assert "check spec.planner.prometheusURL" in line, line
+            assert servers["error"].secret not in line and "admin console" not in line, kind
+            assert len(line) < 200, line
+    finally:
+        healthy.shutdown()
+        for server in servers.values():
+            server.close()
+
+
+def test_a_url_the_policy_refuses_is_never_queried():
+    tenant_policy.configured.cache_clear()  # the default policy: a spec names no Prometheus
+    with HostileServer("error") as server:
+        kube = FakeKube()
+        _pdcluster(kube, "refused", server.url, "10.3.0")
+        PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers())).tick_all()
+        assert server.connections == 0
+    metrics = _planner(kube, "refused")["metrics"]
+    assert "spec.planner.prometheusURL is refused" in metrics and "allowedPrometheusURLs" in metrics
