@@ -97,11 +97,8 @@ def problems(spec: PDClusterSpec) -> list[tuple[str, str]]:
                             f"VLLM's multi-node data parallelism keeps each TP group inside one "
                             f"node: {p.tensor_parallel_size} must divide placement.gpusPerNode "
                             f"{per_node}"))
-            if p.data_parallel_size % n:
-                out.append((f"{base}.dataParallelSize",
-                            f"{p.data_parallel_size} does not split evenly over {n} nodes "
-                            f"({role}.nodesPerInstance): each node runs dataParallelSize / "
-                            f"nodesPerInstance ranks"))
+            # (with TP dividing a node and TP x DP = nodes x gpusPerNode, DP splits evenly
+            # over the nodes: each runs dataParallelSize / nodesPerInstance ranks)
     return out
 
 
