@@ -324,3 +324,43 @@ def test_the_planner_is_configured_with_the_groups():
     assert config.nodes_per_instance == (2, 4)
     assert config.nodes == 4 * 2 + 4 * 4  # the maxima's nodes, without a budget
     assert multinode.nodes_per_instance(spec, "decode") == 4
+
+
+# -- the operator ------------------------------------------------------------------------------
+def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
+    from test_pdc_reconcile import NOW, FakeKube
+
+    from pdscale.operator import conditions as c
+    from pdscale.operator.reconcile import reconcile
+
+    kube = FakeKube()
+    doc = _doc(SGLANG_EXAMPLE)
+    doc["metadata"].update(namespace="serving", uid="uid-1", generation=1, resourceVersion="1")
+    kube.objects[("PDCluster", "serving", doc["metadata"]["name"])] = doc
+    out = reconcile(kube, kube.get("PDCluster", "serving", doc["metadata"]["name"]), NOW)
+    assert not any(kind == "LeaderWorkerSet" for kind, _, _ in kube.objects)
+    assert any("LeaderWorkerSet/dsv3-wide-ep-prefill" in r and "not supported" in r
+               for r in out.refused)
+    status = kube.objects[("PDCluster", "serving", doc["metadata"]["name"])]["status"]
+    assert c.find(status["conditions"], c.READY)["status"] == "False"
+
+
+def test_a_group_set_is_rolled_out_when_its_groups_are_ready():
+    from pdscale.operator import conditions as c
+    from pdscale.operator.status import ChildrenView, compute
+
+    def group_set(ready: int) -> dict:
+        return {"kind": "LeaderWorkerSet", "metadata": {"generation": 1}, "spec": {"replicas": 3},
+                "status": {"replicas": 3, "updatedReplicas": 3, "readyReplicas": ready}}
+
+    def deployment() -> dict:
+        return {"kind": "Deployment", "metadata": {"generation": 1}, "spec": {"replicas": 1},
+                "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                           "readyReplicas": 1, "availableReplicas": 1}}
+
+    for ready, expected in ((3, "True"), (2, "False")):
+        view = ChildrenView(generation=1, deployments={
+            "prefill": group_set(ready), "decode": group_set(3), "router": deployment()})
+        status = compute(view, None, "2026-11-30T12:00:00Z")
+        assert c.find(status["conditions"], c.READY)["status"] == expected, ready
+        assert status["prefill"]["readyReplicas"] == ready  # groups, i.e. instances
