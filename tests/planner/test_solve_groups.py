@@ -87,3 +87,27 @@ def test_no_role_switch_between_groups_of_different_sizes():
     mixed = plan(load, config=cfg(nodes=48, forecast_method="last", nodes_per_instance=(2, 3)),
                  now=600.0)
     assert mixed.switch_to_prefill == 0 and mixed.switch_to_decode == 0
+
+
+# -- the replay's fleet --------------------------------------------------------------------------
+def test_the_replay_fleet_spends_the_budget_in_nodes_and_charges_each_node():
+    from pdscale.planner.observe import Role
+    from pdscale.planner.replay.fleet import Events, Fleet, reconcile
+    from pdscale.planner.replay.prefix_index import PrefixIndex
+
+    fleet = Fleet(PrefixIndex(10), Events(), switch_seconds=30.0, nodes_per_instance=(2, 4))
+    fleet.add(Role.PREFILL, 0.0, 0.0)
+    fleet.add(Role.DECODE, 0.0, 0.0)
+    assert fleet.provisioned_nodes() == 6
+    # 24 nodes: 6 are held; room for 4 more decode groups of 4 (not 18 one-node instances)
+    reconcile(fleet, 1, 50, 10.0, None, nodes=24, new_seconds=600.0)
+    assert len(fleet.committed(Role.DECODE)) == 5 and fleet.provisioned_nodes() == 22
+    # one more prefill, one less decode: no switch between groups of different sizes
+    reconcile(fleet, 2, 4, 20.0, None, nodes=24, new_seconds=600.0)
+    assert fleet.role_changes == 0
+    # a ready decode group of 4 nodes for 100 s is 400 node-seconds
+    for i in range(len(fleet.role)):
+        fleet.account(i, 20.0)
+    before = fleet.acc["ready"]
+    fleet.account(1, 120.0)
+    assert fleet.acc["ready"] - before == pytest.approx(400.0)
