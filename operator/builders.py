@@ -250,7 +250,10 @@ def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived,
     children: list[dict[str, Any]] = [*network_policies(owner, spec, network or NetworkSettings()),
                                       *router.rbac(owner, spec)]
     for role in Role:  # manifests carry plain strings (YAML has no enum)
-        children.append(worker_service(owner, spec, role.value))
+        service = worker_service(owner, spec, role.value)
+        if multinode.is_group(spec, role.value):
+            service = lws.group_service(service)
+        children.append(service)
         deployment = worker_deployment(owner, spec, derived, role.value, replicas.get(role))
         if multinode.is_group(spec, role.value):  # instances of several nodes: LWS groups
             deployment = lws.leader_worker_set(deployment, spec, role.value)

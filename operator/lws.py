@@ -121,6 +121,18 @@ def leader_worker_set(deployment: dict[str, Any], spec: PDClusterSpec, role: str
     }
 
 
+def group_service(service: dict[str, Any]) -> dict[str, Any]:
+    """The role's headless Service for a LeaderWorkerSet of the same name. LWS gives every pod
+    of the set that name as its DNS subdomain and creates a Service of it only where none
+    exists (``CreateHeadlessServiceIfNotExists``, publishing addresses of pods not yet Ready):
+    ours stands in, so it must publish them too. Otherwise ``LWS_LEADER_ADDRESS`` does not
+    resolve until the leader is Ready, and the leader is not Ready until the other nodes
+    have reached it there (SGLang's --dist-init-addr, vLLM's --data-parallel-address)."""
+    out = copy.deepcopy(service)
+    out["spec"]["publishNotReadyAddresses"] = True
+    return out
+
+
 def ready_groups(live: dict[str, Any] | None) -> int:
     """Instances (groups) whose every pod is Ready, from the LWS's status.readyReplicas."""
     status = (live or {}).get("status") or {}

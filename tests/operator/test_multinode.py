@@ -364,3 +364,18 @@ def test_a_group_set_is_rolled_out_when_its_groups_are_ready():
         status = compute(view, None, "2026-11-30T12:00:00Z")
         assert c.find(status["conditions"], c.READY)["status"] == expected, ready
         assert status["prefill"]["readyReplicas"] == ready  # groups, i.e. instances
+
+
+def test_the_groups_service_publishes_pods_before_they_are_ready():
+    # the group's pods find their leader through the role's headless Service (LWS's subdomain
+    # of the same name) before the leader is Ready: it waits for them there
+    manifests = _rendered(_doc(SGLANG_EXAMPLE))
+    services = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Service"}
+    for role, group in _groups(manifests).items():
+        service = services[group["metadata"]["name"]]
+        assert service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["publishNotReadyAddresses"] is True
+        labels = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+    # a one-node role's Service is as before
+    assert "publishNotReadyAddresses" not in services["dsv3-wide-ep-router"]["spec"]
