@@ -618,7 +618,24 @@ def child_rule_violations(manifest: dict[str, Any]) -> list[str]:
     template = manifest.get("spec", {}).get("template")
     if template:
         out += _pod_template_violations(template)
+    for template in lws_pod_templates(manifest):  # a LeaderWorkerSet's leader and workers
+        out += _pod_template_violations(template["template"])
     return out
+
+
+def lws_pod_templates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """A LeaderWorkerSet's leader and worker pod templates, each as a core/v1 PodTemplate (the
+    API server validates them as PodTemplateSpecs; kubernetes-validate has no LWS schema).
+    [] for any other kind."""
+    if manifest.get("kind") != "LeaderWorkerSet":
+        return []
+    meta = manifest["metadata"]
+    group = manifest["spec"]["leaderWorkerTemplate"]
+    return [{"apiVersion": "v1", "kind": "PodTemplate",
+             "metadata": {"name": f"{meta['name']}-{key.removesuffix('Template')}",
+                          "namespace": meta["namespace"]},
+             "template": group[key]}
+            for key in ("leaderTemplate", "workerTemplate") if key in group]
 
 
 def _pod_template_violations(template: dict[str, Any]) -> list[str]:
@@ -677,15 +694,18 @@ def _schema_validator() -> Callable[[dict[str, Any]], None]:
 
 
 def schema_violations(manifest: dict[str, Any]) -> list[str]:
-    """kubernetes-validate's strict 1.34 verdict on one child ([] when it passes)."""
+    """kubernetes-validate's strict 1.34 verdict on one child ([] when it passes); of a
+    LeaderWorkerSet, on its pod templates (``lws_pod_templates``)."""
     import kubernetes_validate
 
-    try:
-        _schema_validator()(json.loads(json.dumps(manifest)))
-    except kubernetes_validate.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.path)
-        return [f"{manifest['kind']}/{manifest['metadata']['name']}: {where}: {exc.message}"]
-    return []
+    out = []
+    for checked in lws_pod_templates(manifest) or [manifest]:
+        try:
+            _schema_validator()(json.loads(json.dumps(checked)))
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            out.append(f"{manifest['kind']}/{manifest['metadata']['name']}: {where}: {exc.message}")
+    return out
 
 
 # ---- the bench -------------------------------------------------------------------------------

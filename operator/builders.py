@@ -12,7 +12,7 @@ from typing import Any
 
 from pdscale.planner.observe import Role
 
-from . import engines, names, router
+from . import engines, lws, multinode, names, router
 from .checklist import Derived
 from .names import Owner, metadata
 from .network import NetworkSettings, network_policies
@@ -257,8 +257,14 @@ def build_children(owner: Owner, spec: PDClusterSpec, derived: Derived,
     children: list[dict[str, Any]] = [*network_policies(owner, spec, network or NetworkSettings()),
                                       *router.rbac(owner, spec)]
     for role in Role:  # manifests carry plain strings (YAML has no enum)
-        children.append(worker_service(owner, spec, role.value))
-        children.append(worker_deployment(owner, spec, derived, role.value, replicas.get(role)))
+        service = worker_service(owner, spec, role.value)
+        if multinode.is_group(spec, role.value):
+            service = lws.group_service(service)
+        children.append(service)
+        deployment = worker_deployment(owner, spec, derived, role.value, replicas.get(role))
+        if multinode.is_group(spec, role.value):  # instances of several nodes: LWS groups
+            deployment = lws.leader_worker_set(deployment, spec, role.value)
+        children.append(deployment)
     children.append(router.service(owner, spec))
     children.append(router.deployment(owner, spec))
     return [stamp(c) for c in children]

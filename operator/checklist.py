@@ -18,7 +18,7 @@ import pydantic
 
 from pdscale.planner.profile import shipped_profiles
 
-from . import router
+from . import multinode, router
 from .fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from .pdcluster import (
     GPU_PRODUCT_LABEL,
@@ -142,25 +142,21 @@ def parse(raw: dict[str, Any] | None) -> PDClusterSpec:
         raise SpecError(problems) from None
 
 
-def _gpus_used(engine: EngineKind, p: RoleParallelism) -> tuple[int, str]:
-    if engine is EngineKind.SGLANG and p.data_parallel_attention:
-        # DP-attention splits the TP group's GPUs into DP attention groups: no extra GPUs.
-        return p.tensor_parallel_size, f"tensorParallelSize {p.tensor_parallel_size} with DP-attention"
-    gpus = p.tensor_parallel_size * p.data_parallel_size
-    return gpus, (
-        f"tensorParallelSize {p.tensor_parallel_size} x dataParallelSize {p.data_parallel_size}"
-    )
-
-
 def _check_parallelism(spec: PDClusterSpec, role: str, p: RoleParallelism) -> list[Problem]:
     out = []
     base = f"spec.parallelism.{role}"
     engine = spec.engine.kind
-    gpus, how = _gpus_used(engine, p)
+    gpus, how = multinode.gpus_used(engine, p)
     per_node = spec.placement.gpus_per_node
-    if gpus != per_node:
+    nodes = multinode.nodes_per_instance(spec, role)
+    if nodes == 1 and gpus != per_node:
         out.append(Problem(base, f"uses {gpus} GPUs ({how}) but placement.gpusPerNode is "
                                  f"{per_node}; one instance must occupy exactly one whole node"))
+    elif gpus != per_node * nodes:
+        out.append(Problem(base, f"uses {gpus} GPUs ({how}) but {role}.nodesPerInstance "
+                                 f"{nodes} x placement.gpusPerNode {per_node} = "
+                                 f"{per_node * nodes}; one instance must occupy exactly its "
+                                 f"whole nodes"))
     tp, dp, ep = p.tensor_parallel_size, p.data_parallel_size, p.expert_parallel_size
     if engine is EngineKind.SGLANG:
         if p.data_parallel_attention and (dp < 2 or tp % dp):
@@ -260,6 +256,7 @@ def _check_topology(spec: PDClusterSpec) -> list[Problem]:
     out: list[Problem] = []
     for role in ("prefill", "decode"):
         out += _check_parallelism(spec, role, getattr(par, role))
+    out += [Problem(field, message) for field, message in multinode.problems(spec)]
     if par.prefill.tensor_parallel_size > par.decode.tensor_parallel_size:
         out.append(Problem("spec.parallelism.prefill.tensorParallelSize",
                            f"{par.prefill.tensor_parallel_size} exceeds "
@@ -373,7 +370,10 @@ def _check_planner(spec: PDClusterSpec) -> list[Problem]:
     out: list[Problem] = []
     # no URL is no error: the operator's own Prometheus (the admin's) serves the PDClusters
     # that name none, and a planner with neither holds and says so (planning.metrics_source)
-    if planner.node_budget is not None:
+    if planner.node_budget is not None and (multinode.is_group(spec, "prefill")
+                                            or multinode.is_group(spec, "decode")):
+        out += _check_group_budget(spec, planner.node_budget)
+    elif planner.node_budget is not None:
         floor = spec.prefill.min_replicas + spec.decode.min_replicas
         now = spec.prefill.replicas + spec.decode.replicas
         if planner.node_budget < floor:
@@ -389,6 +389,24 @@ def _check_planner(spec: PDClusterSpec) -> list[Problem]:
         out.append(Problem("spec.planner.profile",
                            f"{planner.profile!r} is not a shipped profile; shipped: {shipped_profiles()}"))
     return out
+
+
+def _check_group_budget(spec: PDClusterSpec, budget: int) -> list[Problem]:
+    """The node budget against instances of several nodes: each counts its nodes."""
+    kp = multinode.nodes_per_instance(spec, "prefill")
+    kd = multinode.nodes_per_instance(spec, "decode")
+    how = f"(prefill {kp}, decode {kd} nodes per instance)"
+    floor = spec.prefill.min_replicas * kp + spec.decode.min_replicas * kd
+    now = spec.prefill.replicas * kp + spec.decode.replicas * kd
+    if budget < floor:
+        return [Problem("spec.planner.nodeBudget",
+                        f"{budget} is below the nodes of prefill.minReplicas and "
+                        f"decode.minReplicas instances = {floor} {how}")]
+    if budget < now:
+        return [Problem("spec.planner.nodeBudget",
+                        f"{budget} is below the nodes of prefill.replicas and decode.replicas "
+                        f"instances = {now} {how}")]
+    return []
 
 
 def validate(raw: dict[str, Any] | None, policy: TenantPolicy | None = None

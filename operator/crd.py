@@ -272,6 +272,11 @@ def build_crd() -> dict[str, Any]:
                          "jsonPath": ".status.decode.readyReplicas"},
                         {"name": "D-Desired", "type": "integer",
                          "jsonPath": ".status.decode.desiredReplicas"},
+                        # instances of several nodes (LeaderWorkerSet groups): nodes each
+                        {"name": "P-Nodes/Inst", "type": "integer",
+                         "jsonPath": ".spec.prefill.nodesPerInstance", "priority": 1},
+                        {"name": "D-Nodes/Inst", "type": "integer",
+                         "jsonPath": ".spec.decode.nodesPerInstance", "priority": 1},
                         {"name": "Planner", "type": "string", "jsonPath": ".spec.planner.mode"},
                         {"name": "Refused/min", "type": "integer",
                          "jsonPath": ".status.planner.refusedRequestsPerMinute"},

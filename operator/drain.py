@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from pdscale.planner.observe import Role
 
-from . import names
+from . import lws, names
 from .checklist import minimum_transfer_timeout_seconds
 from .clock import now_rfc3339
 from .engine_probe import EngineLoad, LoadSource, engine_in_flight, engine_load, engine_vllm_totals
@@ -503,8 +503,8 @@ class DeletionDrain:
         except ValueError:
             spec = None  # nothing could have been built from it that serves
         if spec is not None and self._owns_engines(ns, name, str(meta.get("uid") or "")):
-            pods = self.kube.list_pods(ns, {names.LABEL_INSTANCE: names.base_name(name),
-                                            names.LABEL_MANAGED_BY: names.MANAGER})
+            pods = lws.leaders_only(self.kube.list_pods(ns, {names.LABEL_INSTANCE: names.base_name(name),
+                                                             names.LABEL_MANAGED_BY: names.MANAGER}))
             role_of = {p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(names.LABEL_ROLE)
                        for p in pods}
             engines = [pod_view(p, str(role_of[p["metadata"]["name"]])) for p in pods

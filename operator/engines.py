@@ -13,6 +13,7 @@ from typing import Any
 
 from pdscale.planner.profile import instance_batch_cap
 
+from . import multinode
 from .checklist import Derived
 from .pdcluster import EngineKind, KVCacheDType, KVCacheLayout, PDClusterSpec
 
@@ -156,6 +157,7 @@ def sglang(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
     ]
     if par.data_parallel_attention:
         args.append("--enable-dp-attention")
+    args += multinode.sglang_args(spec, role)  # PP and several nodes; [] for one node
     if kvt.ib_devices:
         args += ["--disaggregation-ib-device", kvt.ib_devices]
     if spec.kv_cache.decode_allocation_policy is not None:
@@ -224,6 +226,7 @@ def vllm(spec: PDClusterSpec, derived: Derived, role: str) -> EngineContainer:
     ]
     if par.expert_parallel_size > 1:
         args.append("--enable-expert-parallel")
+    args += multinode.vllm_args(spec, role)  # PP and several nodes; [] for one node
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
     args += _user_args(spec, role)

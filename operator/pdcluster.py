@@ -23,6 +23,8 @@ SINGULAR = "pdcluster"
 SHORT_NAMES = ["pdc"]
 
 DEFAULT_GPU_PRODUCT = "NVIDIA-H200"
+#: most whole nodes one instance may span (the largest published wide-EP decode is 18)
+MAX_NODES_PER_INSTANCE = 32
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: accelerator resources by exact name, and by prefix (MIG slices, renamed shared GPUs, other
@@ -264,7 +266,8 @@ class EngineSpec(_Model):
 
 
 class RoleParallelism(_Model):
-    """Parallel layout of one instance (one pod = one node)."""
+    """Parallel layout of one instance, over all its nodes (<role>.nodesPerInstance pods of
+    one whole node each)."""
 
     tensor_parallel_size: int = Field(default=8, ge=1, le=64, description="TP size.")
     data_parallel_size: int = Field(default=1, ge=1, le=64, description="DP size.")
@@ -274,6 +277,12 @@ class RoleParallelism(_Model):
     data_parallel_attention: bool = Field(
         default=False,
         description="SGLang --enable-dp-attention: DP for attention, TP for the MoE/FFN layers.",
+    )
+    pipeline_parallel_size: int = Field(
+        default=1, ge=1, le=64,
+        description="PP size (SGLang --pp-size); 1 disables pipeline parallelism. Counts GPUs "
+        "with TP (and DP): the whole layout must fill role.nodesPerInstance x "
+        "placement.gpusPerNode GPUs.",
     )
 
 
@@ -446,7 +455,10 @@ class RoleSpec(_Model):
         }
     )
 
-    replicas: int = Field(default=1, ge=0, le=MAX_ROLE_REPLICAS, description="Instances (nodes) now.")
+    replicas: int = Field(
+        default=1, ge=0, le=MAX_ROLE_REPLICAS,
+        description="Instances now (each nodesPerInstance nodes).",
+    )
     min_replicas: int = Field(default=1, ge=0, le=MAX_ROLE_REPLICAS, description="Planner lower bound.")
     max_replicas: int = Field(default=16, ge=0, le=MAX_ROLE_REPLICAS, description="Planner upper bound.")
     resources: ResourceOverrides = Field(
@@ -480,6 +492,21 @@ class RoleSpec(_Model):
         "the instance, vLLM --max-num-seqs per DP rank) is read by the planner.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment, this role.")
+    nodes_per_instance: int = Field(
+        default=1, ge=1, le=MAX_NODES_PER_INSTANCE,
+        description="Whole GPU nodes one instance spans. 1: a Deployment, one pod per "
+        "instance. More: a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, LWS >= v0.7.0 "
+        "installed) whose groups are the instances, one pod per node; only the leader serves "
+        "the router. The planner counts an instance as this many nodes.",
+    )
+    exclusive_topology_key: str | None = Field(
+        default=None, min_length=1, max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="With nodesPerInstance > 1: a node label key (e.g. a rack or NVLink/IB "
+        "domain label) whose value all nodes of one instance share, exclusively "
+        "(LWS annotation leaderworkerset.sigs.k8s.io/exclusive-topology). Unset: no constraint.",
+    )
 
 
 class RouterAdmission(_Model):

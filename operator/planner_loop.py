@@ -39,7 +39,7 @@ from pdscale.planner.prometheus import (
 )
 from pdscale.planner.solve import step
 
-from . import conditions, names, tenant_policy
+from . import conditions, lws, names, tenant_policy
 from .builders import unready_allowance_seconds
 from .clock import now_rfc3339
 from .drain import Drains
@@ -88,9 +88,11 @@ PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
 
 
 def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
-    """The one listing of a tick, grouped per PDCluster and role (pure)."""
+    """The one listing of a tick, grouped per PDCluster and role (pure). An instance of
+    several nodes is its LWS group's leader: the other pods of a group are left out, so that
+    counts, drains and the router's worker list see instances only."""
     out: PodsByKey = {}
-    for pod in pods:
+    for pod in lws.leaders_only(pods):
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
         key = (str(meta.get("namespace", "")), str(labels.get(names.LABEL_INSTANCE, "")),
@@ -323,7 +325,8 @@ class PlannerLoop:
         return decision, slot + interval
 
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
-        return [pod_view(p, role) for p in self.kube.list_pods(ns, names.selector_labels(name, role))]
+        return [pod_view(p, role)
+                for p in lws.leaders_only(self.kube.list_pods(ns, names.selector_labels(name, role)))]
 
     def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
                       percentile: float) -> MetricsSnapshot:

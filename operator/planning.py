@@ -21,7 +21,7 @@ from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipp
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
 
-from . import engines, router
+from . import engines, multinode, router
 from .pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
 from .tenant_policy import TenantPolicy, prometheus_refusal
 
@@ -64,6 +64,8 @@ PLANNER_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
     ("decode", "max_replicas"),
     ("decode", "warmup_seconds"),
     ("decode", "pre_stop_drain_seconds"),
+    ("prefill", "nodes_per_instance"),
+    ("decode", "nodes_per_instance"),
 )
 
 
@@ -103,6 +105,8 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
                            f"pdscale profile export writes it to a file for --profile)")
     # the engines' batch cap is the deployment's: decode instances carry no more than it
     capped = capped_profile(profile or shipped_profile(p.profile), engines.decode_batch_cap(spec))
+    kp, kd = (multinode.nodes_per_instance(spec, "prefill"),
+              multinode.nodes_per_instance(spec, "decode"))
     return build_config(
         model=PerformanceModel(capped),
         slo=Slo(
@@ -111,7 +115,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
             percentile=spec.slo.percentile / 100.0,
         ),
         interval_seconds=float(p.interval_seconds),
-        node_budget=p.node_budget or (spec.prefill.max_replicas + spec.decode.max_replicas),
+        node_budget=p.node_budget or (spec.prefill.max_replicas * kp + spec.decode.max_replicas * kd),
         warmup_seconds=float(max(spec.prefill.warmup_seconds, spec.decode.warmup_seconds)),
         min_prefill=spec.prefill.min_replicas,
         max_prefill=spec.prefill.max_replicas,
@@ -124,6 +128,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         length_window=LENGTH_WINDOW_INTERVALS,
         decode_rise_quantile=0.95,
         prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
+        nodes_per_instance=(kp, kd),
     )
 
 

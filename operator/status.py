@@ -92,16 +92,22 @@ def role_counts(deployment: dict[str, Any] | None) -> dict[str, int]:
 
 
 def _rolled_out(deployment: dict[str, Any] | None) -> bool:
-    """Deployment's own rollout-complete test (what `kubectl rollout status` waits for)."""
+    """Deployment's own rollout-complete test (what `kubectl rollout status` waits for). A
+    LeaderWorkerSet (instances of several nodes) counts groups, and has no available count:
+    a group is whole when every pod of it is Ready (its status.readyReplicas)."""
     if deployment is None:
         return False
     meta, spec, st = deployment["metadata"], deployment.get("spec") or {}, deployment.get("status") or {}
     desired = int(spec.get("replicas", 1))
+    group = deployment.get("kind") == "LeaderWorkerSet"
+    serving = "readyReplicas" if group else "availableReplicas"
+    # (an LWS older than its observedGeneration field reports none: its counts then stand)
+    observed = st.get("observedGeneration", meta.get("generation", 0) if group else 0)
     return (
-        int(st.get("observedGeneration", 0)) >= int(meta.get("generation", 0))
+        int(observed) >= int(meta.get("generation", 0))
         and int(st.get("updatedReplicas", 0)) == desired
         and int(st.get("replicas", 0)) == desired
-        and int(st.get("availableReplicas", 0)) == desired
+        and int(st.get(serving, 0)) == desired
     )
 
 

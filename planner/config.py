@@ -140,6 +140,13 @@ class PlannerConfig:
     decode_drain_seconds: float | None = None
     #: MILP time limit; the LP relaxation rounded up is used if it is hit
     solver_time_limit_seconds: float = 0.2
+    #: whole nodes one (prefill, decode) instance spans (a LeaderWorkerSet group). The group
+    #: is the unit: counts, bounds and steps stay in instances, while the node budget, the
+    #: GPU-hours and the shortfall, switch and drain costs count an instance's nodes (the
+    #: profile's ``gpus_per_instance`` is then read as GPUs per node, and its capacities as
+    #: one instance's of that shape). A role switch needs both roles to have the same nodes
+    #: per instance; otherwise none is planned. (1, 1): every instance one node.
+    nodes_per_instance: tuple[int, int] = (1, 1)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -257,6 +264,10 @@ def _validate(cfg: PlannerConfig) -> None:
         if not _is_int(high, low):
             raise ValueError(
                 f"{owner}.max_{role} must be an integer >= min_{role} ({low}), got {high!r}")
+    k = cfg.nodes_per_instance
+    if not (isinstance(k, tuple) and len(k) == 2 and all(_is_int(x, 1) for x in k)):
+        raise ValueError(f"{owner}.nodes_per_instance must be a pair of integers >= 1 "
+                         f"(prefill, decode), got {k!r}")
     if cfg.forecast_method not in METHODS:
         raise ValueError(
             f"{owner}.forecast_method must be one of {METHODS}, got {cfg.forecast_method!r}")
@@ -284,6 +295,7 @@ def build_config(
     length_window: int = PlannerConfig.length_window,
     decode_rise_quantile: float | None = PlannerConfig.decode_rise_quantile,
     prefill_queue: str = PlannerConfig.prefill_queue,
+    nodes_per_instance: tuple[int, int] = (1, 1),
 ) -> PlannerConfig:
     """A validated :class:`PlannerConfig` from a deployment's figures (times in seconds).
 
@@ -306,7 +318,9 @@ def build_config(
     HPA's 300 s plus the warm-up; ``decode_drain_seconds`` None is estimated from the load;
     ``length_window`` (intervals) smooths lengths and hit rate; ``decode_rise_quantile`` None
     sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
-    (``PlannerConfig.prefill_queue``). Raises ValueError naming a bad argument."""
+    (``PlannerConfig.prefill_queue``); ``nodes_per_instance`` the (prefill, decode) nodes one
+    instance spans, each counted against ``node_budget``. Raises ValueError naming a bad
+    argument."""
     if warmup_seconds is not None:
         # (model_copy does not validate: the value is checked below)
         profile = model.profile.model_copy(update={
@@ -337,4 +351,5 @@ def build_config(
         length_window=length_window,
         decode_rise_quantile=decode_rise_quantile,
         prefill_queue=prefill_queue,
+        nodes_per_instance=nodes_per_instance,
     )

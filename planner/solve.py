@@ -13,7 +13,9 @@ a small integer programme over the horizon:
                per-interval steps up/down <= max step, committed_{r,0} >= stabilised floor_r
                switches into r <= lasting deficit of r, and surplus of the other role
 
-with gpu_h the GPU-hours of one instance for one interval. Over budget, need is divided
+with gpu_h the GPU-hours of one instance for one interval; an instance of several nodes (a
+group, ``PlannerConfig.nodes_per_instance``) counts its nodes in provisioned_t, the budget and
+these costs, and switches only into a role of its own shape. Over budget, need is divided
 between the roles before solving: each role's fluid demand first, then the margins above it
 in proportion. A node started at t serves from t + warm-up(new node), a node switched into
 role r serves from t + drain(other role) + warm-up(role switch), and a removed node holds its
@@ -280,14 +282,16 @@ def _clamp(p: int, d: int, cfg: PlannerConfig) -> tuple[int, int, list[str]]:
     if d > cfg.max_decode or d < cfg.min_decode:
         why.append(f"decode bounds [{cfg.min_decode}, {cfg.max_decode}]")
         d = min(max(d, cfg.min_decode), cfg.max_decode)
-    over = p + d - cfg.nodes
+    kp, kd = cfg.nodes_per_instance  # the budget counts nodes, the cuts whole instances
+    over = p * kp + d * kd - cfg.nodes
     if over > 0:
         room_p, room_d = p - cfg.min_prefill, d - cfg.min_decode
-        cut_p = min(room_p, over * room_p // max(room_p + room_d, 1))
-        cut_d = min(room_d, over - cut_p)
-        cut_p = min(room_p, over - cut_d)
+        cut_p = min(room_p, -(-(over * room_p * kp // max(room_p * kp + room_d * kd, 1)) // kp))
+        cut_d = min(room_d, -(-max(over - cut_p * kp, 0) // kd))
+        cut_p = min(room_p, -(-max(over - cut_d * kd, 0) // kp))
         p, d = p - cut_p, d - cut_d
-        why.append(f"node budget {cfg.nodes}" + (" (the minima exceed it)" if p + d > cfg.nodes else ""))
+        why.append(f"node budget {cfg.nodes}"
+                   + (" (the minima exceed it)" if p * kp + d * kd > cfg.nodes else ""))
     return p, d, why
 
 
@@ -642,17 +646,24 @@ def _needs(
     need[1] = np.maximum(need[1], cfg.min_decode)
     # Over budget, divide the shortfall before solving (prefill_share), so that neither role
     # starves (Dynamo cuts prefill first; neither side's users are worth more by default).
+    # The budget is in nodes and an instance spans kp or kd of them (a group): the split
+    # below is made in nodes and read back in whole instances.
     uncapped = need.copy()
-    avail = float(cfg.nodes - (observation.prefill.draining + observation.decode.draining))
-    total = need.sum(axis=0)
+    kp, kd = cfg.nodes_per_instance
+    k = np.array([[kp], [kd]], dtype=float)
+    avail = float(cfg.nodes - (observation.prefill.draining * kp + observation.decode.draining * kd))
+    total = (need * k).sum(axis=0)
     over = total > avail
     if over.any():
         busy = np.array([[model.fluid_demand(ld, cfg.slo)[0] for ld in future],
                          [model.fluid_demand(ld, cfg.slo)[1] for ld in (future_decode or future)]])
-        p_share = np.floor(prefill_share(avail, need, busy) + 1e-9)
-        p_share = np.clip(p_share, cfg.min_prefill, max(avail - cfg.min_decode, cfg.min_prefill))
+        p_share = np.floor(prefill_share(avail, need * k, busy * k) + 1e-9)
+        p_share = np.clip(p_share, cfg.min_prefill * kp,
+                          max(avail - cfg.min_decode * kd, cfg.min_prefill * kp))
+        p_share = np.floor(p_share / kp)  # whole prefill instances
         need[0] = np.where(over, p_share, need[0])
-        need[1] = np.where(over, np.maximum(avail - p_share, cfg.min_decode), need[1])
+        need[1] = np.where(over, np.maximum(np.floor((avail - p_share * kp) / kd), cfg.min_decode),
+                           need[1])
     return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])),
                   decode_from_sequences=binding)
 
@@ -764,7 +775,7 @@ class _Timing:
     committed0: np.ndarray
     #: shape (2, H): warm-ups already under way that serve by interval t
     landing: np.ndarray
-    #: instances of either role draining now (they hold nodes)
+    #: nodes held by instances of either role draining now
     draining: int
 
 
@@ -801,7 +812,7 @@ def _timing(cfg: PlannerConfig, observation: Observation, now: float, first: Loa
         ready=np.array([P.ready, D.ready], dtype=float),
         committed0=np.array([P.committed, D.committed], dtype=float),
         landing=landing,
-        draining=P.draining + D.draining,
+        draining=P.draining * cfg.nodes_per_instance[0] + D.draining * cfg.nodes_per_instance[1],
     )
 
 
@@ -850,7 +861,8 @@ def _scale_down_floor(
     # never less than its own need): else the other role's additions wait out the window.
     lead = min(timing.new_node, needs.need.shape[1] - 1)
     other_need = needs.need[::-1, : lead + 1].max(axis=1)
-    room = cfg.nodes - timing.draining - other_need
+    k = np.array(cfg.nodes_per_instance, dtype=float)  # nodes per instance of each role
+    room = np.floor((cfg.nodes - timing.draining - other_need * k[::-1]) / k)
     floor = np.minimum(floor, np.maximum(needs.need[:, 0], room))
     floor = np.minimum(floor, timing.committed0)  # a floor never forces a scale-up
     # ... nor keeps a fleet above a maxReplicas the user has lowered under it
@@ -925,7 +937,7 @@ class _Program:
     provisioned: np.ndarray
     #: shape (H,): nodes provisioned with no action (the fleet now, its draining nodes)
     base_provisioned: np.ndarray
-    #: GPU-hours of one instance for one interval
+    #: GPU-hours of one node (a one-node instance) for one interval
     gpu_hours: float
 
 
@@ -950,18 +962,21 @@ def _program(cfg: PlannerConfig, needs: _Needs, timing: _Timing, floor: np.ndarr
     rows = _Rows()
     serving = (_serving_rows(0, H, timing), _serving_rows(1, H, timing))
     committed = (_committed_rows(0, H), _committed_rows(1, H))
-    prov = np.zeros((H, 2 * _KINDS * H))
+    prov = np.zeros((H, 2 * _KINDS * H))  # in nodes: an instance of role r holds k[r]
+    k = cfg.nodes_per_instance
     for r in (0, 1):
         _role_rows(rows, cfg, r, needs, timing, floor, serving[r], committed[r])
-        prov += committed[r]
-        prov[:, _cols(r, _REM, H)] += _draining(timing.drain_intervals[r], H)
-    _switch_rows(rows, needs, timing, H)
+        prov += committed[r] * float(k[r])
+        prov[:, _cols(r, _REM, H)] += _draining(timing.drain_intervals[r], H) * float(k[r])
+    _switch_rows(rows, needs, timing, H, same_shape=k[0] == k[1])
     # node budget; existing draining nodes hold theirs for the longest drain
     old_drain = np.where(np.arange(H) < max(timing.drain_intervals), timing.draining, 0)
-    base_prov = timing.committed0.sum() + old_drain
+    base_prov = (timing.committed0 * np.array(k, dtype=float)).sum() + old_drain
     # never force removals to fit a budget that is already exceeded: cap at what exists
     budget = np.maximum(cfg.nodes - base_prov, np.minimum(0.0, 0.0 * base_prov))
     rows.add(prov, -np.inf, budget)
+    # GPU-hours of one node for one interval (with groups, the profile's gpus_per_instance
+    # is a node's GPUs: PlannerConfig.nodes_per_instance)
     gpu_h = cfg.model.profile.gpus_per_instance * timing.interval / 3600.0
     integrality = np.ones(2 * _KINDS * H)
     for r in (0, 1):
@@ -1016,10 +1031,12 @@ def _role_rows(
     rows.add(committed[:1], floor[r] - c0, inf)
 
 
-def _switch_rows(rows: _Rows, needs: _Needs, timing: _Timing, H: int) -> None:
+def _switch_rows(rows: _Rows, needs: _Needs, timing: _Timing, H: int, same_shape: bool = True) -> None:
     """Switch only to fix a lasting imbalance: once new nodes could land, role r still lacks
     nodes that the other role has spare. A transient shortfall already covered by warming
-    capacity is no reason to take a node out of service for drain + warm-up."""
+    capacity is no reason to take a node out of service for drain + warm-up. Between roles
+    whose instances span different node counts there is no switch (a group of one shape is
+    no instance of the other): ``same_shape`` False forbids it."""
     late = min(timing.new_node, H - 1)
     need, committed0 = needs.need, timing.committed0
     for r in (0, 1):
@@ -1027,7 +1044,7 @@ def _switch_rows(rows: _Rows, needs: _Needs, timing: _Timing, H: int) -> None:
         surplus = float(committed0[1 - r] - need[1 - r, late:].max())
         a = np.zeros((1, 2 * _KINDS * H))
         a[0, _cols(r, _SW, H)] = 1.0
-        rows.add(a, -np.inf, max(0.0, min(deficit, surplus)))
+        rows.add(a, -np.inf, max(0.0, min(deficit, surplus)) if same_shape else 0.0)
 
 
 def _costs(cfg: PlannerConfig, timing: _Timing, prov: np.ndarray, gpu_h: float, H: int) -> np.ndarray:
@@ -1037,18 +1054,19 @@ def _costs(cfg: PlannerConfig, timing: _Timing, prov: np.ndarray, gpu_h: float, 
     # provisioned-node cost of each variable = column sum of the provisioned rows
     c += gpu_h * prov.sum(axis=0)
     penalty = cfg.shortfall_penalty * gpu_h  # an instance short for one interval vs idle ones
+    k = cfg.nodes_per_instance  # a group's shortfall, switch and drain cost all its nodes
     for r in (0, 1):
-        c[_cols(r, _SHORT, H)] = penalty
+        c[_cols(r, _SHORT, H)] = penalty * k[r]
         # epsilon on actions: on a tie, do nothing
         c[_cols(r, _ADD, H)] += 0.01 * gpu_h
         # A switched node serves neither role for drain + warm-up: price that idle time again
         # so that a switch is chosen for a lasting shift of the ratio (it saves a new node and
         # keeps the budget), not to chase per-minute noise
-        c[_cols(r, _SW, H)] += cfg.role_switch_penalty * timing.switch_in[r] * gpu_h
+        c[_cols(r, _SW, H)] += cfg.role_switch_penalty * timing.switch_in[r] * gpu_h * k[r]
         c[_cols(r, _REM, H)] += 0.01 * gpu_h
         # a removed node still costs its drain: price the fraction of an interval
         frac = timing.drain_seconds[r] / timing.interval
-        c[_cols(r, _REM, H)] += gpu_h * max(0.0, frac - timing.drain_intervals[r])
+        c[_cols(r, _REM, H)] += gpu_h * max(0.0, frac - timing.drain_intervals[r]) * k[r]
     return c
 
 

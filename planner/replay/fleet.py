@@ -47,9 +47,13 @@ class Events:
 class Fleet:
     """All instances by id, in parallel lists (hot-path friendly), and their accounting."""
 
-    def __init__(self, prefix: PrefixIndex, events: Events, switch_seconds: float) -> None:
+    def __init__(self, prefix: PrefixIndex, events: Events, switch_seconds: float, *,
+                 nodes_per_instance: tuple[int, int] = (1, 1)) -> None:
         self.prefix = prefix
         self.events = events
+        #: nodes one instance of each role holds (a group of several nodes counts them all in
+        #: the accounting and the budget)
+        self.nodes_per = {Role.PREFILL: nodes_per_instance[0], Role.DECODE: nodes_per_instance[1]}
         #: warm-up of an instance coming out of a role switch
         self.switch_seconds = switch_seconds
         self.role: list[Role] = []
@@ -89,11 +93,11 @@ class Fleet:
 
     # -- accounting and counts --------------------------------------------------------------
     def account(self, i: int, now: float) -> None:
-        """Charge instance ``i`` its current state up to ``now``."""
+        """Charge instance ``i`` its current state up to ``now``, once per node it holds."""
         s = self.state[i]
         if s == STOPPED:
             return
-        self.acc[STATE_KEYS[s]] += max(0.0, now - self.since[i])
+        self.acc[STATE_KEYS[s]] += max(0.0, now - self.since[i]) * self.nodes_per[self.role[i]]
         self.since[i] = now
 
     def committed(self, role: Role) -> list[int]:
@@ -115,6 +119,10 @@ class Fleet:
             1 for i, s in enumerate(self.state)
             if s != STOPPED and (role is None or self.role[i] == role)
         )
+
+    def provisioned_nodes(self) -> int:
+        """Nodes held by instances in any state but STOPPED."""
+        return sum(self.nodes_per[self.role[i]] for i, s in enumerate(self.state) if s != STOPPED)
 
     # -- state changes ----------------------------------------------------------------------
     def add(self, role: Role, now: float, warm_seconds: float) -> int:
@@ -220,8 +228,9 @@ def reconcile(
 
     ``switches`` = (to prefill, to decode): how many changes the controller wants made by
     switching existing nodes; exactly those are made. None: the fleet switches as many as
-    one role's excess and the other's shortfall allow. New nodes take ``new_seconds`` to warm
-    and never push the provisioned count past ``nodes``."""
+    one role's excess and the other's shortfall allow (none between roles whose instances
+    span different node counts). New instances take ``new_seconds`` to warm and never push
+    the provisioned nodes past ``nodes``."""
     cp, cd = fleet.committed(Role.PREFILL), fleet.committed(Role.DECODE)
     # in-flight role switches will land as committed instances of their new role
     dp = target_prefill - (len(cp) + fleet.switching_to(Role.PREFILL))
@@ -240,6 +249,8 @@ def reconcile(
         k = min(switches[1], len(cp))
         switch(cp, k, Role.DECODE)
         dp, dd = dp + k, dd - k
+    elif fleet.nodes_per[Role.PREFILL] != fleet.nodes_per[Role.DECODE]:
+        pass  # a group of one shape is no instance of the other: no switch
     elif dp > 0 and dd < 0:
         k = min(dp, -dd)
         switch(cd, k, Role.PREFILL)
@@ -254,9 +265,10 @@ def reconcile(
     if dd < 0:
         for i in victims(fleet, fleet.committed(Role.DECODE), -dd):
             fleet.start_drain(i, now, None)
-    room = nodes - fleet.provisioned()
-    for _ in range(max(0, min(dp, room))):
+    room = nodes - fleet.provisioned_nodes()
+    kp, kd = fleet.nodes_per[Role.PREFILL], fleet.nodes_per[Role.DECODE]
+    for _ in range(max(0, min(dp, room // kp))):
         fleet.add(Role.PREFILL, now, new_seconds)
-        room -= 1
-    for _ in range(max(0, min(dd, room))):
+        room -= kp
+    for _ in range(max(0, min(dd, room // kd))):
         fleet.add(Role.DECODE, now, new_seconds)

@@ -215,11 +215,12 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
         )
         fp, fd = setup.model.fluid_demand(ld, setup.slo)
         p, d, busy_p, busy_d = max(p, np_), max(d, nd), max(busy_p, fp), max(busy_d, fd)
-    if p + d > setup.nodes:  # split as the planner splits an over-budget need
-        share = prefill_share(float(setup.nodes), np.array([[p], [d]], dtype=float),
-                              np.array([[busy_p], [busy_d]]))
-        p = max(cfg.min_prefill, math.floor(float(share[0]) + 1e-9))
-        d = max(cfg.min_decode, setup.nodes - p)
+    kp, kd = cfg.nodes_per_instance  # the budget counts an instance's nodes
+    if p * kp + d * kd > setup.nodes:  # split as the planner splits an over-budget need
+        share = prefill_share(float(setup.nodes), np.array([[p * kp], [d * kd]], dtype=float),
+                              np.array([[busy_p * kp], [busy_d * kd]]))
+        p = max(cfg.min_prefill, math.floor(float(share[0]) + 1e-9) // kp)
+        d = max(cfg.min_decode, (setup.nodes - p * kp) // kd)
     return p, d
 
 
@@ -333,6 +334,7 @@ def simulate_fleet(
         scrape_seconds=setup.scrape_seconds, scrape_lag_seconds=setup.scrape_lag_seconds,
         initial_prefill=start[0],
         initial_decode=start[1], nodes=setup.nodes, prefill_only=prefill_only,
+        nodes_per_instance=setup.planner.nodes_per_instance,
         scored_from_seconds=setup.scored_from_seconds, seed=setup.router_seed,
     )
     return simulate(setup.trace, setup.fleet, cfg, controller, progress=progress)

@@ -124,8 +124,12 @@ class SimConfig:
     scrape_lag_seconds: float = 0.0
     initial_prefill: int = 1
     initial_decode: int = 1
-    #: node budget: provisioned instances (any state) never exceed it
+    #: node budget: the nodes of provisioned instances (any state) never exceed it
     nodes: int = 10**6
+    #: whole nodes one (prefill, decode) instance spans (a LeaderWorkerSet group): it takes
+    #: that many nodes of the budget, and its seconds count that many times in
+    #: ``instance_seconds`` (so GPU-hours are per node); (1, 1): one-node instances
+    nodes_per_instance: tuple[int, int] = (1, 1)
     #: "off": every request joins the decode batch; "queue": decode caps its batch at the TPOT
     #: target and the rest wait; "shed": and drops what would wait past the TTFT target
     decode_admission: str = "off"
@@ -246,7 +250,8 @@ class _Replay:
         self.prefix = PrefixIndex(
             config.cache_blocks or max(1, prof.prefill.prefix_cache_tokens // block)
         )
-        self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds)
+        self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds,
+                           nodes_per_instance=config.nodes_per_instance)
         self.fleet.on_decode_ready = self._admit_waiting
         self.router = make_router(config.router, self.fleet, model, block, random.Random(config.seed))
         self.decode = DecodeBatches(

@@ -90,9 +90,17 @@ def test_every_field_has_a_rule() -> None:
 
     ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES} | set(_BOOL_RULES)
     checked_otherwise = {"model", "slo", "forecast_method", "prefill_queue", "max_prefill",
-                         "max_decode"}
+                         "max_decode", "nodes_per_instance"}
     assert set(PlannerConfig.__dataclass_fields__) - checked_otherwise == ruled
     assert {n for n, _, _ in RULES} == ruled  # and each rule has a bad value tested above
+
+
+@pytest.mark.parametrize("bad", [(0, 1), (1,), (2, 1.5), [2, 4], (True, 1)])
+def test_nodes_per_instance_must_be_a_pair_of_whole_nodes(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"^PlannerConfig.nodes_per_instance must be a pair of "
+                                         r"integers >= 1 \(prefill, decode\), got "):
+        make(nodes_per_instance=bad)
+    make(nodes_per_instance=(2, 4))
 
 
 def test_the_message_reads_as_documented() -> None:
