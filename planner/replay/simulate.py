@@ -247,9 +247,7 @@ class _Replay:
         self._blocks, self._block_tokens = trace.hash_ids, block
         self._prefill_seconds, self._kv_seconds = model.prefill_seconds, model.kv_transfer_seconds
         self.events = Events()
-        self.prefix = PrefixIndex(
-            config.cache_blocks or max(1, prof.prefill.prefix_cache_tokens // block)
-        )
+        self.prefix = PrefixIndex(config.cache_blocks or max(1, prof.prefill.prefix_cache_tokens // block))
         self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds,
                            nodes_per_instance=config.nodes_per_instance)
         self.fleet.on_decode_ready = self._admit_waiting

@@ -371,7 +371,7 @@ def test_the_groups_service_publishes_pods_before_they_are_ready():
     # of the same name) before the leader is Ready: it waits for them there
     manifests = _rendered(_doc(SGLANG_EXAMPLE))
     services = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Service"}
-    for role, group in _groups(manifests).items():
+    for group in _groups(manifests).values():
         service = services[group["metadata"]["name"]]
         assert service["spec"]["clusterIP"] == "None"
         assert service["spec"]["publishNotReadyAddresses"] is True
