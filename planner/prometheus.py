@@ -2,7 +2,10 @@
 
 This is the planner's one door to the outside world (the operator is the other); the rest of
 ``planner/`` never imports an HTTP library. Rendering queries and interpreting answers are
-pure functions; :func:`read_metrics` is the only function that talks to Prometheus.
+pure functions; :func:`read_metrics` runs the queries through :class:`BoundedPrometheus`, the
+only code that talks to Prometheus: whatever the server at the URL does (never answer, drip,
+stream for ever), a query ends by its deadline and reads no more than its cap, and what a
+status shows of a failure is a short fixed reason, never the answer's text.
 
 Selection. Engines are scraped with three target labels, set by relabelling the pods' labels
 (a PodMonitor, or the scrape config pdscale's demo writes): ``namespace``, ``pdcluster``
