@@ -143,7 +143,8 @@ class PlannerLoop:
 
         A PDCluster whose tick outlasts the deadline (its Prometheus is slow) keeps its worker
         until its bounded read ends and is skipped by the ticks in between: it delays neither
-        the loop nor another PDCluster's plan. Those waiting longest go first."""
+        the loop nor another PDCluster's plan. Those waiting longest go first, and the slow
+        ones together take at most ``slow_workers`` of the workers."""
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
         # PDClusters the loop must cost the API server next to nothing.
         pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
