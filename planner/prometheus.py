@@ -585,6 +585,8 @@ class BoundedPrometheus:
         self._host = parts.hostname
         self._port = parts.port
         self._path = parts.path.rstrip("/") + "/api/v1/query"
+        #: certificates verified against the system's CAs, as PrometheusConnect did
+        self._tls = ssl.create_default_context() if self._https else None
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None,
                      timeout: float | None = None) -> Any:
@@ -611,8 +613,7 @@ class BoundedPrometheus:
             raise timed_out
         deadline = time.monotonic() + seconds
         conn: http.client.HTTPConnection = (
-            http.client.HTTPSConnection(self._host, self._port, timeout=seconds,
-                                        context=ssl.create_default_context())
+            http.client.HTTPSConnection(self._host, self._port, timeout=seconds, context=self._tls)
             if self._https else http.client.HTTPConnection(self._host, self._port, timeout=seconds))
         cut = threading.Event()
         watchdog = threading.Timer(seconds, _cut, (conn, cut))
