@@ -141,6 +141,11 @@ class PlannerLoop:
         #: PDClusters whose tick is still running (in a worker), and when each last finished
         self.running: set[str] = set()
         self.finished_at: dict[str, float] = {}
+        #: PDClusters whose last tick outlasted a tick (a slow Prometheus): together they may
+        #: hold at most half the workers, so that however many tenants point at a server that
+        #: never answers, the others always find a worker
+        self.slow: set[str] = set()
+        self.slow_workers = max(1, CONCURRENCY // 2)
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, CONCURRENCY), thread_name_prefix="planner")
         self.lock = threading.Lock()
@@ -158,7 +163,8 @@ class PlannerLoop:
 
         A PDCluster whose tick outlasts the deadline (its Prometheus is slow) keeps its worker
         until its bounded read ends and is skipped by the ticks in between: it delays neither
-        the loop nor another PDCluster's plan. Those waiting longest go first."""
+        the loop nor another PDCluster's plan. Those waiting longest go first, and the slow
+        ones together take at most ``slow_workers`` of the workers."""
         # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
         # PDClusters the loop must cost the API server next to nothing.
         pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
@@ -174,7 +180,11 @@ class PlannerLoop:
             with self.lock:
                 if key in self.running:
                     log.info("planner tick of %s: the last one is still running (its "
-                                "Prometheus is slow); not started again", key)
+                             "Prometheus is slow); not started again", key)
+                    continue
+                if key in self.slow and len(self.running & self.slow) >= self.slow_workers:
+                    log.info("planner tick of %s: waits, %d slow PDClusters hold their share of "
+                             "the workers", key, self.slow_workers)
                     continue
                 self.running.add(key)
             futures[self.pool.submit(self._tick_one, key, bodies[key], pods,
@@ -191,6 +201,7 @@ class PlannerLoop:
         dues = [due for f in done if (due := f.result()) is not None]
         with self.lock:  # PDClusters gone: their routers too
             self.routers_of = {k: v for k, v in self.routers_of.items() if k in bodies}
+            self.slow &= set(bodies)
         self.worker_lists.keep_only(self.routers_seen)
         self.drains.end_tick()
         return min(dues) - time.time() if dues else None
@@ -199,6 +210,7 @@ class PlannerLoop:
                   deployments: Mapping[tuple[str, str], dict[str, Any]]) -> float | None:
         """``tick`` in a worker: a failure is logged (one PDCluster's failure must not stop
         the others'), and the PDCluster is free to tick again when it ends."""
+        started = time.monotonic()
         try:
             return self.tick(body, time.time(), pods, deployments)
         except ApiException as exc:
@@ -209,6 +221,10 @@ class PlannerLoop:
             with self.lock:
                 self.running.discard(key)
                 self.finished_at[key] = time.monotonic()
+                if self.finished_at[key] - started > self.tick_deadline_seconds:
+                    self.slow.add(key)
+                else:
+                    self.slow.discard(key)
         return None
 
     # ------------------------------------------------------------------------------------

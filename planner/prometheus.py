@@ -2,7 +2,10 @@
 
 This is the planner's one door to the outside world (the operator is the other); the rest of
 ``planner/`` never imports an HTTP library. Rendering queries and interpreting answers are
-pure functions; :func:`read_metrics` is the only function that talks to Prometheus.
+pure functions; :func:`read_metrics` runs the queries through :class:`BoundedPrometheus`, the
+only code that talks to Prometheus: whatever the server at the URL does (never answer, drip,
+stream for ever), a query ends by its deadline and reads no more than its cap, and what a
+status shows of a failure is a short fixed reason, never the answer's text.
 
 Selection. Engines are scraped with three target labels, set by relabelling the pods' labels
 (a PodMonitor, or the scrape config pdscale's demo writes): ``namespace``, ``pdcluster``
@@ -585,6 +588,8 @@ class BoundedPrometheus:
         self._host = parts.hostname
         self._port = parts.port
         self._path = parts.path.rstrip("/") + "/api/v1/query"
+        #: certificates verified against the system's CAs, as PrometheusConnect did
+        self._tls = ssl.create_default_context() if self._https else None
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None,
                      timeout: float | None = None) -> Any:
@@ -611,8 +616,7 @@ class BoundedPrometheus:
             raise timed_out
         deadline = time.monotonic() + seconds
         conn: http.client.HTTPConnection = (
-            http.client.HTTPSConnection(self._host, self._port, timeout=seconds,
-                                        context=ssl.create_default_context())
+            http.client.HTTPSConnection(self._host, self._port, timeout=seconds, context=self._tls)
             if self._https else http.client.HTTPConnection(self._host, self._port, timeout=seconds))
         cut = threading.Event()
         watchdog = threading.Timer(seconds, _cut, (conn, cut))

@@ -112,3 +112,46 @@ def test_a_url_the_policy_refuses_is_never_queried():
         assert server.connections == 0
     metrics = _planner(kube, "refused")["metrics"]
     assert "spec.planner.prometheusURL is refused" in metrics and "allowedPrometheusURLs" in metrics
+
+
+def _bounded_tick(loop: PlannerLoop) -> float:
+    """``tick_all`` in a thread, waited for 15 s at most (whatever the loop does)."""
+    started = time.monotonic()
+    ticked = threading.Thread(target=loop.tick_all, daemon=True)
+    ticked.start()
+    ticked.join(timeout=15)
+    assert not ticked.is_alive(), "the tick is held by a hostile Prometheus"
+    return time.monotonic() - started
+
+
+def test_slow_pdclusters_hold_at_most_their_share_of_the_workers(loopback_allowed):
+    # however many tenants point at a server that never answers, the others find a worker
+    healthy = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=healthy.serve_forever, daemon=True).start()
+    try:
+        with HostileServer("silent", give_up_seconds=60) as silent:
+            kube = FakeKube()
+            for i in range(3):
+                _pdcluster(kube, f"slow-{i}", silent.url, f"10.4.{i}")
+            _pdcluster(kube, "healthy", f"http://127.0.0.1:{healthy.server_address[1]}", "10.5.0")
+            loop = PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers()))
+            loop.tick_deadline_seconds = 2.0
+            # as the last ticks left it: two slow ones still reading (their share), a third due
+            slow = [f"{NS}/slow-{i}" for i in range(3)]
+            loop.slow = set(slow)
+            loop.slow_workers = 2
+            loop.running = {slow[0], slow[1]}
+            assert _bounded_tick(loop) < 4.0
+            assert silent.connections == 0  # slow-2 waits for a slow worker to come free
+            assert _planner(kube, "healthy").get("lastDecision")
+            # one slow one ends: its share goes to the slow one that waited longest
+            loop.running.discard(slow[0])
+            loop.finished_at[slow[0]] = time.monotonic()
+            assert _bounded_tick(loop) < 4.0
+            assert silent.connections == 1 and slow[2] in loop.running and slow[0] not in loop.running
+            end = time.monotonic() + 30
+            while slow[2] in loop.running and time.monotonic() < end:
+                time.sleep(0.2)
+            assert slow[2] not in loop.running and slow[2] in loop.slow  # it outlasted a tick again
+    finally:
+        healthy.shutdown()
