@@ -337,9 +337,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f.flag, type=f.type, default=None, help=f"{f.help}; overrides the spec")
     parser.add_argument("--stack", choices=STACK_NAMES, default="deployed",
                         help="what the replay stands for (docs/replay.md): deployed = batching "
-                             "engines routed as the spec's router applies its policies (the "
-                             "default smg by its cache-aware rule; sglang-router picks PD "
-                             "prefills at random), its admission (derived by default); "
+                             "engines behind the spec's router as rendered (default: smg, "
+                             "cache-aware, derived admission); "
                              "ideal-router = predicted-TTFT routing with early rejection (a "
                              "what-if); article = the article's model (default: deployed)")
     parser.add_argument("--router", default=None,
