@@ -50,7 +50,8 @@ K8S_VERSION = "1.34"
 # An error line: where (the document), then the field it names.
 FIELD_NAMED = re.compile(
     r"^(document \d+|pdclusters/[^:]+|--namespace): "
-    r"((document|kind|apiVersion|metadata|spec)\b|[^:]+: unknown field)"
+    # an unknown key is named as written, which may hold a colon (":pec")
+    r"((document|kind|apiVersion|metadata|spec)\b|.+: unknown field$)"
 )
 DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 FILE_ERROR = re.compile(r"^document( \d+)?: ")

@@ -51,20 +51,27 @@ def fresh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _start_operator(kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
-    """The operator as the chart's pod runs it (see the chart's deployment.yaml)."""
+    """The operator as the chart's pod runs it: the installed Deployment's command, arguments
+    and environment (the served namespaces, the admin's Prometheus and tenant policy), under
+    the chart's ServiceAccount token and RBAC; no metrics or health port."""
     token_config = operator_kubeconfig(kubeconfig, workdir / "operator.kubeconfig",
                                        namespace="pdscale-system",
                                        service_account="pdscale-operator", create=False)
-    values = yaml.safe_load((ROOT / "charts" / "pdscale" / "values.yaml").read_text())
-    policy = {k: v for k, v in values["tenantPolicy"].items() if k != "admission"}
-    env = {**os.environ, "KUBECONFIG": str(token_config), "PYTHONSAFEPATH": "1",
-           "PDSCALE_LEADER_NAMESPACE": "pdscale-system",
-           "PDSCALE_TENANT_POLICY": json.dumps(policy),
+    deployment = json.loads(subprocess.run(
+        [str(DEFAULT_BIN_DIR / "kubectl"), "--kubeconfig", str(kubeconfig), "--namespace",
+         "pdscale-system", "get", "deployment", "pdscale-operator", "-o", "json"],
+        capture_output=True, text=True, check=True).stdout)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    # no metrics or health server here (their fixed ports may be taken on this machine)
+    chart_env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e
+                 and e["name"] not in ("PDSCALE_METRICS_PORT", "PDSCALE_HEALTH_PORT")}
+    assert chart_env.get("PDSCALE_PROMETHEUS_URL"), "the install page sets operator.prometheusURL"
+    args = [a for a in container["args"] if not a.startswith("--liveness")]
+    env = {**os.environ, **chart_env, "KUBECONFIG": str(token_config), "PYTHONSAFEPATH": "1",
            "PDSCALE_PLANNER_TICK_SECONDS": "2"}
     log = open(workdir / "operator.log", "ab")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "kopf"), "run", "--all-namespaces", "--standalone",
-         "-m", "pdscale.operator.handlers"],
+        [str(Path(sys.executable).parent / container["command"][0]), *args],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=workdir,
         start_new_session=True)
 

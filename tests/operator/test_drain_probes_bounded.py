@@ -38,7 +38,9 @@ def _fleet(port: int) -> tuple[FakeKube, dict, PDClusterSpec]:
                  _pod("demo-decode-serving", "decode", "10.0.0.9")]
     for role, replicas in (("prefill", 1), ("decode", SILENT + 1)):
         kube.objects[("Deployment", NS, f"demo-{role}")] = {
-            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS},
+            "kind": "Deployment", "metadata": {"name": f"demo-{role}", "namespace": NS,
+                                                "ownerReferences": [{"controller": True,
+                                                                     "uid": doc["metadata"]["uid"]}]},
             "spec": {"replicas": replicas}}
     return kube, doc, PDClusterSpec.model_validate(doc["spec"])
 

@@ -269,9 +269,9 @@ def test_vllm_router_starts_in_pd_mode_with_its_discovery_and_no_static_workers(
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_the_real_router_starts_with_the_rendered_arguments(engine, sglang_children, vllm_children,
                                                             tmp_path):
-    """Both routers validate their arguments at start (sglang-router: power-of-two needs two
-    workers; vllm-router: PD mode needs workers or its discovery): the arguments we render
-    must start the real binary, with no worker at all."""
+    """The routers validate their arguments at start (smg and vllm-router refuse flags they do
+    not know; vllm-router's PD mode needs workers or its discovery): the program and the
+    arguments we render must start the real binary, with no worker at all."""
     import json
     import os
     import subprocess
@@ -288,8 +288,10 @@ def test_the_real_router_starts_with_the_rendered_arguments(engine, sglang_child
     args[args.index("--prometheus-port") + 1] = str(_free_port())
     if "--vllm-discovery-address" in args:
         args[args.index("--vllm-discovery-address") + 1] = f"127.0.0.1:{_free_port()}"
-    command = ([sys.executable, "-m", "sglang_router.launch_router"] if engine == "sglang"
-               else [str(pathlib.Path(sys.executable).parent / "vllm-router")])
+    # the rendered program, as the pod runs it: smg (the default SGLang gateway) or vllm-router
+    rendered = list(c["command"])
+    command = ([sys.executable, *rendered[1:]] if rendered[0] == "python3"
+               else [str(pathlib.Path(sys.executable).parent / rendered[0])])
     log = tmp_path / "router.log"
     with open(log, "wb") as out:
         router = subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT,
