@@ -337,10 +337,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f.flag, type=f.type, default=None, help=f"{f.help}; overrides the spec")
     parser.add_argument("--stack", choices=STACK_NAMES, default="deployed",
                         help="what the replay stands for (docs/replay.md): deployed = batching "
-                             "engines behind the spec's router as rendered (default: smg, "
-                             "cache-aware, derived admission); "
-                             "ideal-router = predicted-TTFT routing with early rejection (a "
-                             "what-if); article = the article's model (default: deployed)")
+                             "engines behind the spec's router as rendered (by default smg, cache-"
+                             "aware, derived admission); ideal-router = predicted-TTFT routing with "
+                             "early rejection (a what-if); article = the article's model (default: deployed)")
     parser.add_argument("--router", default=None,
                         choices=["random", "round-robin", "power-of-two", "least-queue",
                                  "cache-aware", "smg-cache-aware", "predicted-ttft"],
