@@ -176,7 +176,8 @@ def m_unicode(rng: random.Random, doc: Any) -> Any:
 def m_long_string(rng: random.Random, doc: Any) -> Any:
     strings = [p for p in _paths(doc) if p and isinstance(_get(doc, p), str)]
     path = rng.choice(strings) if strings else _random_path(rng, doc)
-    return _set(doc, path, rng.choice("abz-.") * rng.choice([62, 63, 64, 253, 254, 300, 70_000]))
+    return _set(doc, path, rng.choice("abz-.") * rng.choice([62, 63, 64, 253, 254, 300, 70_000,
+                                                           300_000]))
 
 
 def m_deep(rng: random.Random, doc: Any) -> Any:
