@@ -63,7 +63,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
+from pdscale.operator.api.pdcluster import RouterAdmission, SGLangGateway
 from pdscale.planner.replay.run import STACKS, START_FROM, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (

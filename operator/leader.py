@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from .kube import Kube
+from pdscale.operator.clients.kube import Kube
 
 log = logging.getLogger(__name__)
 

@@ -102,9 +102,9 @@ def export(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
 
-    from pdscale.operator.clock import now_rfc3339
-    from pdscale.operator.kube import Kube, api_client_from_environment
-    from pdscale.operator.profile_source import export_profile
+    from pdscale.operator.api.clock import now_rfc3339
+    from pdscale.operator.clients.kube import Kube, api_client_from_environment
+    from pdscale.operator.loop.profile_source import export_profile
     from pdscale.planner.profile import ProfileError, load_profile
 
     def refuse(message: str) -> int:

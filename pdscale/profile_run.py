@@ -487,7 +487,7 @@ def apply_configmap(manifest: dict[str, Any]) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
 
-    from pdscale.operator.kube import api_client_from_environment
+    from pdscale.operator.clients.kube import api_client_from_environment
     from pdscale.profile_sweep import MANAGER
 
     meta = manifest["metadata"]

@@ -317,15 +317,15 @@ def profile_configmap(name: str, text: str, *, namespace: str | None, key: str |
                       ) -> dict[str, Any]:
     """A ConfigMap holding a profile YAML under ``key`` (default ``profile.yaml``), in the form
     ``spec.planner.profileConfigMap`` reads, checked by the operator's own reader
-    (:func:`pdscale.operator.profile_source.profile_from_configmap`: size limit, YAML,
+    (:func:`pdscale.operator.loop.profile_source.profile_from_configmap`: size limit, YAML,
     every field).
 
     Raises
     ------
     SweepError
         When the operator would refuse it (naming what it refuses)."""
-    from pdscale.operator.pdcluster import PROFILE_CONFIGMAP_KEY, ProfileConfigMapRef
-    from pdscale.operator.profile_source import profile_from_configmap
+    from pdscale.operator.api.pdcluster import PROFILE_CONFIGMAP_KEY, ProfileConfigMapRef
+    from pdscale.operator.loop.profile_source import profile_from_configmap
     from pdscale.planner.profile import ProfileError
 
     try:
@@ -374,9 +374,9 @@ def pdcluster_target(doc: Any, namespace: str | None, tokenizer: str | None) -> 
     ------
     SweepError
         Not a valid PDCluster (the operator's own field-naming messages), or no tokenizer."""
-    from pdscale.operator.checklist import SpecError, validate
-    from pdscale.operator.names import child_name
-    from pdscale.operator.pdcluster import GROUP, KIND
+    from pdscale.operator.api.names import child_name
+    from pdscale.operator.api.pdcluster import GROUP, KIND
+    from pdscale.operator.render.checklist import SpecError, validate
 
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise SweepError(f"-f: not a {GROUP} {KIND} document")
@@ -467,7 +467,7 @@ def sweep_job(cluster: ClusterTarget, settings: JobSettings, arguments: Sequence
     privilege escalation, every capability dropped, read-only root, RuntimeDefault seccomp);
     it writes in an emptyDir. One attempt (``backoffLimit: 0``): a failed sweep is read from
     its log, not silently run again against a serving deployment."""
-    from pdscale.operator.names import base_name
+    from pdscale.operator.api.names import base_name
 
     job_name = f"{base_name(cluster.name)}-profile-run"
     labels = {"app.kubernetes.io/name": "pdscale", "app.kubernetes.io/component": "profile-run",

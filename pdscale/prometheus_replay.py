@@ -2,7 +2,7 @@
 
 A decision's whole input is the readings (PromQL evaluated at the plan time), the fleet's
 role states at that time, the configuration and the history of earlier decisions. The operator
-exports the role states and the plan time with every decision (``operator/telemetry.py``:
+exports the role states and the plan time with every decision (``operator/loop/telemetry.py``:
 ``pdscale_planner_observed_instances``, ``pdscale_planner_warming_ready_in_seconds``,
 ``pdscale_planner_last_plan_timestamp_seconds``) and evaluates its queries at the plan time;
 so the same queries evaluated at the same times, joined with the same role states and run
@@ -180,7 +180,7 @@ def replan(ticks: Sequence[RecordedTick], snapshots: Sequence[MetricsSnapshot],
            config: PlannerConfig, history: History | None = None) -> list[Decision]:
     """The planner's decisions over recorded ticks (pure): each tick's readings joined with its
     role states, run through ``step`` with the history carried from the previous tick, as the
-    live loop does (``operator/planner_loop.py``)."""
+    live loop does (``operator/loop/planner_loop.py``)."""
     if len(ticks) != len(snapshots):
         raise ValueError(f"{len(ticks)} ticks but {len(snapshots)} sets of readings")
     history = history or History()
@@ -306,8 +306,8 @@ def spec_from_cluster(namespace: str, name: str) -> Any:
     """The live PDCluster's spec, through the kubeconfig (the replay of the spec that ran)."""
     from kubernetes import client, config
 
-    from pdscale.operator.checklist import parse
-    from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+    from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
+    from pdscale.operator.render.checklist import parse
 
     # KUBECONFIG as it is now (the client reads its default when first imported)
     config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
@@ -330,7 +330,7 @@ def replay_range(client: QueryClient, *, engine: str, namespace: str, name: str,
                  live_interval_seconds: float) -> Replayed:
     """Read and re-plan: at the live decisions' times when they are recorded and the interval
     is the live one, else on a grid at ``config``'s interval (and say why)."""
-    from pdscale.operator.names import base_name
+    from pdscale.operator.api.names import base_name
 
     caveats = []
     if recorded and config.interval_seconds == live_interval_seconds:

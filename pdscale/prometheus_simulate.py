@@ -285,7 +285,7 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     table and the caveats on stderr; returns the JSON part."""
     from rich.console import Console
 
-    from pdscale.operator.names import base_name
+    from pdscale.operator.api.names import base_name
     from pdscale.replay import fleet_setup
 
     console = Console(stderr=True)

@@ -3,7 +3,7 @@
 The planner runs the configuration the operator would run for a PDCluster: ``-f FILE`` names
 the PDCluster, and its SLOs, percentile, interval, warm-ups, decode drain, instance bounds,
 node budget, scale-down window and profile become the planner's configuration through the
-operator's own mapping (``operator/planning.py: planner_config``). Without ``-f`` the spec is
+operator's own mapping (``operator/loop/planning.py: planner_config``). Without ``-f`` the spec is
 the CRD's defaults. Flags override single fields; the output lists every field with its value
 and where it came from (flag, file or default). Router, early rejection and decode admission
 are the simulated fleet's, not the planner's.
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pdscale.operator.pdcluster import PDClusterSpec
+    from pdscale.operator.api.pdcluster import PDClusterSpec
     from pdscale.planner.config import PlannerConfig
     from pdscale.planner.model import PerformanceModel
     from pdscale.planner.profile import Profile
@@ -64,7 +64,7 @@ class SpecFlag:
     """A flag that overrides PDCluster spec fields for the replay."""
 
     flag: str
-    #: (spec section, field) pairs it sets, snake_case as in operator/pdcluster.py
+    #: (spec section, field) pairs it sets, snake_case as in operator/api/pdcluster.py
     fields: tuple[tuple[str, str], ...]
     #: flag value -> the field's value in the spec's units
     to_spec: Callable[[Any], Any]
@@ -171,8 +171,8 @@ def read_spec(path: str) -> PDClusterSpec:
     type, range and default). The checks that concern the children the operator would create
     (a Prometheus URL to read, grace periods, images) are not the replay's: a spec applied
     with its URL set elsewhere, such as the demo's, replays as it is."""
-    from pdscale.operator.checklist import SpecError, parse
-    from pdscale.operator.pdcluster import GROUP, KIND
+    from pdscale.operator.api.pdcluster import GROUP, KIND
+    from pdscale.operator.render.checklist import SpecError, parse
     from pdscale.spec_file import SpecFileError, read
 
     try:
@@ -193,7 +193,7 @@ def read_spec(path: str) -> PDClusterSpec:
 def default_spec() -> PDClusterSpec:
     """A PDCluster of the CRD's defaults, for a replay without ``-f``. Only the fields the
     planner reads are filled (the model, engine and router it needs no image for)."""
-    from pdscale.operator.pdcluster import PDClusterSpec
+    from pdscale.operator.api.pdcluster import PDClusterSpec
 
     return PDClusterSpec.model_construct()
 
@@ -216,8 +216,8 @@ def configure(
     refuses is refused here, naming the flag. Raises :class:`ConfigurationError`."""
     import pydantic
 
-    from pdscale.operator.engines import decode_batch_cap
-    from pdscale.operator.planning import PLANNER_SPEC_FIELDS, planner_config
+    from pdscale.operator.loop.planning import PLANNER_SPEC_FIELDS, planner_config
+    from pdscale.operator.render.engines import decode_batch_cap
     from pdscale.planner.profile import ProfileError
 
     by_flag = {f.flag: f for f in SPEC_FLAGS}
@@ -379,8 +379,8 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
     the prefix at routing, a per-request load gate, least loaded otherwise; docs/routers.md).
     vllm-router is a fork of sgl-router whose PD tree we have not observed: it is replayed by
     its policy's rule."""
-    from pdscale.operator import router
-    from pdscale.operator.pdcluster import RoutingPolicy
+    from pdscale.operator.api.pdcluster import RoutingPolicy
+    from pdscale.operator.render import router
     from pdscale.planner.replay.run import STACKS
 
     if getattr(spec, "router", None) is None:
@@ -394,7 +394,7 @@ def routing(spec: PDClusterSpec) -> dict[str, str]:
 def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
     """The prefill admission the spec's router applies (smg's ``router.admission``), as the
     replay models it; None when the router admits everything."""
-    from pdscale.operator import router
+    from pdscale.operator.render import router
     from pdscale.planner.replay.router_admission import PrefillAdmission
 
     if getattr(spec, "router", None) is None:  # a spec of defaults (no -f) has no router
@@ -555,7 +555,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.operator.engines import decode_batch_cap
+    from pdscale.operator.render.engines import decode_batch_cap
     from pdscale.planner.replay.run import run_policy
     from pdscale.planner.replay.traces import TraceError
 

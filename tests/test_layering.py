@@ -50,11 +50,11 @@ PLANTED = {
         "planner/forecast.py", "import kopf", "pdscale.planner.forecast -> kopf"),
     "planner-core-is-pure": ("planner/model.py", "import urllib3", "pdscale.planner.model -> urllib3"),
     "replay-builds-on-the-planner": (
-        "planner/replay/traces.py", "import pdscale.operator.names",
-        "pdscale.planner.replay.traces -> pdscale.operator.names"),
+        "planner/replay/traces.py", "import pdscale.operator.api.names",
+        "pdscale.planner.replay.traces -> pdscale.operator.api.names"),
     "operator-imports-only-the-planner": (
-        "operator/names.py", "import pdscale.planner.replay.traces",
-        "pdscale.operator.names -> pdscale.planner.replay.traces"),
+        "operator/api/names.py", "import pdscale.planner.replay.traces",
+        "pdscale.operator.api.names -> pdscale.planner.replay.traces"),
     "command-line-never-imports-the-test-bed": (
         "render.py", "import pdscale.testbed.demo", "pdscale.render -> pdscale.testbed.demo"),
 }

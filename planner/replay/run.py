@@ -35,7 +35,7 @@ class ReplaySetup:
 
     ``planner`` is the planner's whole configuration, as the operator runs it: the command
     line and the benchmarks derive it from a PDCluster spec with the operator's own mapping
-    (``operator/planning.py: planner_config``); the model, the SLO with its percentile, the
+    (``operator/loop/planning.py: planner_config``); the model, the SLO with its percentile, the
     node budget and the interval are read from it, never set twice. The other fields are the
     simulation's alone (the fleet's router and admission, what static:best aims at).
 

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from pdscale.operator import rbac
+from pdscale.operator.render import rbac
 from pdscale.testbed.localcluster import DEFAULT_BIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def test_chart_crd_is_the_crd_in_crds_folder():
 def test_chart_rbac_rules_are_the_operators_rules():
     rendered = by_kind(render(), "ClusterRole")[0]["rules"]
     assert rendered == json.loads(json.dumps(rbac.rules())), (
-        "make chart-sync: regenerate charts/pdscale/rbac-*-rules.yaml from pdscale.operator.rbac"
+        "make chart-sync: regenerate charts/pdscale/rbac-*-rules.yaml from pdscale.operator.render.rbac"
     )
 
 

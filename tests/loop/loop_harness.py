@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.operator.routersync import WorkerSpec
+from pdscale.operator.clients.routersync import WorkerSpec
 
 # Timing every loop test uses (model seconds; no compression): quick, and far enough above
 # scheduling noise that TTFT and TPOT are measurable on a 2-core machine.
@@ -192,7 +192,7 @@ class Fleet:
 
     def start_vllm_router(self, *extra: str) -> tuple[str, str]:
         """The real vllm-router in PD mode with its ZMQ discovery and no worker (they are
-        announced, see operator/vllm_discovery.py). Returns (router URL, discovery address)."""
+        announced, see operator/clients/vllm_discovery.py). Returns (router URL, discovery address)."""
         host = f"{self.net}.10"
         port, discovery = free_port(host), free_port(host)
         argv = [str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation",

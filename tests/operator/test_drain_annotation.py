@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from pdscale.operator.fleet import (
+from pdscale.operator.loop.fleet import (
     DRAIN_START_UNREADABLE,
     DRAINING_ANNOTATION,
     drain_started_at,

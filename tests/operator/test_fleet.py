@@ -7,7 +7,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdscale.operator.fleet import (
+from pdscale.operator.clients.routersync import WorkerSpec
+from pdscale.operator.loop.fleet import (
     DELETION_COST_ANNOTATION,
     DRAINING_ANNOTATION,
     PodView,
@@ -16,7 +17,6 @@ from pdscale.operator.fleet import (
     role_state,
     router_workers,
 )
-from pdscale.operator.routersync import WorkerSpec
 
 
 def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None,

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from pdscale.operator.checklist import (
+from pdscale.operator.render.checklist import (
     SpecError,
     derive,
     minimum_transfer_timeout_seconds,

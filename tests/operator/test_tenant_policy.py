@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdscale.operator.checklist import SpecError, validate
-from pdscale.operator.engines import operator_env_names
-from pdscale.operator.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.render.checklist import SpecError, validate
+from pdscale.operator.render.engines import operator_env_names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

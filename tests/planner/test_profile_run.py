@@ -16,9 +16,9 @@ import yaml
 from fake_aiperf import TRUTH, records_jsonl, simulate
 
 from pdscale.main import main
-from pdscale.operator.pdcluster import ProfileConfigMapRef
-from pdscale.operator.profile_source import configmap_source, profile_from_configmap
-from pdscale.operator.status import profile_status
+from pdscale.operator.api.pdcluster import ProfileConfigMapRef
+from pdscale.operator.loop.profile_source import configmap_source, profile_from_configmap
+from pdscale.operator.reconciler.status import profile_status
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import MAX_PROFILE_BYTES, load_profile
 from pdscale.planner.profile_fit import Benchmark, DecodePoint, PrefillPoint, fit_profile

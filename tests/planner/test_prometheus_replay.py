@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from pdscale.operator.planning import planner_config
-from pdscale.operator.telemetry import Reporter
+from pdscale.operator.loop.planning import planner_config
+from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Reading, RoleState, Warming
 from pdscale.planner.prometheus import MetricsSnapshot, observation_from

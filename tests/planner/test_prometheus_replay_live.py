@@ -19,7 +19,7 @@ from prometheus_client import start_http_server
 from test_prometheus_replay import ROOT, _Fleet, _NoKube, _spec
 
 from pdscale.main import main
-from pdscale.operator.telemetry import Reporter
+from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.prometheus import (
     observation_from,
     prometheus_client,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.operator.pdcluster import RoutingPolicy, SGLangGateway
+from pdscale.operator.api.pdcluster import RoutingPolicy, SGLangGateway
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Role
 from pdscale.planner.replay.decode_batches import DECODE_ROUTERS, DecodeBatches

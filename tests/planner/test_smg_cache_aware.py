@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from pdscale.operator.pdcluster import SGLangGateway
+from pdscale.operator.api.pdcluster import SGLangGateway
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Role
 from pdscale.planner.replay.fleet import Events, Fleet

@@ -32,10 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdscale.operator.routersync import WorkerSpec
+from pdscale.operator.api.clock import epoch_seconds
+from pdscale.operator.clients.routersync import WorkerSpec
 from pdscale.planner.observe import RoleState, Warming
-
-from .clock import epoch_seconds
 
 DRAINING_ANNOTATION = "pdscale.io/draining-since"
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"

@@ -2,7 +2,7 @@
 
 The model (``pdcluster.py``) is the single source of truth; ``crds/pdclusters.pdscale.io.yaml``
 is this module's output, checked in so that ``kubectl apply -f crds/`` works, and a test fails
-when the two drift. Regenerate with ``python -m pdscale.operator.crd > crds/pdclusters.pdscale.io.yaml``.
+when the two drift. Regenerate with ``python -m pdscale.operator.api.crd > crds/pdclusters.pdscale.io.yaml``.
 
 Pydantic emits JSON Schema; the API server wants a *structural* OpenAPI v3 schema: no ``$ref``,
 no ``anyOf`` for optionals, no ``additionalProperties: false`` next to ``properties``. The
@@ -299,7 +299,7 @@ def build_crd() -> dict[str, Any]:
 
 def render_yaml() -> str:
     header = (
-        "# GENERATED from operator/pdcluster.py by `python -m pdscale.operator.crd`; "
+        "# GENERATED from operator/api/pdcluster.py by `python -m pdscale.operator.api.crd`; "
         "do not edit by hand.\n"
     )
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

@@ -12,9 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import names
-from .names import Owner, metadata
-from .pdcluster import PDClusterSpec, RouterKind, RouterSpec, RoutingPolicy, SGLangGateway
+from pdscale.operator.api import names
+from pdscale.operator.api.names import Owner, metadata
+from pdscale.operator.api.pdcluster import (
+    PDClusterSpec,
+    RouterKind,
+    RouterSpec,
+    RoutingPolicy,
+    SGLangGateway,
+)
 
 _POLICY = {
     RoutingPolicy.CACHE_AWARE: "cache_aware",

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+from pdscale.operator.api.pdcluster import PDClusterSpec, RouterKind
+from pdscale.operator.clients.routersync import SGLangWorkerList, WorkerSpec
+from pdscale.operator.clients.vllm_discovery import Announcer, DiscoveryWorkerList
+from pdscale.operator.render import router
 from pdscale.planner.observe import Role
 
-from . import router
 from .fleet import PodView, router_workers
-from .pdcluster import PDClusterSpec, RouterKind
-from .routersync import SGLangWorkerList, WorkerSpec
-from .vllm_discovery import Announcer, DiscoveryWorkerList
 
 
 class WorkerList(Protocol):

@@ -35,7 +35,7 @@ from typing import ClassVar
 import msgpack
 import zmq
 
-from pdscale.operator.routersync import WorkerSpec, normalize_url
+from pdscale.operator.clients.routersync import WorkerSpec, normalize_url
 
 #: vllm-router drops an instance it has not heard from for this long (DEFAULT_PING_SECONDS)
 PING_TIMEOUT_SECONDS = 5.0

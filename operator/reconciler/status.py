@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdscale.operator.api import names
+from pdscale.operator.api.clock import epoch_seconds
+from pdscale.operator.loop.fleet import DRAINING_ANNOTATION
 from pdscale.planner.model import Calibration
 from pdscale.planner.observe import Role
 from pdscale.planner.profile import Profile
 
 from . import conditions as c
-from . import names
-from .clock import epoch_seconds
-from .fleet import DRAINING_ANNOTATION
 
 # what status reports on: the two engine roles and the router
 COMPONENTS = (Role.PREFILL.value, Role.DECODE.value, "router")

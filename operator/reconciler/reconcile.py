@@ -16,16 +16,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from pdscale.planner.observe import Role
-
-from . import conditions as c
-from . import network, tenant_policy
-from . import status as st
-from .builders import build_children, planned_replicas, unready_allowance_seconds
-from .checklist import Derived, SpecError, validate
-from .clock import epoch_seconds
-from .kube import Kube
-from .names import (
+from pdscale.operator.api import tenant_policy
+from pdscale.operator.api.clock import epoch_seconds
+from pdscale.operator.api.names import (
     ANNOTATION_APPLIED_HASH,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -34,7 +27,19 @@ from .names import (
     base_name,
     child_name,
 )
-from .pdcluster import GROUP, KIND, VERSION, PDClusterSpec
+from pdscale.operator.api.pdcluster import GROUP, KIND, VERSION, PDClusterSpec
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.render import network
+from pdscale.operator.render.builders import (
+    build_children,
+    planned_replicas,
+    unready_allowance_seconds,
+)
+from pdscale.operator.render.checklist import Derived, SpecError, validate
+from pdscale.planner.observe import Role
+
+from . import conditions as c
+from . import status as st
 
 
 @dataclass

@@ -28,9 +28,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import names
-from .names import Owner
-from .pdcluster import PDClusterSpec, RouterKind
+from pdscale.operator.api import names
+from pdscale.operator.api.names import Owner
+from pdscale.operator.api.pdcluster import PDClusterSpec, RouterKind
+
 from .router import kind as router_kind
 
 POLICY_ENV = "PDSCALE_NETWORK_POLICY"

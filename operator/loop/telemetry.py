@@ -11,16 +11,16 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.pdcluster import PDClusterSpec
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.reconciler.reconcile import Event, post_event
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Observation, Role
 from pdscale.planner.prometheus import MetricsSnapshot
 
-from .clock import now_rfc3339
 from .fleet import PodView
-from .kube import Kube
-from .pdcluster import PDClusterSpec
 from .planning import decision_event, decision_status, short
-from .reconcile import Event, post_event
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,17 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from pdscale.operator.api import names
+from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.names import Owner
+from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.clients.vllm_discovery import Announcer
+from pdscale.operator.reconciler import conditions
+from pdscale.operator.reconciler.reconcile import reconcile_current
+from pdscale.operator.reconciler.status import overdue_pods, profile_status
+from pdscale.operator.render.builders import unready_allowance_seconds
+from pdscale.operator.render.engines import NIXL_SIDE_CHANNEL_PORT
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Role
 from pdscale.planner.prometheus import (
@@ -36,15 +47,8 @@ from pdscale.planner.prometheus import (
 )
 from pdscale.planner.solve import step
 
-from . import conditions, names
-from .builders import unready_allowance_seconds
-from .clock import now_rfc3339
 from .drain import Drains
-from .engines import NIXL_SIDE_CHANNEL_PORT
 from .fleet import PodView, pod_view, role_state
-from .kube import Kube
-from .names import Owner
-from .pdcluster import PDClusterSpec, PlannerMode
 from .planner_memory import PlannerMemory, memory_problem
 from .planning import (
     calibration_for_profile,
@@ -57,10 +61,7 @@ from .planning import (
     remembered_profile,
 )
 from .profile_source import ProfileSources, report_profile
-from .reconcile import reconcile_current
-from .status import overdue_pods, profile_status
 from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_after_seconds
-from .vllm_discovery import Announcer
 from .workerlist import WorkerLists, desired_workers
 
 log = logging.getLogger(__name__)

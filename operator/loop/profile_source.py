@@ -22,6 +22,10 @@ from typing import Any
 
 import yaml
 
+from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.pdcluster import PDClusterSpec, ProfileConfigMapRef
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.reconciler.reconcile import Event, post_event
 from pdscale.planner.model import Calibration
 from pdscale.planner.profile import (
     MAX_PROFILE_BYTES,
@@ -30,11 +34,6 @@ from pdscale.planner.profile import (
     parse_profile,
     shipped_profile,
 )
-
-from .clock import now_rfc3339
-from .kube import Kube
-from .pdcluster import PDClusterSpec, ProfileConfigMapRef
-from .reconcile import Event, post_event
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,8 @@ import math
 from dataclasses import asdict, replace
 from typing import Any
 
+from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
+from pdscale.operator.render import engines, router
 from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
@@ -20,9 +22,6 @@ from pdscale.planner.observe import Reading
 from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.solve import History
-
-from . import engines, router
-from .pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
 #: the scale-down window spans more intervals (see history_keep). About 200 bytes each.

@@ -19,8 +19,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
-from .names import MANAGER
-from .pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.api.names import MANAGER
+from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
 
 
 @dataclass(frozen=True, order=True)

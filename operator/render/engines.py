@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdscale.operator.api.pdcluster import EngineKind, KVCacheDType, KVCacheLayout, PDClusterSpec
 from pdscale.planner.profile import instance_batch_cap
 
 from .checklist import Derived
-from .pdcluster import EngineKind, KVCacheDType, KVCacheLayout, PDClusterSpec
 
 NIXL_SIDE_CHANNEL_PORT = 5600
 # SGLang's source suggests 1800 s so DeepGEMM JIT can finish during warm-up.

@@ -19,9 +19,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from .builders import PLANNER_MEMORY_KEY, planner_memory, planner_memory_name
-from .kube import Kube
-from .names import Owner
+from pdscale.operator.api.names import Owner
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.render.builders import PLANNER_MEMORY_KEY, planner_memory, planner_memory_name
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,7 @@ from typing import Any
 
 import pydantic
 
-from pdscale.planner.profile import shipped_profiles
-
-from . import router
-from .fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
-from .pdcluster import (
+from pdscale.operator.api.pdcluster import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     EngineKind,
@@ -34,7 +30,11 @@ from .pdcluster import (
     SGLangGateway,
     TransferBackend,
 )
-from .tenant_policy import TenantPolicy, refusals
+from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.loop.fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
+from pdscale.planner.profile import shipped_profiles
+
+from . import router
 
 # Pod annotations the operator owns: the router reads the first, scrapers the next three; the
 # drain writes the last two (a spec that set them could pick which pod a scale-down removes,
@@ -380,8 +380,9 @@ def validate(raw: dict[str, Any] | None, policy: TenantPolicy | None = None
              ) -> tuple[PDClusterSpec, Derived]:
     """Parse and check a spec, and with ``policy`` hold it to the admin's tenant policy;
     raise SpecError listing every problem."""
+    from pdscale.operator.api.k8s_rules import check_spec  # what Kubernetes refuses in the children
+
     from .engines import operator_env_names  # engines needs Derived from here
-    from .k8s_rules import check_spec  # what Kubernetes refuses in the children
 
     spec = parse(raw)
     problems = check(spec) + [Problem(field, message) for field, message in check_spec(spec)]

@@ -10,13 +10,19 @@ import json
 import math
 from typing import Any
 
+from pdscale.operator.api import names
+from pdscale.operator.api.names import Owner, metadata
+from pdscale.operator.api.pdcluster import (
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    PDClusterSpec,
+    PlannerMode,
+)
 from pdscale.planner.observe import Role
 
-from . import engines, names, router
+from . import engines, router
 from .checklist import Derived
-from .names import Owner, metadata
 from .network import NetworkSettings, network_policies
-from .pdcluster import GPU_PRODUCT_LABEL, GPU_RESOURCE, PDClusterSpec, PlannerMode
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # A cold start (DeepGEMM JIT, empty page cache) can take several times the warm estimate.

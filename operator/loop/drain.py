@@ -22,12 +22,30 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from pdscale.operator.api import names
+from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION, EngineKind, PDClusterSpec
+from pdscale.operator.clients.engine_probe import (
+    EngineLoad,
+    LoadSource,
+    engine_in_flight,
+    engine_load,
+    engine_vllm_totals,
+)
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.clients.routersync import normalize_url
+from pdscale.operator.clients.vllm_discovery import (
+    HANDOFF_GRACE_SECONDS,
+    NIXL_KV_LEASE_SECONDS,
+    KVPullWatch,
+    PrefillBacklog,
+    PrefillCount,
+    decode_pulls_pending,
+)
+from pdscale.operator.reconciler.reconcile import reconcile_current
+from pdscale.operator.render.checklist import minimum_transfer_timeout_seconds
 from pdscale.planner.observe import Role
 
-from . import names
-from .checklist import minimum_transfer_timeout_seconds
-from .clock import now_rfc3339
-from .engine_probe import EngineLoad, LoadSource, engine_in_flight, engine_load, engine_vllm_totals
 from .fleet import (
     DELETION_COST_ANNOTATION,
     DRAINED_DELETION_COST,
@@ -37,19 +55,7 @@ from .fleet import (
     plan_role_actions,
     pod_view,
 )
-from .kube import Kube
-from .pdcluster import GROUP, PLURAL, VERSION, EngineKind, PDClusterSpec
-from .reconcile import reconcile_current
-from .routersync import normalize_url
 from .telemetry import Reporter
-from .vllm_discovery import (
-    HANDOFF_GRACE_SECONDS,
-    NIXL_KV_LEASE_SECONDS,
-    KVPullWatch,
-    PrefillBacklog,
-    PrefillCount,
-    decode_pulls_pending,
-)
 from .workerlist import WorkerList, WorkerLists, desired_workers
 
 log = logging.getLogger(__name__)
