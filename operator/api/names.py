@@ -31,6 +31,12 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_ROLE = f"{GROUP}/role"
 ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"
+#: a pod the loop drains carries the epoch second its drain began (read by status and the checks)
+DRAINING_ANNOTATION = "pdscale.io/draining-since"
+#: the ReplicaSet removes the pod of lowest cost first (the loop lowers a draining pod's)
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+#: the Lease the operator's replicas elect their leader with (leader.py, and its RBAC rule)
+LEASE_NAME = "pdscale-operator-leader"
 
 
 def base_name(cluster_name: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from pdscale.operator.api import names
 from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION, EngineKind, PDClusterSpec
 from pdscale.operator.clients.engine_probe import (
     EngineLoad,
@@ -47,9 +48,7 @@ from pdscale.operator.render.checklist import minimum_transfer_timeout_seconds
 from pdscale.planner.observe import Role
 
 from .fleet import (
-    DELETION_COST_ANNOTATION,
     DRAINED_DELETION_COST,
-    DRAINING_ANNOTATION,
     DRAINING_DELETION_COST,
     PodView,
     plan_role_actions,

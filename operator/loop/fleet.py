@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdscale.operator.api.clock import epoch_seconds
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.clients.routersync import WorkerSpec
 from pdscale.planner.observe import RoleState, Warming
 
-DRAINING_ANNOTATION = "pdscale.io/draining-since"
-DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 #: deletion cost of a pod being drained: lower than any default (0) so the ReplicaSet picks it
 DRAINING_DELETION_COST = -1000
 #: deletion cost of a drained pod while another pod of its role still drains: lower still, so

@@ -10,7 +10,7 @@ from typing import Any
 
 from pdscale.operator.api import names
 from pdscale.operator.api.clock import epoch_seconds
-from pdscale.operator.loop.fleet import DRAINING_ANNOTATION
+from pdscale.operator.api.names import DRAINING_ANNOTATION
 from pdscale.planner.model import Calibration
 from pdscale.planner.observe import Role
 from pdscale.planner.profile import Profile

@@ -16,6 +16,7 @@ from typing import Any
 
 import pydantic
 
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.api.pdcluster import (
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
@@ -31,7 +32,6 @@ from pdscale.operator.api.pdcluster import (
     TransferBackend,
 )
 from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
-from pdscale.operator.loop.fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.planner.profile import shipped_profiles
 
 from . import router

@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pdscale.operator.api.names import LEASE_NAME
 from pdscale.operator.api.pdcluster import GROUP, PLURAL
 from pdscale.operator.clients.kube import IMPLIED, REQUESTS, Need
-from pdscale.operator.leader import LEASE_NAME
 
 NAME = "pdscale-operator"
 NAMESPACE = "pdscale-system"

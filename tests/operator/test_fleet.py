@@ -7,10 +7,9 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.clients.routersync import WorkerSpec
 from pdscale.operator.loop.fleet import (
-    DELETION_COST_ANNOTATION,
-    DRAINING_ANNOTATION,
     PodView,
     plan_role_actions,
     pod_view,

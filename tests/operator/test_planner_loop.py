@@ -13,6 +13,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from pdscale.operator.api import names
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.api.pdcluster import PDClusterSpec
 from pdscale.operator.clients.routersync import SGLangWorkerList, WorkerSpec
 from pdscale.operator.clients.vllm_discovery import Announcer, DiscoveryWorkerList, PrefillCount
@@ -24,8 +25,6 @@ from pdscale.operator.loop.drain import (
     with_engine_state,
 )
 from pdscale.operator.loop.fleet import (
-    DELETION_COST_ANNOTATION,
-    DRAINING_ANNOTATION,
     PodView,
     pod_view,
 )

@@ -21,10 +21,9 @@ from kubernetes.client.rest import ApiException
 from pdc_cluster_helpers import pod_ready, sample, wait_for
 
 from pdscale.operator.api import names
+from pdscale.operator.api.names import DRAINING_ANNOTATION, LEASE_NAME
 from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
 from pdscale.operator.clients.kube import IMPLIED, REQUESTS, Need
-from pdscale.operator.leader import LEASE_NAME
-from pdscale.operator.loop.drain import DRAINING_ANNOTATION
 from pdscale.operator.render import rbac
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
