@@ -44,7 +44,7 @@ from pdscale.operator.clients.vllm_discovery import (
     decode_pulls_pending,
 )
 from pdscale.operator.reconciler.reconcile import reconcile_current
-from pdscale.operator.render.checklist import minimum_transfer_timeout_seconds
+from pdscale.operator.render.derived import minimum_transfer_timeout_seconds
 from pdscale.planner.observe import Role
 
 from .fleet import (

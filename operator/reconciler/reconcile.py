@@ -35,7 +35,8 @@ from pdscale.operator.render.builders import (
     planned_replicas,
     unready_allowance_seconds,
 )
-from pdscale.operator.render.checklist import Derived, SpecError, validate
+from pdscale.operator.render.checklist import SpecError, validate
+from pdscale.operator.render.derived import Derived
 from pdscale.planner.observe import Role
 
 from . import conditions as c

@@ -21,7 +21,7 @@ from pdscale.operator.api.pdcluster import (
 from pdscale.planner.observe import Role
 
 from . import engines, router
-from .checklist import Derived
+from .derived import Derived
 from .network import NetworkSettings, network_policies
 
 STARTUP_PROBE_PERIOD_SECONDS = 10

@@ -10,8 +10,7 @@ decode allocation policy are single fields rendered onto both roles.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
@@ -35,6 +34,8 @@ from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
 from pdscale.planner.profile import shipped_profiles
 
 from . import router
+from .derived import TIMEOUT_MARGIN_PERCENT, Derived, derive, minimum_transfer_timeout_seconds
+from .engines import decode_batch_cap, operator_env_names
 
 # Pod annotations the operator owns: the router reads the first, scrapers the next three; the
 # drain writes the last two (a spec that set them could pick which pod a scale-down removes,
@@ -43,13 +44,6 @@ OPERATOR_POD_ANNOTATIONS = ("sglang.ai/bootstrap-port", "prometheus.io/scrape",
                             "prometheus.io/port", "prometheus.io/path",
                             DELETION_COST_ANNOTATION, DRAINING_ANNOTATION)
 
-# SGLang's own default for both transfer timeouts; we never derive anything shorter.
-SGLANG_DEFAULT_TIMEOUT_SECONDS = 300
-# vLLM NIXL's default decoder_kv_blocks_ttl; likewise a floor.
-VLLM_DEFAULT_KV_BLOCKS_TTL_SECONDS = 480
-# Headroom over the slowest prefill: queueing ahead of the long prompt, transfer time and a
-# prefill speed that is itself an estimate.
-TIMEOUT_MARGIN_PERCENT = 50
 # Seconds an engine needs after SIGTERM to close sockets and exit, on top of the drain.
 SHUTDOWN_SECONDS = 10
 
@@ -69,46 +63,6 @@ class SpecError(ValueError):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("; ".join(str(p) for p in problems))
-
-
-@dataclass(frozen=True)
-class Derived:
-    """Settings computed from the spec (seconds). Reported in status.derived."""
-
-    slowest_prefill_seconds: int
-    minimum_transfer_timeout_seconds: int
-    bootstrap_timeout_seconds: int
-    waiting_timeout_seconds: int
-    decoder_kv_blocks_ttl_seconds: int
-
-    def as_status(self) -> dict[str, int]:
-        from pydantic.alias_generators import to_camel
-
-        return {to_camel(k): v for k, v in asdict(self).items()}
-
-
-def minimum_transfer_timeout_seconds(spec: PDClusterSpec) -> int:
-    """Seconds the slowest prefill may take: the longest prompt (max context length, tokens)
-    at the conservative prefill speed (tokens/s), plus TIMEOUT_MARGIN_PERCENT, rounded up."""
-    slowest = spec.model.max_context_length_tokens / spec.kv_transfer.conservative_prefill_tokens_per_second
-    return math.ceil(slowest * (100 + TIMEOUT_MARGIN_PERCENT) / 100)
-
-
-def derive(spec: PDClusterSpec) -> Derived:
-    """Derived timeouts: the user's value when given (validated separately), otherwise the
-    larger of the engine's default and the computed minimum."""
-    kvt = spec.kv_transfer
-    minimum = minimum_transfer_timeout_seconds(spec)
-    slowest = math.ceil(spec.model.max_context_length_tokens / kvt.conservative_prefill_tokens_per_second)
-    floor = max(SGLANG_DEFAULT_TIMEOUT_SECONDS, minimum)
-    return Derived(
-        slowest_prefill_seconds=slowest,
-        minimum_transfer_timeout_seconds=minimum,
-        bootstrap_timeout_seconds=kvt.bootstrap_timeout_seconds or floor,
-        waiting_timeout_seconds=kvt.waiting_timeout_seconds or floor,
-        decoder_kv_blocks_ttl_seconds=kvt.decoder_kv_blocks_ttl_seconds
-        or max(VLLM_DEFAULT_KV_BLOCKS_TTL_SECONDS, minimum),
-    )
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -286,8 +240,6 @@ def _check_ports(spec: PDClusterSpec) -> list[Problem]:
 
 
 def _check_roles(spec: PDClusterSpec) -> list[Problem]:
-    from .engines import decode_batch_cap  # engines needs Derived from here
-
     out = [p for role in ("prefill", "decode") for p in _check_role(role, getattr(spec, role))]
     try:
         decode_batch_cap(spec)  # the planner and the replay size decode with it
@@ -382,7 +334,6 @@ def validate(raw: dict[str, Any] | None, policy: TenantPolicy | None = None
     raise SpecError listing every problem."""
     from pdscale.operator.api.k8s_rules import check_spec  # what Kubernetes refuses in the children
 
-    from .engines import operator_env_names  # engines needs Derived from here
 
     spec = parse(raw)
     problems = check(spec) + [Problem(field, message) for field, message in check_spec(spec)]

@@ -14,7 +14,7 @@ from typing import Any
 from pdscale.operator.api.pdcluster import EngineKind, KVCacheDType, KVCacheLayout, PDClusterSpec
 from pdscale.planner.profile import instance_batch_cap
 
-from .checklist import Derived
+from .derived import Derived
 
 NIXL_SIDE_CHANNEL_PORT = 5600
 # SGLang's source suggests 1800 s so DeepGEMM JIT can finish during warm-up.

@@ -254,7 +254,7 @@ def _prefill_finish_times(chunk_tokens: int, prompts: list[list[str]]) -> list[f
     import asyncio
 
     from pdscale.testbed.simengine import EngineConfig, SimEngine
-    from pdscale.testbed.simengine.engine import Room
+    from pdscale.testbed.simengine.room import Room
 
     timing = LinearTiming(prefill_tokens_per_second=10_000, prefill_overhead_seconds=0.0)
 
@@ -298,7 +298,7 @@ def test_a_prompt_cached_whole_still_computes_its_last_token():
     import asyncio
 
     from pdscale.testbed.simengine import EngineConfig, SimEngine
-    from pdscale.testbed.simengine.engine import Room
+    from pdscale.testbed.simengine.room import Room
 
     timing = LinearTiming(prefill_tokens_per_second=10_000, prefill_overhead_seconds=0.0)
     seen: list[float] = []
