@@ -73,7 +73,8 @@ from pdscale.planner.replay.traces import (
     read_rate_series,
     synthesize_from_rates,
 )
-from pdscale.replay import configure, read_spec, router_admission, routing
+from pdscale.replay import configure, read_spec
+from pdscale.replay_setup import router_admission, routing
 
 SHARED = Path("/work/shared/traces")
 #: the PDCluster whose planner configuration every case runs

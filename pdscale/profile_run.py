@@ -22,6 +22,7 @@ The pure part (grid, early stop, aiperf's command line, manifests) is
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import shutil
 import signal
@@ -340,10 +341,11 @@ def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
 
 def _fit(files: Sequence[Path], s: Settings, name: str) -> tuple[FittedProfile, list[Benchmark]]:
     from pdscale.planner.profile_fit import read_benchmark
-    from pdscale.profile_cmd import fit_files
+    from pdscale.planner.profile_fit.files import fit_files
 
     result = fit_files(files, s.base, name=name, base_name=s.base_name, fmt="aiperf", slo=s.slo,
-                       kv_transfer_in_ttft=None)
+                       kv_transfer_in_ttft=None,
+                       fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return result, [read_benchmark(f, "aiperf") for f in files]
 
 
@@ -427,7 +429,7 @@ def finish(args: argparse.Namespace, s: Settings, record: SweepRecord, files: Se
     """Fit every finished run, write the profile (and the ConfigMap); 2 when a run failed."""
     from pdscale.planner.profile import ProfileError
     from pdscale.planner.profile_fit import BenchmarkError, FitError
-    from pdscale.profile_cmd import fitted_summary, write_profile
+    from pdscale.planner.profile_fit.files import fitted_summary, write_profile
     from pdscale.profile_sweep import sweep_provenance
 
     status = 0 if record.failed is None else 2

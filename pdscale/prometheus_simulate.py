@@ -286,7 +286,7 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     from rich.console import Console
 
     from pdscale.operator.api.names import base_name
-    from pdscale.replay import fleet_setup
+    from pdscale.replay_setup import fleet_setup
 
     console = Console(stderr=True)
     config = configured.config

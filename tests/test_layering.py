@@ -66,6 +66,10 @@ PLANTED = {
     "the-api-imports-nothing-of-ours": (
         "operator/api/names.py", "import pdscale.planner.observe",
         "pdscale.operator.api.names -> pdscale.planner.observe"),
+    # solve imports decision: decision importing solve closes a cycle in pdscale.planner
+    "no-import-cycles": (
+        "planner/decision.py", "import pdscale.planner.solve",
+        "No cycles are allowed in pdscale.planner."),
 }
 
 

@@ -133,7 +133,7 @@ class ReplaySetup:
 #: loaded: a what-if, no router does it), and the global-scheduling article's model (one
 #: prefill at a time, exact predictions, early rejection: the seed reproduction's). A
 #: PDCluster's own gateway and policies replace the deployed stack's routers
-#: (``pdscale.replay.routing``: smg 1.13 keeps prefixes on a prefill, ``smg-cache-aware``).
+#: (``pdscale.replay_setup.routing``: smg 1.13 keeps prefixes on a prefill, ``smg-cache-aware``).
 STACKS: dict[str, dict[str, Any]] = {
     "deployed": {"engine": "sglang", "router": "random", "decode_router": "round-robin",
                  "early_rejection": False},

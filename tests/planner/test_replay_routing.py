@@ -17,7 +17,8 @@ from pdscale.planner.replay.decode_batches import DECODE_ROUTERS, DecodeBatches
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.prefix_index import PrefixIndex
 from pdscale.planner.replay.routers import ROUTERS, make_router
-from pdscale.replay import _ROUTING, default_spec, read_spec, routing
+from pdscale.replay import default_spec, read_spec
+from pdscale.replay_setup import _ROUTING, routing
 
 
 def fleet_of(role: Role, n: int) -> Fleet:
