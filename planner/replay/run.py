@@ -14,8 +14,9 @@ import numpy as np
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
+from ..needs import prefill_share
 from ..observe import Observation, RoleState
-from ..solve import History, prefill_share, step
+from ..solve import History, step
 from .policies import (
     POLICIES,
     PdscaleController,
