@@ -427,10 +427,11 @@ def _simulate(args: Any, configured: Any, whatif: Any | None, client: QueryClien
     from rich.console import Console
 
     from pdscale import prometheus_simulate
+    from pdscale.planner.replay.ensemble import mean_decided_instances
     from pdscale.planner.replay.traces import TraceError
 
     known = [(t.at_seconds, t.live) for t in base.ticks if t.live is not None]
-    live = {"mean_instances": prometheus_simulate.mean_decided_instances(
+    live = {"mean_instances": mean_decided_instances(
         [t for t, _ in known], [c for _, c in known if c is not None],
         float(configured.spec.planner.interval_seconds))}
     try:
