@@ -90,4 +90,7 @@ def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
     print(f"\ncompressed x{compression}: TTFT {record.ttft_seconds:.4f}s (model {ttft:.4f}s), "
           f"TPOT {record.tpot_seconds:.5f}s (model {tpot:.5f}s)")  # fmt: skip
     assert ttft <= record.ttft_seconds <= ttft + 0.03, (record.ttft_seconds, ttft)
-    assert tpot * 0.95 <= record.tpot_seconds <= tpot * 1.3, (record.tpot_seconds, tpot)
+    # a token's step is a few ms of sleep, and a busy machine adds its scheduling delay to
+    # each (measured with 18 runnable processes on two cores: 2.1x the model's pace); the
+    # bound still tells the compressed pace from the uncompressed one (4x)
+    assert tpot * 0.95 <= record.tpot_seconds <= tpot * 3.0, (record.tpot_seconds, tpot)
