@@ -4,7 +4,7 @@ by the coverage rule, and the profile it fits plans like the truth (the checks o
 test_profile_fit_closed.py); the ConfigMap it writes is one the operator accepts, with its
 provenance in what status.planner.profile shows.
 
-Opt-in, as test_profile_fit_closed.py: ``PDSCALE_AIPERF`` names an aiperf 0.13 executable.
+aiperf 0.13 from its own venv, as test_profile_fit_closed.py.
 About 8 minutes on two cores."""
 
 from __future__ import annotations
