@@ -317,6 +317,7 @@ def _sweep(tmp_path: Path, aiperf: Path, *extra: str) -> list[str]:
             "--decode-output-tokens", "64", "-o", str(tmp_path / "out.yaml"), *extra]
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_a_sweep_stops_each_row_where_covered_and_fits_the_truth(tmp_path, fake_aiperf, capsys):
     code = main(_sweep(tmp_path, fake_aiperf, "--configmap", "p", "--namespace", "team-a"))
     err = capsys.readouterr().err
@@ -343,6 +344,7 @@ def test_a_sweep_stops_each_row_where_covered_and_fits_the_truth(tmp_path, fake_
     assert profile_from_configmap(manifest, ProfileConfigMapRef(name="p"), "team-a") == fitted
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_a_failed_run_stops_the_sweep_with_its_stderr_and_keeps_what_finished(
         tmp_path, fake_aiperf, capsys, monkeypatch):
     monkeypatch.setenv("FAKE_AIPERF_FAIL_AT_ISL", "1500")

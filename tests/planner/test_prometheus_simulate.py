@@ -152,6 +152,7 @@ class _FakePrometheus:
         return [{"metric": {}, "value": [t, repr(value)]}]
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_the_command_simulates_the_spec_and_a_tighter_what_if_side_by_side(monkeypatch, capsys,
                                                                           tmp_path):
     fake = _FakePrometheus()
