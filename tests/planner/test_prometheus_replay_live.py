@@ -27,8 +27,9 @@ from pdscale.planner.prometheus import (
     render_queries,
 )
 from pdscale.planner.replay.ensemble import mean_decided_instances
+from pdscale.planner.replay.recorded import instance_hours, matches
 from pdscale.planner.solve import History, step
-from pdscale.prometheus_replay import instance_hours, matches, read_recording, replay_range
+from pdscale.prometheus_replay import read_recording, replay_range
 from pdscale.replay import configure
 from pdscale.testbed.shape_change_engines import start_engines
 
