@@ -22,29 +22,31 @@ from pdscale.operator.reconciler.status import profile_status
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import MAX_PROFILE_BYTES, load_profile
 from pdscale.planner.profile_fit import Benchmark, DecodePoint, PrefillPoint, fit_profile
-from pdscale.profile_sweep import (
-    AIPERF_ENV,
+from pdscale.planner.profile_fit.sweep import (
     DECODE,
     MIN_RUNS,
     PREFILL,
     Grid,
-    JobSettings,
     Run,
     SweepError,
     Target,
+    grid_problems,
+    row_shortfall,
+    rows,
+    stops_after,
+)
+from pdscale.profile_sweep import (
+    AIPERF_ENV,
+    JobSettings,
     aiperf_command,
     aiperf_environment,
     clock_text,
     find_aiperf,
-    grid_problems,
     pdcluster_target,
     profile_configmap,
     progress_done,
     progress_skip,
     progress_start,
-    row_shortfall,
-    rows,
-    stops_after,
     sweep_arguments,
     sweep_job,
 )
