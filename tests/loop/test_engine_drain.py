@@ -48,8 +48,10 @@ def test_admin_drain_without_exit_keeps_the_process_and_reports_in_flight(fleet)
 
     async def scenario():
         async with aiohttp.ClientSession() as session:
+            # long enough to still decode when /get_load answers after the drain: 20 tokens
+            # finished in between on a busy machine (issue 47), leaving num_reqs at 0
             running = asyncio.create_task(
-                send_one(session, engine.url, "generate", long_request(20), "sim-model", 0.0, 30)
+                send_one(session, engine.url, "generate", long_request(200), "sim-model", 0.0, 30)
             )
             while engine.state()["inflight"] == 0:
                 await asyncio.sleep(0.01)
