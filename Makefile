@@ -6,7 +6,8 @@ VENV := .venv
 export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
-.PHONY: setup test lint demo cluster down chart-sync e2e-kind image chart-package dynamo-venv docs docs-serve docs-ref
+.PHONY: setup test test-fast lint demo cluster down chart-sync e2e-kind image chart-package dynamo-venv \
+	aiperf-venv bench-fidelity docs docs-serve docs-ref
 
 setup:
 	@e2e/setup
@@ -17,10 +18,27 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e), the real
-# Dynamo planner's included: its venv is built here (about a minute, once), and the tests that
-# drive it fail rather than skip when it is missing.
-test: lint dynamo-venv
-	PDSCALE_REQUIRE_DYNAMO=1 $(VENV)/bin/pytest
+# Dynamo planner's and aiperf's included: their venvs are built here (minutes, once), and the
+# tests that drive them fail rather than skip when they are missing.
+test: lint dynamo-venv aiperf-venv
+	PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
+	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh) $(VENV)/bin/pytest
+
+# The pure tier alone: no control plane, no Prometheus, no live engines (tests/ minus the
+# cluster, prometheus and slow markers). The check to run while editing.
+test-fast: setup
+	$(VENV)/bin/pytest tests -q -m "not cluster and not prometheus and not slow"
+
+# A live, time-compressed run of the simulated engines behind the real router against its
+# replay (bench/engine_fidelity.py): a measurement that load on the machine moves, so a
+# benchmark (table on stdout, out/engine_fidelity.json) rather than a test.
+bench-fidelity: setup
+	$(VENV)/bin/python bench/engine_fidelity.py --out out/engine_fidelity.json
+
+# aiperf 0.13.0 in a venv of its own (about 1 GB; not a pdscale dependency), for the closed-loop
+# `pdscale profile run` tests.
+aiperf-venv:
+	bench/aiperf/setup_venv.sh > /dev/null
 
 # The docs site (MkDocs + Material, from .venv as make setup installs it): built strictly into
 # out/site (a broken link or a page missing from the nav fails), or served with live reload.

@@ -2,7 +2,7 @@
 
 The tenant policy is enforced twice with rules written twice: in CEL by the chart's
 ValidatingAdmissionPolicy (templates/admission-policy.yaml, evaluated by a real API server)
-and in Python by the operator (operator/tenant_policy.py, plus the checklist's accelerator
+and in Python by the operator (operator/api/tenant_policy.py, plus the checklist's accelerator
 rules). This fuzzes PDClusters on the fields those rules read (images at and past a prefix's
 boundary, host paths with trailing, doubled and dotted slashes and ``/`` itself, empty and
 non-empty affinity and node selectors, network and other annotations, hub models with
@@ -45,9 +45,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from pdscale.operator import checklist, crd
-from pdscale.operator.pdcluster import GPU_PRODUCT_LABEL, GROUP, PLURAL, VERSION, PDClusterSpec
-from pdscale.operator.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.api import crd
+from pdscale.operator.api.pdcluster import GPU_PRODUCT_LABEL, GROUP, PLURAL, VERSION, PDClusterSpec
+from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.render import checklist
 from pdscale.testbed.localcluster import DEFAULT_BIN_DIR, LocalCluster
 from pdscale.testbed.nodes import api_client
 

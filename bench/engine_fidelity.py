@@ -7,7 +7,7 @@ Issue 15's fidelity check. For each case (a FIXED fleet and a load), the harness
    prefixes),
 2. sends it, time-compressed, through the real sglang-router 0.3.2 in PD mode with the
    policies a PDCluster renders by default (``--prefill-policy cache_aware
-   --decode-policy round_robin``, operator/router.py) to simulated SGLang engines
+   --decode-policy round_robin``, operator/render/router.py) to simulated SGLang engines
    (``testbed/simengine``) timed by ``--profile`` and started by the loop tests' harness
    (``tests/loop/loop_harness.py``), and records what the client saw,
 3. writes that recording as a Mooncake trace (``testbed/demo_replay.trace_rows``: arrival =
@@ -73,7 +73,7 @@ LATENCY_TOLERANCE = 0.10
 QUANTILES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
 #: the replay's routers other than the deployed stack's, replayed beside it
 OTHER_ROUTERS = ("random", "least-queue", "cache-aware", "smg-cache-aware")
-#: the replay's prefill router for each gateway's rendered CacheAware (operator/router.py
+#: the replay's prefill router for each gateway's rendered CacheAware (operator/render/router.py
 #: prefill_choice: sglang-router 0.3.2 picks PD prefills at random; smg follows its own tree)
 GATEWAY_ROUTER = {"sglang-router": "random", "smg": "smg-cache-aware"}
 #: random routing replayed with this many seeds (its spread is reported)
@@ -162,7 +162,7 @@ def run_live(case: Case, specs: list[RequestSpec], *, profile: str, compression:
     try:
         prefill = [fleet.start_engine("prefill", *extra, "--request-log", str(f)) for f in logs["prefill"]]
         decode = [fleet.start_engine("decode", *extra, "--request-log", str(f)) for f in logs["decode"]]
-        # the policies a PDCluster renders by default (operator/router.py); it sets no
+        # the policies a PDCluster renders by default (operator/render/router.py); it sets no
         # --policy, whose default is cache_aware (the harness's round_robin is overridden)
         fleet.start_router(prefill, decode, "--policy", "cache_aware",
                            "--prefill-policy", "cache_aware", "--decode-policy", "round_robin",

@@ -12,7 +12,7 @@
    by comparing every resourceVersion and the Events before and after. The target is zero.
 
 The operator runs in this process under KopfRunner, as its own ServiceAccount with the RBAC
-from operator/rbac.py.
+from operator/render/rbac.py.
 
     .venv/bin/python bench/operator_bench.py [--count 200] [--latency-runs 10]
 """
@@ -70,16 +70,17 @@ def _doc(name: str, replicas: int) -> dict[str, Any]:
 
 def _children_per_pdcluster(doc: dict[str, Any]) -> int:
     """How many children the builders make for one PDCluster (the count to wait for)."""
-    from pdscale.operator.builders import build_children
-    from pdscale.operator.checklist import validate
-    from pdscale.operator.names import Owner
+    from pdscale.operator.api.names import Owner
+    from pdscale.operator.render.builders import build_children
+    from pdscale.operator.render.checklist import validate
 
     spec, derived = validate(doc["spec"])
     return len(build_children(Owner(doc["metadata"]["name"], "bench"), spec, derived))
 
 
 def _install(kubeconfig: pathlib.Path) -> None:
-    from pdscale.operator import crd, rbac
+    from pdscale.operator.api import crd
+    from pdscale.operator.render import rbac
     from pdscale.testbed.nodes import api_client, h200_node
 
     api = api_client(kubeconfig)

@@ -68,7 +68,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.operator.pdcluster import RouterAdmission, SGLangGateway
+from pdscale.operator.api.pdcluster import RouterAdmission, SGLangGateway
 from pdscale.planner.replay.run import STACKS, START_FROM, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
@@ -79,7 +79,8 @@ from pdscale.planner.replay.traces import (
     synthesize_from_rates,
 )
 from pdscale.planner.replay.workloads import synthetic_trace
-from pdscale.replay import configure, read_spec, router_admission, routing
+from pdscale.replay import configure, read_spec
+from pdscale.replay_setup import router_admission, routing
 
 SHARED = Path("/work/shared/traces")
 #: the PDCluster whose planner configuration every case runs

@@ -60,7 +60,8 @@ from pdscale.planner.profile import Profile, scaled_profile, shipped_profile
 from pdscale.planner.profile_fit import Benchmark, fit_profile, read_benchmark
 from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy
 from pdscale.planner.replay.traces import load_trace
-from pdscale.replay import configure, read_spec, router_admission
+from pdscale.replay import configure, read_spec
+from pdscale.replay_setup import router_admission
 from pdscale.testbed.profile_sweep import (
     closed_loop_records,
     dynamo_profiler_arrays,

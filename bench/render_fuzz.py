@@ -39,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from pdscale.operator import k8s_rules
-from pdscale.operator.pdcluster import Toleration
+from pdscale.operator.api import k8s_rules
+from pdscale.operator.api.pdcluster import Toleration
 from pdscale.render import dump, render
 from pdscale.spec_file import MAX_BYTES, SpecFileError, load_bytes
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from pdscale.operator import router
-from pdscale.operator.checklist import validate
+from pdscale.operator.render import router
+from pdscale.operator.render.checklist import validate
 from pdscale.testbed.demo import (
     E2E_SCALE_DOWN_WINDOW_SECONDS,
     GROUP,

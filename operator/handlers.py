@@ -38,15 +38,17 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import leader, tenant_policy
-from .clock import now_rfc3339
-from .drain import DeletionDrain, finalizer_added, patch_pdcluster
-from .kube import Kube, api_client_from_environment
-from .names import LABEL_MANAGED_BY, MANAGER
-from .pdcluster import GROUP, KIND, PLURAL, VERSION
-from .planner_loop import PlannerLoop, run_forever, supervise
-from .reconcile import Outcome, reconcile
-from .telemetry import HEARTBEATS, serve_metrics_from_environment
+from pdscale.operator.api import tenant_policy
+from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.names import LABEL_MANAGED_BY, MANAGER
+from pdscale.operator.api.pdcluster import GROUP, KIND, PLURAL, VERSION
+from pdscale.operator.clients.kube import Kube, api_client_from_environment
+from pdscale.operator.loop.drain import DeletionDrain, finalizer_added, patch_pdcluster
+from pdscale.operator.loop.planner_loop import PlannerLoop, run_forever, supervise
+from pdscale.operator.loop.telemetry import HEARTBEATS, serve_metrics_from_environment
+from pdscale.operator.reconciler.reconcile import Outcome, reconcile
+
+from . import leader
 
 log = logging.getLogger(__name__)
 

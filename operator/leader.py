@@ -35,11 +35,11 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
-from .kube import Kube
+from pdscale.operator.api.names import LEASE_NAME
+from pdscale.operator.clients.kube import Kube
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "pdscale-operator-leader"
 #: where a pod's ServiceAccount namespace is mounted
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 DEFAULT_NAMESPACE = "pdscale-system"

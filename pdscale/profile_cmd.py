@@ -24,16 +24,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from pdscale import profile_run
-
-if TYPE_CHECKING:  # scipy behind these: building the command line must not import it
-    from pdscale.planner.model import Slo
-    from pdscale.planner.profile import Profile
-    from pdscale.planner.profile_fit import FittedProfile
 
 HELP = "fit a performance profile to benchmark results, or measure one with aiperf"
 #: the readers' names (pdscale.planner.profile_fit.READERS, checked by a test): listed here so
@@ -102,9 +95,9 @@ def export(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
 
-    from pdscale.operator.clock import now_rfc3339
-    from pdscale.operator.kube import Kube, api_client_from_environment
-    from pdscale.operator.profile_source import export_profile
+    from pdscale.operator.api.clock import now_rfc3339
+    from pdscale.operator.clients.kube import Kube, api_client_from_environment
+    from pdscale.operator.loop.profile_source import export_profile
     from pdscale.planner.profile import ProfileError, load_profile
 
     def refuse(message: str) -> int:
@@ -139,6 +132,7 @@ def fit(args: argparse.Namespace) -> int:
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import ProfileError, load_profile
     from pdscale.planner.profile_fit import BenchmarkError, FitError
+    from pdscale.planner.profile_fit.files import fit_files, fitted_summary, write_profile
 
     def refuse(message: str) -> int:
         print(f"pdscale profile fit: error: {message}", file=sys.stderr)
@@ -152,7 +146,8 @@ def fit(args: argparse.Namespace) -> int:
         result = fit_files(args.files, base, name=args.name or args.output.stem,
                            base_name=args.base, fmt=args.format,
                            slo=Slo(ttft_seconds=args.slo_ttft, tpot_seconds=args.slo_tpot),
-                           kv_transfer_in_ttft=args.kv_transfer_in_ttft)
+                           kv_transfer_in_ttft=args.kv_transfer_in_ttft,
+                           fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     except (BenchmarkError, FitError, ProfileError) as exc:
         return refuse(str(exc))
     for warning in result.warnings:
@@ -160,40 +155,3 @@ def fit(args: argparse.Namespace) -> int:
     write_profile(args.output, HEADER, result.document)
     print(fitted_summary(args.output, result))
     return 0
-
-
-def fit_files(files: Sequence[Path], base: Profile, *, name: str, base_name: str | None,
-              fmt: str | None, slo: Slo, kv_transfer_in_ttft: bool | None) -> FittedProfile:
-    """Read every benchmark file and fit (``profile fit``, and ``profile run`` on its runs):
-    raises BenchmarkError, FitError or ProfileError, each naming what it refuses."""
-    from pdscale.planner.profile_fit import fit_profile, read_benchmark
-
-    benchmarks = [read_benchmark(path, fmt) for path in files]
-    return fit_profile(benchmarks, base, name=name, base_name=base_name,
-                       fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       slo=slo, kv_transfer_in_ttft=kv_transfer_in_ttft)
-
-
-def profile_text(header: str, document: dict[str, Any]) -> str:
-    import yaml
-
-    return header + yaml.safe_dump(document, sort_keys=False, width=100)
-
-
-def write_profile(path: Path, header: str, document: dict[str, Any]) -> str:
-    """Write a fitted profile; returns the text written (it loads where profiles are read)."""
-    from pdscale.planner.profile import load_profile
-
-    text = profile_text(header, document)
-    path.write_text(text, encoding="utf-8")
-    load_profile(path)  # what we write must load where profiles are read
-    return text
-
-
-def fitted_summary(path: Path, result: FittedProfile) -> str:
-    p, d = result.profile.prefill, result.profile.decode
-    residuals = result.document["provenance"]["residuals"]
-    return (f"wrote {path}: prefill {p.tokens_per_second:.6g} tokens/s, doubling "
-            f"{p.attention_doubling_tokens}, overhead {p.overhead_seconds:.4g} s; decode step "
-            f"{d.step_seconds:.4g} s + {d.per_sequence_seconds:.4g} s/sequence + "
-            f"{d.per_context_token_seconds:.4g} s/context token; residuals {residuals}")

@@ -22,6 +22,7 @@ The pure part (grid, early stop, aiperf's command line, manifests) is
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import shutil
 import signal
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import Profile
     from pdscale.planner.profile_fit import Benchmark, FittedProfile
-    from pdscale.profile_sweep import Grid, Row, Run, SweepRecord, Target
+    from pdscale.planner.profile_fit.sweep import Grid, Row, Run, SweepRecord, Target
 
 HEADER = """\
 # Fitted by `pdscale profile run`: aiperf runs against the deployment under provenance.sweep
@@ -63,7 +64,7 @@ def _text(values: Sequence[int]) -> str:
 def add_arguments(actions: Any) -> None:
     """The ``run`` action of ``pdscale profile`` (stdlib only: building the command line
     imports nothing heavy)."""
-    from pdscale.profile_sweep import Grid
+    from pdscale.planner.profile_fit.sweep import Grid
 
     g = Grid()
     run = actions.add_parser(
@@ -158,7 +159,7 @@ class Settings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdscale.profile_sweep import SweepError
+    from pdscale.planner.profile_fit.sweep import SweepError
 
     try:
         if args.render_job:
@@ -189,7 +190,7 @@ def settings(args: argparse.Namespace, cluster: Any = None) -> Settings:
     """The flags, with the defaults of ``cluster`` (the ClusterTarget of ``-f``) filled in."""
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import ProfileError, load_profile
-    from pdscale.profile_sweep import Grid, Target
+    from pdscale.planner.profile_fit.sweep import Grid, Target
 
     url = args.url or (cluster.target.url if cluster else None)
     model = args.model or (cluster.target.model if cluster else None)
@@ -218,7 +219,8 @@ def settings(args: argparse.Namespace, cluster: Any = None) -> Settings:
 
 def render_job(args: argparse.Namespace) -> int:
     from pdscale.planner.profile import shipped_profiles
-    from pdscale.profile_sweep import JobSettings, rows, sweep_arguments, sweep_job
+    from pdscale.planner.profile_fit.sweep import rows
+    from pdscale.profile_sweep import JobSettings, sweep_arguments, sweep_job
     from pdscale.render import dump
 
     if not args.filename:
@@ -251,7 +253,8 @@ def render_job(args: argparse.Namespace) -> int:
 
 def sweep_command(args: argparse.Namespace) -> int:
     """Check everything that can be checked, then sweep, fit, write."""
-    from pdscale.profile_sweep import SweepRecord, find_aiperf, rows
+    from pdscale.planner.profile_fit.sweep import SweepRecord, rows
+    from pdscale.profile_sweep import find_aiperf
 
     if args.output is None:
         raise Refused("-o/--output: required (the profile YAML to write)")
@@ -340,10 +343,11 @@ def stderr_tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
 
 def _fit(files: Sequence[Path], s: Settings, name: str) -> tuple[FittedProfile, list[Benchmark]]:
     from pdscale.planner.profile_fit import read_benchmark
-    from pdscale.profile_cmd import fit_files
+    from pdscale.planner.profile_fit.files import fit_files
 
     result = fit_files(files, s.base, name=name, base_name=s.base_name, fmt="aiperf", slo=s.slo,
-                       kv_transfer_in_ttft=None)
+                       kv_transfer_in_ttft=None,
+                       fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return result, [read_benchmark(f, "aiperf") for f in files]
 
 
@@ -353,7 +357,8 @@ def execute(plan: Sequence[Row], workdir: Path, *, runner: Callable[[Run, Path],
             clock: Callable[[], float] = time.monotonic) -> list[Path]:
     """Run the rows in order, each stopped once covered; returns the finished runs'
     ``profile_export.jsonl``. A failed run ends the sweep (``record.failed`` says why)."""
-    from pdscale.profile_sweep import progress_skip, stops_after
+    from pdscale.planner.profile_fit.sweep import stops_after
+    from pdscale.profile_sweep import progress_skip
 
     began, i = clock(), 0
     files: list[Path] = []
@@ -386,7 +391,8 @@ def _one_run(i: int, total: int, one: Run, directory: Path, *,
     """Run one, fit everything so far, say how it went; returns what the row still misses of
     the SLO region (None: covered). A failure is written into ``record.failed``."""
     from pdscale.planner.profile_fit import BenchmarkError, FitError
-    from pdscale.profile_sweep import RunRecord, progress_done, progress_start, row_shortfall
+    from pdscale.planner.profile_fit.sweep import RunRecord, row_shortfall
+    from pdscale.profile_sweep import progress_done, progress_start
 
     say(progress_start(i, total, one, elapsed()))
     try:
@@ -427,8 +433,8 @@ def finish(args: argparse.Namespace, s: Settings, record: SweepRecord, files: Se
     """Fit every finished run, write the profile (and the ConfigMap); 2 when a run failed."""
     from pdscale.planner.profile import ProfileError
     from pdscale.planner.profile_fit import BenchmarkError, FitError
-    from pdscale.profile_cmd import fitted_summary, write_profile
-    from pdscale.profile_sweep import sweep_provenance
+    from pdscale.planner.profile_fit.files import fitted_summary, write_profile
+    from pdscale.planner.profile_fit.sweep import sweep_provenance
 
     status = 0 if record.failed is None else 2
     if not files:
@@ -459,7 +465,8 @@ def finish(args: argparse.Namespace, s: Settings, record: SweepRecord, files: Se
 
 def write_configmap(args: argparse.Namespace, namespace: str | None, text: str, *,
                     complete: bool) -> int:
-    from pdscale.profile_sweep import SweepError, profile_configmap
+    from pdscale.planner.profile_fit.sweep import SweepError
+    from pdscale.profile_sweep import profile_configmap
     from pdscale.render import dump
 
     try:
@@ -487,7 +494,7 @@ def apply_configmap(manifest: dict[str, Any]) -> int:
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config import ConfigException
 
-    from pdscale.operator.kube import api_client_from_environment
+    from pdscale.operator.clients.kube import api_client_from_environment
     from pdscale.profile_sweep import MANAGER
 
     meta = manifest["metadata"]

@@ -2,7 +2,7 @@
 
 A decision's whole input is the readings (PromQL evaluated at the plan time), the fleet's
 role states at that time, the configuration and the history of earlier decisions. The operator
-exports the role states and the plan time with every decision (``operator/telemetry.py``:
+exports the role states and the plan time with every decision (``operator/loop/telemetry.py``:
 ``pdscale_planner_observed_instances``, ``pdscale_planner_warming_ready_in_seconds``,
 ``pdscale_planner_last_plan_timestamp_seconds``) and evaluates its queries at the plan time;
 so the same queries evaluated at the same times, joined with the same role states and run
@@ -27,22 +27,22 @@ Where that cannot hold, the report says so:
   reading missed its sample and the replay's has it (scrapes are stored when they finish).
   Rare (a scrape takes milliseconds); the tick then shows DIFFERS or a different explanation.
 
-The pure parts (tick times, joining recorded samples, re-planning, instance-hours) take plain
-values; :func:`read_recording` and :func:`read_readings` are the only functions that query.
+The pure parts take plain values: joining the recorded samples into ticks, tick times and
+instance-hours live in the planner's replay package (``planner/replay/recorded.py``), the
+re-plan (:func:`replan`) here beside the readings it needs; :func:`read_recording` and
+:func:`read_readings` are the only functions that query.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
-from pdscale.planner.observe import RoleState, Warming
 from pdscale.planner.prometheus import (
     MetricsSnapshot,
     QueryClient,
@@ -50,6 +50,16 @@ from pdscale.planner.prometheus import (
     rate_window_seconds,
     read_metrics,
     render_queries,
+)
+from pdscale.planner.replay.recorded import (
+    RecordedTick,
+    Series,
+    grid_ticks,
+    instance_hours,
+    matches,
+    missed_decisions,
+    recorded_ticks,
+    tick_times,
 )
 from pdscale.planner.solve import History, step
 
@@ -60,127 +70,11 @@ RECOMMENDED_METRIC = "pdscale_planner_recommended_replicas"
 DECISIONS_METRIC = "pdscale_planner_decisions_total"
 READY_METRIC = "pdscale_ready_replicas"
 
-#: a raw sample as the HTTP API gives it in a range vector: (timestamp, value)
-Sample = tuple[float, float]
-#: series labels and their samples
-Series = tuple[Mapping[str, str], Sequence[Sample]]
-
-
-@dataclass(frozen=True)
-class RecordedTick:
-    """One live decision's inputs other than the readings, as the operator exported them."""
-
-    #: the planner's clock at the decision (Unix seconds)
-    at_seconds: float
-    prefill: RoleState
-    decode: RoleState
-    #: the counts the live planner decided (prefill, decode), when recorded
-    live: tuple[int, int] | None = None
-    #: how many decisions the operator had made by this one (its decisions counter), when
-    #: recorded: tells a late plan from decisions made between two scrapes
-    decided: int | None = None
-
-
-@dataclass(frozen=True)
-class Recording:
-    ticks: tuple[RecordedTick, ...]
-    #: why the replay cannot be exact, one line each (empty: nothing known against it)
-    caveats: tuple[str, ...] = field(default=())
-
-
-def tick_times(start_seconds: float, end_seconds: float, interval_seconds: float) -> list[float]:
-    """Planning times from ``start`` to ``end`` inclusive, one per interval (a grid: the live
-    loop's own times are recorded where the operator exports them; this is the fallback and
-    the what-if's clock)."""
-    if interval_seconds <= 0 or not math.isfinite(interval_seconds):
-        raise ValueError(f"interval: must be a positive number of seconds, got {interval_seconds!r}")
-    if end_seconds < start_seconds:
-        raise ValueError(f"--end ({end_seconds:.0f}) is before --start ({start_seconds:.0f})")
-    n = math.floor((end_seconds - start_seconds) / interval_seconds + 1e-9)
-    return [start_seconds + i * interval_seconds for i in range(n + 1)]
-
-
-def _by_time(series: Sequence[Series], key: str) -> dict[float, dict[str, float]]:
-    """timestamp -> {label value of ``key`` (plus ``/slot`` etc. joined) -> value}."""
-    out: dict[float, dict[str, float]] = {}
-    for labels, samples in series:
-        name = "/".join(str(labels.get(k, "")) for k in key.split("/"))
-        for ts, value in samples:
-            out.setdefault(float(ts), {})[name] = float(value)
-    return out
-
-
-def recorded_ticks(plan_times: Sequence[Series], instances: Sequence[Series],
-                   warming: Sequence[Series], recommended: Sequence[Series],
-                   decisions: Sequence[Series] = ()) -> list[RecordedTick]:
-    """Join the operator's exported gauges into one tick per live decision (pure).
-
-    A decision is the first scrape that shows a new ``plan time`` value; the role states, the
-    decided counts and the decisions counter (summed over its ``bound`` label) are read from
-    that same scrape (same timestamp: the operator sets the plan time last, so that scrape
-    already holds this decision's states and count)."""
-    firsts: dict[float, float] = {}  # plan time -> first scrape showing it
-    for _, samples in plan_times:
-        for ts, value in samples:
-            if value not in firsts or ts < firsts[value]:
-                firsts[value] = ts
-    counts = _by_time(instances, "role/state")
-    slots = _by_time(warming, "role/slot")
-    decided = _by_time(recommended, "role")
-    made = {ts: round(sum(by_bound.values())) for ts, by_bound in _by_time(decisions, "bound").items()}
-    ticks = []
-    for at in sorted(firsts):
-        scrape = firsts[at]
-        c, w, d = counts.get(scrape, {}), slots.get(scrape, {}), decided.get(scrape, {})
-        live = ((int(d["prefill"]), int(d["decode"]))
-                if "prefill" in d and "decode" in d else None)
-        ticks.append(RecordedTick(at, _role_state("prefill", at, c, w),
-                                  _role_state("decode", at, c, w), live, made.get(scrape)))
-    return ticks
-
-
-def _role_state(role: str, at: float, counts: Mapping[str, float],
-                ready_in: Mapping[str, float]) -> RoleState:
-    """One role's state from one scrape: counts by ``role/state``, and each warming slot's
-    seconds to serving (``role/slot``) made a time again."""
-    slots = sorted((int(k.split("/")[1]), v) for k, v in ready_in.items() if k.split("/")[0] == role)
-    return RoleState(ready=int(counts.get(f"{role}/ready", 0)),
-                     warming=tuple(Warming(ready_at_seconds=at + v) for _, v in slots),
-                     draining=int(counts.get(f"{role}/draining", 0)),
-                     recently_ready=int(counts.get(f"{role}/recently_ready", 0)))
-
-
-def grid_ticks(times: Sequence[float], ticks: Sequence[RecordedTick],
-               ready: Sequence[Series] = ()) -> list[RecordedTick]:
-    """Ticks at ``times`` with the role states of the latest recorded decision at or before
-    each (the live fleet's), else the latest ``pdscale_ready_replicas`` (ready only), else an
-    empty fleet. Used when the times are not the live decisions' (a what-if interval, or no
-    plan times recorded)."""
-    by_role: dict[str, list[Sample]] = {}
-    for labels, samples in ready:
-        by_role.setdefault(str(labels.get("role", "")), []).extend(samples)
-    out = []
-    for t in times:
-        before = [k for k in ticks if k.at_seconds <= t]
-        if before:
-            last = before[-1]
-            states = [RoleState(ready=s.ready, draining=s.draining, recently_ready=s.recently_ready,
-                                warming=tuple(Warming(max(t, w.ready_at_seconds)) for w in s.warming))
-                      for s in (last.prefill, last.decode)]
-        else:
-            states = []
-            for role in ("prefill", "decode"):
-                seen = [v for ts, v in sorted(by_role.get(role, [])) if ts <= t]
-                states.append(RoleState(ready=int(seen[-1]) if seen else 0))
-        out.append(RecordedTick(t, states[0], states[1], None))
-    return out
-
-
 def replan(ticks: Sequence[RecordedTick], snapshots: Sequence[MetricsSnapshot],
            config: PlannerConfig, history: History | None = None) -> list[Decision]:
     """The planner's decisions over recorded ticks (pure): each tick's readings joined with its
     role states, run through ``step`` with the history carried from the previous tick, as the
-    live loop does (``operator/planner_loop.py``)."""
+    live loop does (``operator/loop/planner_loop.py``)."""
     if len(ticks) != len(snapshots):
         raise ValueError(f"{len(ticks)} ticks but {len(snapshots)} sets of readings")
     history = history or History()
@@ -190,46 +84,6 @@ def replan(ticks: Sequence[RecordedTick], snapshots: Sequence[MetricsSnapshot],
         decision, history = step(obs, config=config, history=history, now=tick.at_seconds)
         decisions.append(decision)
     return decisions
-
-
-def instance_hours(times: Sequence[float], counts: Sequence[tuple[int, int]],
-                   interval_seconds: float, end_seconds: float | None = None) -> float:
-    """Instances decided x the time each decision stood, in hours: each count holds until
-    the next decision (the last one for ``interval_seconds``, or until ``end_seconds``).
-    Decided, not provisioned: warm-ups and drains are not counted."""
-    total = 0.0
-    for i, (t, (p, d)) in enumerate(zip(times, counts, strict=True)):
-        if i + 1 < len(times):
-            held = times[i + 1] - t
-        else:
-            held = interval_seconds if end_seconds is None else max(0.0, min(interval_seconds, end_seconds - t))
-        total += (p + d) * held
-    return total / 3600.0
-
-
-def missed_decisions(ticks: Sequence[RecordedTick], interval_seconds: float,
-                     tick_seconds: float = 5.0) -> list[tuple[float, float]]:
-    """(time, seconds) of each gap between recorded decisions in which the operator decided
-    and was not scraped (it was scraped less often than it plans), so the replay's memory
-    parts from the live one's after it. Where both ends carry the operator's decisions counter
-    a gap is one when the counter moved by more than one (a plan that came late, as on a busy
-    machine, is not); else (no counter, or it restarted) when the gap is longer than an
-    interval and the operator's fast tick (the latest a due plan can come)."""
-    slack = interval_seconds + tick_seconds + 1.0
-
-    def missed(a: RecordedTick, b: RecordedTick) -> bool:
-        if a.decided is not None and b.decided is not None and b.decided > a.decided:
-            return b.decided - a.decided > 1
-        return b.at_seconds - a.at_seconds > slack
-
-    return [(a.at_seconds, b.at_seconds - a.at_seconds)
-            for a, b in itertools.pairwise(ticks) if missed(a, b)]
-
-
-def matches(decisions: Sequence[Decision], ticks: Sequence[RecordedTick]) -> tuple[int, int]:
-    """(ticks whose replayed counts equal the live ones, ticks with live counts recorded)."""
-    known = [(d, t.live) for d, t in zip(decisions, ticks, strict=True) if t.live is not None]
-    return sum(1 for d, live in known if (d.prefill, d.decode) == live), len(known)
 
 
 # -- the only functions that query -------------------------------------------------------------
@@ -306,8 +160,8 @@ def spec_from_cluster(namespace: str, name: str) -> Any:
     """The live PDCluster's spec, through the kubeconfig (the replay of the spec that ran)."""
     from kubernetes import client, config
 
-    from pdscale.operator.checklist import parse
-    from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+    from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
+    from pdscale.operator.render.checklist import parse
 
     # KUBECONFIG as it is now (the client reads its default when first imported)
     config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
@@ -330,7 +184,7 @@ def replay_range(client: QueryClient, *, engine: str, namespace: str, name: str,
                  live_interval_seconds: float) -> Replayed:
     """Read and re-plan: at the live decisions' times when they are recorded and the interval
     is the live one, else on a grid at ``config``'s interval (and say why)."""
-    from pdscale.operator.names import base_name
+    from pdscale.operator.api.names import base_name
 
     caveats = []
     if recorded and config.interval_seconds == live_interval_seconds:
@@ -428,10 +282,11 @@ def _simulate(args: Any, configured: Any, whatif: Any | None, client: QueryClien
     from rich.console import Console
 
     from pdscale import prometheus_simulate
+    from pdscale.planner.replay.ensemble import mean_decided_instances
     from pdscale.planner.replay.traces import TraceError
 
     known = [(t.at_seconds, t.live) for t in base.ticks if t.live is not None]
-    live = {"mean_instances": prometheus_simulate.mean_decided_instances(
+    live = {"mean_instances": mean_decided_instances(
         [t for t, _ in known], [c for _, c in known if c is not None],
         float(configured.spec.planner.interval_seconds))}
     try:

@@ -5,7 +5,7 @@ operator reports in its SpecValid condition.
 Every malformed input is refused the same way, never with a traceback: a file that is too
 large, too deep, an alias bomb or not UTF-8 (pdscale/spec_file.py), a document that is not a
 PDCluster mapping, a metadata.name or namespace the API server would refuse, and any spec
-field whose value Kubernetes would refuse in a child (operator/k8s_rules.py)."""
+field whose value Kubernetes would refuse in a child (operator/api/k8s_rules.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from pdscale.operator.tenant_policy import TenantPolicy
+from pdscale.operator.api.tenant_policy import TenantPolicy
 
 EXIT_INVALID = 2
 # Top-level fields of a PDCluster document; status is what `kubectl get -o yaml` adds.
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _document_problems(doc: dict[Any, Any]) -> list[str]:
     """What makes a mapping not a PDCluster document: kind, apiVersion, unknown fields,
     metadata (the API server's rules on the PDCluster itself), a spec that is not a mapping."""
-    from pdscale.operator import k8s_rules
-    from pdscale.operator.pdcluster import GROUP, KIND, VERSION
+    from pdscale.operator.api import k8s_rules
+    from pdscale.operator.api.pdcluster import GROUP, KIND, VERSION
 
     out = []
     kind, api_version = doc.get("kind"), doc.get("apiVersion")
@@ -62,7 +62,7 @@ def _document_problems(doc: dict[Any, Any]) -> list[str]:
 
 def _label(number: int, doc: Any) -> str:
     """How an error line names its document: pdclusters/NAME once the name is a good one."""
-    from pdscale.operator import k8s_rules
+    from pdscale.operator.api import k8s_rules
 
     meta = doc.get("metadata") if isinstance(doc, dict) else None
     name = meta.get("name") if isinstance(meta, dict) else None
@@ -74,9 +74,9 @@ def _label(number: int, doc: Any) -> str:
 def render_one(number: int, doc: Any, namespace: str, policy: TenantPolicy | None = None
                ) -> tuple[list[dict[str, Any]], list[str]]:
     """(manifests, errors) for document NUMBER of the file."""
-    from pdscale.operator.builders import build_children
-    from pdscale.operator.checklist import SpecError, validate
-    from pdscale.operator.names import Owner
+    from pdscale.operator.api.names import Owner
+    from pdscale.operator.render.builders import build_children
+    from pdscale.operator.render.checklist import SpecError, validate
 
     if not isinstance(doc, dict):
         return [], [f"document {number}: document: must be a mapping (a PDCluster), got "
@@ -101,7 +101,7 @@ def render(docs: list[Any], namespace: str | None, policy: TenantPolicy | None =
            ) -> tuple[list[dict[str, Any]], list[str]]:
     """(manifests, errors) for the documents of one file, in order (None: an empty document,
     skipped); anything but a valid PDCluster is an error naming its field."""
-    from pdscale.operator import k8s_rules
+    from pdscale.operator.api import k8s_rules
 
     ns = namespace or "default"
     problems = k8s_rules.namespace_name(ns, "metadata.namespace")
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_INVALID
     if args.include_crd:
-        from pdscale.operator.crd import build_crd
+        from pdscale.operator.api.crd import build_crd
 
         manifests.insert(0, build_crd())
     sys.stdout.write("".join(f"# {line}\n" for line in router_notes(docs, policy)))
@@ -150,8 +150,8 @@ def router_notes(docs: list[Any], policy: TenantPolicy | None = None) -> list[st
     """One line per valid PDCluster: which router program was rendered, why, and its prefill
     admission (derived values and what they were derived from), for ``render``'s output as
     YAML comments."""
-    from pdscale.operator import router
-    from pdscale.operator.checklist import SpecError, validate
+    from pdscale.operator.render import router
+    from pdscale.operator.render.checklist import SpecError, validate
 
     out = []
     for doc in docs:

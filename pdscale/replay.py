@@ -3,7 +3,7 @@
 The planner runs the configuration the operator would run for a PDCluster: ``-f FILE`` names
 the PDCluster, and its SLOs, percentile, interval, warm-ups, decode drain, instance bounds,
 node budget, scale-down window and profile become the planner's configuration through the
-operator's own mapping (``operator/planning.py: planner_config``). Without ``-f`` the spec is
+operator's own mapping (``operator/loop/planning.py: planner_config``). Without ``-f`` the spec is
 the CRD's defaults. Flags override single fields; the output lists every field with its value
 and where it came from (flag, file or default). Router, early rejection and decode admission
 are the simulated fleet's, not the planner's.
@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdscale.replay_setup import Configured, fleet_setup, spec_replicas
+
 if TYPE_CHECKING:
-    from pdscale.operator.pdcluster import PDClusterSpec
+    from pdscale.operator.api.pdcluster import PDClusterSpec
     from pdscale.planner.config import PlannerConfig
     from pdscale.planner.model import PerformanceModel
     from pdscale.planner.profile import Profile
-    from pdscale.planner.replay.router_admission import PrefillAdmission
 
 
 def _milliseconds(seconds: float) -> int:
@@ -64,7 +65,7 @@ class SpecFlag:
     """A flag that overrides PDCluster spec fields for the replay."""
 
     flag: str
-    #: (spec section, field) pairs it sets, snake_case as in operator/pdcluster.py
+    #: (spec section, field) pairs it sets, snake_case as in operator/api/pdcluster.py
     fields: tuple[tuple[str, str], ...]
     #: flag value -> the field's value in the spec's units
     to_spec: Callable[[Any], Any]
@@ -94,19 +95,6 @@ SPEC_FLAGS: tuple[SpecFlag, ...] = (
     SpecFlag("--min-decode", (("decode", "min_replicas"),), int, int, "spec.decode.minReplicas"),
     SpecFlag("--max-decode", (("decode", "max_replicas"),), int, int, "spec.decode.maxReplicas"),
 )
-
-
-@dataclass(frozen=True)
-class Configured:
-    """The planner's configuration for a replay, and where each spec field it reads came
-    from: rows of (field as in the PDCluster, value, source)."""
-
-    spec: PDClusterSpec
-    config: PlannerConfig
-    sources: tuple[tuple[str, str, str], ...]
-
-    def as_json(self) -> dict[str, dict[str, Any]]:
-        return {name: {"value": value, "from": source} for name, value, source in self.sources}
 
 
 class ConfigurationError(ValueError):
@@ -171,8 +159,8 @@ def read_spec(path: str) -> PDClusterSpec:
     type, range and default). The checks that concern the children the operator would create
     (a Prometheus URL to read, grace periods, images) are not the replay's: a spec applied
     with its URL set elsewhere, such as the demo's, replays as it is."""
-    from pdscale.operator.checklist import SpecError, parse
-    from pdscale.operator.pdcluster import GROUP, KIND
+    from pdscale.operator.api.pdcluster import GROUP, KIND
+    from pdscale.operator.render.checklist import SpecError, parse
     from pdscale.spec_file import SpecFileError, read
 
     try:
@@ -193,7 +181,7 @@ def read_spec(path: str) -> PDClusterSpec:
 def default_spec() -> PDClusterSpec:
     """A PDCluster of the CRD's defaults, for a replay without ``-f``. Only the fields the
     planner reads are filled (the model, engine and router it needs no image for)."""
-    from pdscale.operator.pdcluster import PDClusterSpec
+    from pdscale.operator.api.pdcluster import PDClusterSpec
 
     return PDClusterSpec.model_construct()
 
@@ -216,8 +204,8 @@ def configure(
     refuses is refused here, naming the flag. Raises :class:`ConfigurationError`."""
     import pydantic
 
-    from pdscale.operator.engines import decode_batch_cap
-    from pdscale.operator.planning import PLANNER_SPEC_FIELDS, planner_config
+    from pdscale.operator.loop.planning import PLANNER_SPEC_FIELDS, planner_config
+    from pdscale.operator.render.engines import decode_batch_cap
     from pdscale.planner.profile import ProfileError
 
     by_flag = {f.flag: f for f in SPEC_FLAGS}
@@ -362,56 +350,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
 
 
-#: a PDCluster's routing policy -> the replay's router of that name (planner/replay/routers.py
-#: for prefill, decode_batches.py for decode)
-_ROUTING = {"CacheAware": "cache-aware", "RoundRobin": "round-robin",
-            "PowerOfTwo": "power-of-two", "Random": "random"}
-
-
-def routing(spec: PDClusterSpec) -> dict[str, str]:
-    """The replay's ``router`` and ``decode_router`` for the policies the spec's router is
-    rendered with (``router.prefillPolicy``, ``router.decodePolicy``) as that router applies
-    them; the deployed stack's defaults for a spec of defaults.
-
-    sglang-router 0.3.2 (router.gateway SGLangRouter) routes PD prefills at random under CacheAware:
-    its PD prefill policy never gets a prefix tree (tests/loop/test_router_prefill_tree.py);
-    smg 1.13 (the default gateway) keeps prefixes on a prefill by its own rule (``smg-cache-aware``: its tree takes
-    the prefix at routing, a per-request load gate, least loaded otherwise; docs/routers.md).
-    vllm-router is a fork of sgl-router whose PD tree we have not observed: it is replayed by
-    its policy's rule."""
-    from pdscale.operator import router
-    from pdscale.operator.pdcluster import RoutingPolicy
-    from pdscale.planner.replay.run import STACKS
-
-    if getattr(spec, "router", None) is None:
-        return {k: STACKS["deployed"][k] for k in ("router", "decode_router")}
-    prefill = router.prefill_choice(spec)
-    name = ("smg-cache-aware" if prefill is RoutingPolicy.CACHE_AWARE and router.smg(spec)
-            else _ROUTING[prefill.value])
-    return {"router": name, "decode_router": _ROUTING[spec.router.decode_policy.value]}
-
-
-def router_admission(spec: PDClusterSpec) -> PrefillAdmission | None:
-    """The prefill admission the spec's router applies, exactly as the operator renders it
-    (smg's, on by default and derived where ``router.admission`` leaves a value unset, from
-    the spec's shipped profile: operator/admission.py), whatever ``--profile`` the replay
-    plans with; None when the router admits everything. A spec of defaults (no ``-f``) has
-    the default router: smg with derived admission."""
-    from pdscale.operator import router
-    from pdscale.operator.pdcluster import EngineKind, EngineSpec, RouterSpec
-    from pdscale.planner.replay.router_admission import PrefillAdmission
-
-    if getattr(spec, "router", None) is None:  # a spec of defaults (no -f) has no router
-        spec = spec.model_copy(update={
-            "router": RouterSpec.model_construct(),
-            "engine": EngineSpec.model_construct(kind=EngineKind.SGLANG, extra_args=[])})
-    adm = router.admission(spec)
-    if adm is None:
-        return None
-    return PrefillAdmission(adm.prefill_inflight_per_worker, adm.queue_size,
-                            float(adm.queue_timeout_seconds))
-
-
 def configuration_from(args: argparse.Namespace) -> Configured:
     """The command line's spec, flags and profile, through :func:`configure`."""
     from pdscale.planner.profile import ProfileError, load_profile
@@ -486,11 +424,6 @@ def _start(args: argparse.Namespace, setup: Any, console: Any) -> tuple[Any, Any
     return setup, None
 
 
-def spec_replicas(spec: PDClusterSpec) -> tuple[int, int]:
-    """(prefill, decode) replicas the spec asks for: where the operator starts the fleet."""
-    return spec.prefill.replicas, spec.decode.replicas
-
-
 def add_tick_phase(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-phase-seconds", type=_phase_seconds, metavar="S",
                         help="the planner ticks S s after each multiple of its interval, as a live "
@@ -523,29 +456,6 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def fleet_setup(args: argparse.Namespace, trace: Any, configured: Configured, truth: Any) -> Any:
-    """The replay's fleet: the stack named, routed and admitted as the spec's router is
-    rendered on the deployed stack (the what-if stacks keep their own), flags overriding."""
-    from pdscale.planner.replay.run import STACKS, ReplaySetup
-
-    stack = STACKS[args.stack]
-    deployed = args.stack == "deployed"
-    routes = routing(configured.spec) if deployed else stack
-    # a what-if stack's router sends each prefill where it is served soonest: one pool
-    config = configured.config if deployed else dataclasses.replace(configured.config,
-                                                                     prefill_queue="pooled")
-    return ReplaySetup(
-        trace=trace, planner=config, engine=stack["engine"],
-        router=args.router or routes["router"],
-        decode_router=args.decode_router or routes["decode_router"],
-        early_rejection=stack["early_rejection"] if args.early_rejection is None else True,
-        decode_admission=args.decode_admission, fleet_model=truth,
-        prefill_admission=router_admission(configured.spec) if deployed else None,
-        tick_phase_seconds=args.tick_phase_seconds, join_delay_seconds=args.join_delay_seconds,
-        scrape_seconds=args.scrape_seconds, scrape_lag_seconds=args.scrape_lag_seconds,
-    )
-
-
 def _flags_refused(args: argparse.Namespace) -> str | None:
     """Why the flags cannot run together (None: they can)."""
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -562,7 +472,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from pdscale.operator.engines import decode_batch_cap
+    from pdscale.operator.render.engines import decode_batch_cap
     from pdscale.planner.replay.run import run_policy
     from pdscale.planner.replay.traces import TraceError
 

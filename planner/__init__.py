@@ -15,7 +15,7 @@ for callers that need only one part, e.g. the metrics reader):
   :func:`calibrate_slo`.
 - ``forecast``: :func:`forecast`, :func:`backtest`.
 - ``config``: :class:`PlannerConfig` (validated on construction) and :func:`build_config`,
-  called by the one mapping from a PDCluster spec (``operator/planning.py``) that the
+  called by the one mapping from a PDCluster spec (``operator/loop/planning.py``) that the
   operator, ``pdscale replay`` and the benchmarks share.
 - ``solve``: :func:`plan`, :func:`step`, :class:`History`.
 - ``prometheus``: the metrics reader, the runtime's only I/O module (HTTP to Prometheus).

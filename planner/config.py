@@ -3,7 +3,7 @@
 
 ``build_config`` takes plain keyword arguments in seconds and derives what follows from them
 (the horizon from the warm-up, the backlog's clearing time, the profile's warm-up). Its one
-caller in the product is the mapping from a PDCluster spec (``operator/planning.py:
+caller in the product is the mapping from a PDCluster spec (``operator/loop/planning.py:
 planner_config``), which the operator, ``pdscale replay`` and the benchmarks all use, so that
 the planner measured in a replay is the planner that runs. (The planner cannot import the
 operator's spec model, so the mapping lives there; the replay receives its result whole.)

@@ -72,7 +72,7 @@ class Slo:
     ttft_seconds: float = 2.0
     tpot_seconds: float = 0.05
     #: the share of requests that must meet the targets (0.9 = p90 within target). The
-    #: PDCluster's ``slo.percentile`` sets it (operator/planning.py); this default is the CRD's
+    #: PDCluster's ``slo.percentile`` sets it (operator/loop/planning.py); this default is the CRD's
     #: (90), so that a caller that names none plans as an unconfigured PDCluster does
     percentile: float = 0.9
 

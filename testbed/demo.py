@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory_name
-from pdscale.operator.pdcluster import PDClusterSpec
+from pdscale.operator.api.pdcluster import PDClusterSpec
+from pdscale.operator.render.builders import PLANNER_MEMORY_KEY, planner_memory_name
 
 from . import demo_replay
 from .loadgen import Phase, RequestRecord, RequestSpec, percentile, plan_requests, send_one

@@ -127,8 +127,8 @@ def replay_recording(pdcluster: Path, trace: Path,
 
     The trace is read with the profile's block size (``pdscale replay --trace`` reads Mooncake
     files as 512-token blocks). ``router`` is one of the replay's prefill routers; None: the
-    spec's, as its router is rendered (decode too: ``pdscale.replay.routing``; and its prefill
-    admission, ``pdscale.replay.router_admission``). ``fleet``: a
+    spec's, as its router is rendered (decode too: ``pdscale.replay_setup.routing``; and its prefill
+    admission, ``pdscale.replay_setup.router_admission``). ``fleet``: a
     simulated fleet other than the profile the planner plans with (a control: a replay on the
     wrong fleet must part from the live run). ``timing``: when the live loop planned and how
     long its instances took to join (:func:`live_timing`), for the replay to plan when it did
@@ -137,7 +137,8 @@ def replay_recording(pdcluster: Path, trace: Path,
     from pdscale.planner.model import Load
     from pdscale.planner.replay.run import ReplaySetup, run_policy
     from pdscale.planner.replay.traces import read_mooncake
-    from pdscale.replay import configure, read_spec, router_admission, routing, spec_replicas
+    from pdscale.replay import configure, read_spec
+    from pdscale.replay_setup import router_admission, routing, spec_replicas
 
     configured = configure(read_spec(str(pdcluster)), spec_source=f"file {pdcluster}")
     config = configured.config

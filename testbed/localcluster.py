@@ -46,9 +46,6 @@ POD_READY_STAGE = Path(__file__).resolve().parent / "kwok-pod-ready.yaml"
 # within it as kwok's own stage has it.
 POD_DELETE_STAGE = Path(__file__).resolve().parent / "kwok-pod-delete.yaml"
 
-# kwok only manages nodes carrying this annotation, so a user's real nodes (on a kind cluster
-# running kwok inside) are never touched.
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 START_TIMEOUT_SECONDS = 120.0
 
@@ -247,6 +244,8 @@ class LocalCluster:
         ])
 
     def _start_controllers(self) -> None:
+        from .nodes import KWOK_NODE_ANNOTATION  # the nodes module owns the annotation
+
         pki = self.workdir / "pki"
         kc = str(self.kubeconfig)
         self._spawn("kube-controller-manager", [

@@ -11,8 +11,9 @@ from pathlib import Path
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from .localcluster import KWOK_NODE_ANNOTATION
-
+# kwok only manages nodes carrying this annotation, so a user's real nodes (on a kind cluster
+# running kwok inside) are never touched (localcluster starts kwok with it as its selector).
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_PRODUCT = "NVIDIA-H200"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The taint GPU operators conventionally put on GPU nodes: only pods that ask for GPUs land.

@@ -50,13 +50,26 @@ PLANTED = {
         "planner/forecast.py", "import kopf", "pdscale.planner.forecast -> kopf"),
     "planner-core-is-pure": ("planner/model.py", "import urllib3", "pdscale.planner.model -> urllib3"),
     "replay-builds-on-the-planner": (
-        "planner/replay/traces.py", "import pdscale.operator.names",
-        "pdscale.planner.replay.traces -> pdscale.operator.names"),
+        "planner/replay/traces.py", "import pdscale.operator.api.names",
+        "pdscale.planner.replay.traces -> pdscale.operator.api.names"),
     "operator-imports-only-the-planner": (
-        "operator/names.py", "import pdscale.planner.replay.traces",
-        "pdscale.operator.names -> pdscale.planner.replay.traces"),
+        "operator/api/names.py", "import pdscale.planner.replay.traces",
+        "pdscale.operator.api.names -> pdscale.planner.replay.traces"),
     "command-line-never-imports-the-test-bed": (
         "render.py", "import pdscale.testbed.demo", "pdscale.render -> pdscale.testbed.demo"),
+    "operator-rooms-are-layered": (
+        "operator/reconciler/status.py", "import pdscale.operator.loop.fleet",
+        "pdscale.operator.reconciler.status -> pdscale.operator.loop.fleet"),
+    "rendering-never-imports-the-loop": (
+        "operator/render/router.py", "import pdscale.operator.loop.planning",
+        "pdscale.operator.render.router -> pdscale.operator.loop.planning"),
+    "the-api-imports-nothing-of-ours": (
+        "operator/api/names.py", "import pdscale.planner.observe",
+        "pdscale.operator.api.names -> pdscale.planner.observe"),
+    # solve imports decision: decision importing solve closes a cycle in pdscale.planner
+    "no-import-cycles": (
+        "planner/decision.py", "import pdscale.planner.solve",
+        "No cycles are allowed in pdscale.planner."),
 }
 
 
@@ -128,3 +141,16 @@ def test_the_benchmarks_import_no_private_name():
 def test_the_private_name_check_catches_one():
     assert private_imports("from pdscale.planner.replay.run import ReplaySetup, _run\n") == [
         "pdscale.planner.replay.run._run"]
+
+
+def test_every_module_of_the_operator_is_in_a_room():
+    # The operator's root holds only the kopf entry point and leader election; every other
+    # module lives in a room (a sub-package with a one-line docstring) that the layers list.
+    operator = ROOT / "operator"
+    assert {p.stem for p in operator.glob("*.py")} == {"__init__", "handlers", "leader"}
+    rooms = {p.parent.name for p in operator.glob("*/__init__.py")}
+    layers = lines(contracts()["operator-rooms-are-layered"]["layers"])
+    assert rooms | {"handlers", "leader"} == layers
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((operator / room / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), f"operator/{room}/__init__.py: one-line docstring"

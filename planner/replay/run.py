@@ -14,8 +14,9 @@ import numpy as np
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
+from ..needs import prefill_share
 from ..observe import Observation, RoleState
-from ..solve import History, prefill_share, step
+from ..solve import History, step
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -35,7 +36,7 @@ class ReplaySetup:
 
     ``planner`` is the planner's whole configuration, as the operator runs it: the command
     line and the benchmarks derive it from a PDCluster spec with the operator's own mapping
-    (``operator/planning.py: planner_config``); the model, the SLO with its percentile, the
+    (``operator/loop/planning.py: planner_config``); the model, the SLO with its percentile, the
     node budget and the interval are read from it, never set twice. The other fields are the
     simulation's alone (the fleet's router and admission, what static:best aims at).
 
@@ -133,7 +134,7 @@ class ReplaySetup:
 #: loaded: a what-if, no router does it), and the global-scheduling article's model (one
 #: prefill at a time, exact predictions, early rejection: the seed reproduction's). A
 #: PDCluster's own gateway and policies replace the deployed stack's routers
-#: (``pdscale.replay.routing``: smg 1.13 keeps prefixes on a prefill, ``smg-cache-aware``).
+#: (``pdscale.replay_setup.routing``: smg 1.13 keeps prefixes on a prefill, ``smg-cache-aware``).
 STACKS: dict[str, dict[str, Any]] = {
     # what a PDCluster renders by default: smg (cache-aware PD prefill choice by its own rule)
     # with derived prefill admission (pdscale/replay.py router_admission); the old default,

@@ -57,7 +57,8 @@ bootstrap) in the same event loop, which the standard library offers only synchr
 """
 
 # Layout (the docstring above is also the command line's --help): engine (the core every
-# dialect shares: queues, timing, rooms, the HTTP handlers common to both), dialect (what a
+# dialect shares: queues, timing, rooms, the HTTP handlers common to both), config (its
+# settings) and room (a bootstrap room), which the dialects read too, dialect (what a
 # dialect decides) with sglang and vllm (each dialect's endpoints, metric names and KV
 # hand-off), timing, prefix_cache, metrics, wire (request parsing, response bodies),
 # tokenizer and cli (the process). The names below are the package's public surface.
@@ -71,15 +72,14 @@ from .cli import (
     serve,
     timing_from_args,
 )
-from .dialect import Dialect
+from .config import EngineConfig
+from .dialect import Dialect, EngineCore
 from .engine import (
     DIALECT_CLASSES,
     DIALECTS,
     DecodeSequence,
     EngineBusy,
-    EngineConfig,
     KvUnavailable,
-    Room,
     SimEngine,
 )
 from .metrics import (
@@ -94,6 +94,7 @@ from .metrics import (
     Metrics,
 )
 from .prefix_cache import PrefixCache
+from .room import Room
 from .sglang import LOADS_SECTIONS, SGLang, render_metrics
 from .timing import LinearTiming, TimingModel, planner_timing
 from .tokenizer import WORD_TOKENIZER, write_word_tokenizer
@@ -119,7 +120,7 @@ __all__ = [
     "DIALECTS", "DIALECT_CLASSES", "LOADS_SECTIONS", "SGLANG_E2E_BUCKETS_SECONDS",
     "SGLANG_ITL_BUCKETS_SECONDS", "SGLANG_TTFT_BUCKETS_SECONDS", "VLLM_E2E_BUCKETS_SECONDS",
     "VLLM_ITL_BUCKETS_SECONDS", "VLLM_TTFT_BUCKETS_SECONDS", "WORD_TOKENIZER", "DecodeSequence",
-    "Dialect", "EngineBusy", "EngineConfig", "Exposition", "Histogram", "KvUnavailable",
+    "Dialect", "EngineBusy", "EngineConfig", "EngineCore", "Exposition", "Histogram", "KvUnavailable",
     "LinearTiming", "Metrics", "PrefixCache", "Room", "SGLang", "SimEngine", "TimingModel", "Vllm",
     "add_timing_arguments", "build_parser", "config_from_args", "engine_flags", "finish_reason",
     "full_response", "is_loopback", "main", "max_new_tokens", "planner_timing",

@@ -16,7 +16,8 @@ from aiohttp import web
 from pdscale.planner.observe import Role
 from pdscale.planner.profile import instance_batch_cap
 
-from .engine import DIALECTS, EngineConfig, SimEngine
+from .config import EngineConfig
+from .engine import DIALECTS, SimEngine
 from .timing import LinearTiming, TimingModel, planner_timing
 from .tokenizer import write_word_tokenizer
 from .wire import is_loopback

@@ -9,18 +9,44 @@ whole difference in one place.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .metrics import SGLANG_PROMPT_TOKENS_BUCKETS
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from .engine import Room, SimEngine
+    from pdscale.planner.observe import Role
+
+    from .config import EngineConfig
+    from .metrics import Metrics
+    from .room import Room
+
+
+class EngineCore(Protocol):
+    """What a dialect reads of its engine (:class:`~.engine.SimEngine` is the one): the engine
+    imports the dialects, so they name it by this interface and not by import."""
+
+    config: EngineConfig
+    metrics: Metrics
+    role: Role
+    engine_id: str
+    #: the gauges as last logged
+    logged: dict[str, float]
+
+    def inflight(self) -> int: ...
+    def kv_held(self) -> int: ...
+    def queues(self) -> dict[str, int]: ...
+    def used_tokens(self) -> int: ...
+    def token_capacity(self) -> int: ...
+    def token_usage(self) -> float: ...
+    async def handle_generate(self, request: web.Request, api: str) -> web.StreamResponse: ...
+    async def handle_health(self, request: web.Request) -> web.Response: ...
 
 
 class Dialect(ABC):
-    """One engine's API on top of a :class:`~.engine.SimEngine` (``self.engine``)."""
+    """One engine's API on top of a :class:`~.engine.SimEngine` (``self.engine``, an
+    :class:`EngineCore`)."""
 
     #: the ``--dialect`` value
     name: ClassVar[str]
@@ -33,7 +59,7 @@ class Dialect(ABC):
     #: computed KV nobody pulled is freed after ``kv_lease_seconds`` (vLLM's NIXL lease)
     pins_kv: ClassVar[bool]
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: EngineCore) -> None:
         """Raises ValueError for an engine configuration this dialect cannot serve."""
         self.engine = engine
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pdscale.operator.engines import (
+from pdscale.operator.render.engines import (
     SGLANG_DEFAULT_ITL_BUCKETS_SECONDS,
     SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS,
 )

@@ -35,7 +35,7 @@ from .metrics import (
 )
 
 if TYPE_CHECKING:
-    from .engine import Room
+    from .room import Room
 
 #: SGLang's DEFAULT_FORCE_STREAM_INTERVAL (managers/scheduler_output_processor_mixin.py)
 FORCE_STREAM_INTERVAL_TOKENS = 50

@@ -32,7 +32,8 @@ from .metrics import (
 )
 
 if TYPE_CHECKING:
-    from .engine import Room, SimEngine
+    from .dialect import EngineCore
+    from .room import Room
 
 
 def render_vllm_metrics(
@@ -117,7 +118,7 @@ class Vllm(Dialect):
     finishes_after_transfer = False
     pins_kv = True
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: EngineCore) -> None:
         if engine.role == Role.PREFILL and not engine.config.bootstrap_port:
             raise ValueError("a vllm-dialect prefill needs a bootstrap port (its KV side channel)")
         super().__init__(engine)

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from pdscale.operator import rbac
+from pdscale.operator.render import rbac
 from pdscale.testbed.localcluster import DEFAULT_BIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_chart_crd_is_the_crd_in_crds_folder():
 def test_chart_rbac_rules_are_the_operators_rules():
     rendered = by_kind(render("rbac.clusterWide=true"), "ClusterRole")[0]["rules"]
     assert rendered == json.loads(json.dumps(rbac.rules())), (
-        "make chart-sync: regenerate charts/pdscale/rbac-*-rules.yaml from pdscale.operator.rbac"
+        "make chart-sync: regenerate charts/pdscale/rbac-*-rules.yaml from pdscale.operator.render.rbac"
     )
 
 
@@ -351,7 +351,7 @@ def test_admission_and_the_operator_agree_on_every_prometheus_url(cluster, admin
     """The differential for allowedPrometheusURLs: each URL of the corpus is created through
     the API server under the chart's admission policy, and its verdict compared with the
     operator's (tenant_policy.prometheus_url_allowed)."""
-    from pdscale.operator.tenant_policy import prometheus_url_allowed
+    from pdscale.operator.api.tenant_policy import prometheus_url_allowed
 
     release = f"vapp-{uuid.uuid4().hex[:6]}"
     helm("install", release, str(CHART), "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_chart import by_kind, render
 
-from pdscale.operator import telemetry
+from pdscale.operator.loop import telemetry
 
 
 def _operator_policy(docs: list[dict]) -> dict:

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from docblocks import GETTING_STARTED, blocks
 
 from pdscale.testbed.localcluster import DEFAULT_BIN_DIR, LocalCluster

@@ -36,7 +36,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.localcluster import DEFAULT_BIN_DIR, K8S_VERSION, free_port
 from pdscale.testbed.nodes import ensure_cpu_nodes, ensure_h200_nodes

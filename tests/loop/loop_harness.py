@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.operator.routersync import WorkerSpec
+from pdscale.operator.clients.routersync import WorkerSpec
 
 # Timing every loop test uses (model seconds; no compression): quick, and far enough above
 # scheduling noise that TTFT and TPOT are measurable on a 2-core machine.
@@ -157,7 +157,10 @@ class Fleet:
             self.wait_healthy(engine)
         return engine
 
-    def wait_healthy(self, engine: Engine, timeout: float = 15.0) -> None:
+    # Waits, not checks: a process started on a busy machine (issue 47: 15 s ran out with ten
+    # runnable processes on two cores) may take long to import and bind; what is checked is
+    # that it comes up, and a crash still fails at once.
+    def wait_healthy(self, engine: Engine, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if engine.popen.poll() is not None:
@@ -192,7 +195,7 @@ class Fleet:
 
     def start_vllm_router(self, *extra: str) -> tuple[str, str]:
         """The real vllm-router in PD mode with its ZMQ discovery and no worker (they are
-        announced, see operator/vllm_discovery.py). Returns (router URL, discovery address)."""
+        announced, see operator/clients/vllm_discovery.py). Returns (router URL, discovery address)."""
         host = f"{self.net}.10"
         port, discovery = free_port(host), free_port(host)
         argv = [str(Path(sys.executable).parent / "vllm-router"), "--vllm-pd-disaggregation",
@@ -215,7 +218,7 @@ class Fleet:
     def router_workers(self) -> list[dict]:
         return http_json(self.router_url + "/workers")["workers"]
 
-    def wait_router_workers(self, count: int, timeout: float = 20.0) -> None:
+    def wait_router_workers(self, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

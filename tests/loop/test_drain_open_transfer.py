@@ -23,8 +23,8 @@ import time
 import aiohttp
 import pytest
 
-from pdscale.operator.drain import Drains, as_engine_load, with_engine_state
-from pdscale.operator.engine_probe import (
+from pdscale.operator.api.pdcluster import EngineKind, PDClusterSpec
+from pdscale.operator.clients.engine_probe import (
     EngineLoad,
     LoadSource,
     engine_load,
@@ -32,15 +32,15 @@ from pdscale.operator.engine_probe import (
     http_get,
     in_flight_from_get_load,
 )
-from pdscale.operator.fleet import PodView, plan_role_actions
-from pdscale.operator.pdcluster import EngineKind, PDClusterSpec
-from pdscale.operator.vllm_discovery import (
+from pdscale.operator.clients.vllm_discovery import (
     HANDOFF_GRACE_SECONDS,
     RUNNING,
     WAITING,
     Announcer,
     decode_pulls_pending,
 )
+from pdscale.operator.loop.drain import Drains, as_engine_load, with_engine_state
+from pdscale.operator.loop.fleet import PodView, plan_role_actions
 from pdscale.testbed.loadgen import RequestSpec, send_one
 
 pytestmark = pytest.mark.slow

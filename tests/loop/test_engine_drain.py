@@ -48,8 +48,10 @@ def test_admin_drain_without_exit_keeps_the_process_and_reports_in_flight(fleet)
 
     async def scenario():
         async with aiohttp.ClientSession() as session:
+            # long enough to still decode when /get_load answers after the drain: 20 tokens
+            # finished in between on a busy machine (issue 47), leaving num_reqs at 0
             running = asyncio.create_task(
-                send_one(session, engine.url, "generate", long_request(20), "sim-model", 0.0, 30)
+                send_one(session, engine.url, "generate", long_request(200), "sim-model", 0.0, 30)
             )
             while engine.state()["inflight"] == 0:
                 await asyncio.sleep(0.01)
@@ -90,4 +92,7 @@ def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
     print(f"\ncompressed x{compression}: TTFT {record.ttft_seconds:.4f}s (model {ttft:.4f}s), "
           f"TPOT {record.tpot_seconds:.5f}s (model {tpot:.5f}s)")  # fmt: skip
     assert ttft <= record.ttft_seconds <= ttft + 0.03, (record.ttft_seconds, ttft)
-    assert tpot * 0.95 <= record.tpot_seconds <= tpot * 1.3, (record.tpot_seconds, tpot)
+    # a token's step is a few ms of sleep, and a busy machine adds its scheduling delay to
+    # each (measured with 18 runnable processes on two cores: 2.1x the model's pace); the
+    # bound still tells the compressed pace from the uncompressed one (4x)
+    assert tpot * 0.95 <= record.tpot_seconds <= tpot * 3.0, (record.tpot_seconds, tpot)

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from loop_harness import BLOCK_TOKENS, SGLANG_ROUTER, SMG, TIMING, Fleet
 
-from pdscale.operator.routersync import (
+from pdscale.operator.clients.routersync import (
     RouterClient,
     SGLangWorkerList,
     normalize_url,

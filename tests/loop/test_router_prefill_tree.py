@@ -1,6 +1,6 @@
 """Does the real SGLang router route PD prefill cache-aware for the workers the operator adds?
 
-The operator registers every worker through ``POST /workers`` (operator/routersync.py). With
+The operator registers every worker through ``POST /workers`` (operator/clients/routersync.py). With
 ``--prefill-policy cache_aware``, sglang-router 0.3.2 never builds a prefix tree for its PD
 prefill policy: the per-model policy is initialised ("Initializing cache-aware policy with N
 workers for model sim-model"), the separate prefill policy the PD router routes with never is
@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from loop_harness import SGLANG_ROUTER, SMG, Fleet, http_json
 
-from pdscale.operator.routersync import RouterClient
+from pdscale.operator.clients.routersync import RouterClient
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdscale.operator.routersync import (
+from pdscale.operator.clients.routersync import (
     RouterError,
     RouterWorker,
     SGLangWorkerList,
@@ -205,7 +205,7 @@ def test_a_router_answering_garbage_is_unknown_and_the_sync_holds_and_says_why(g
         except RouterError:
             pass
         assert workers.listed() is None, body
-        with caplog.at_level(logging.WARNING, logger="pdscale.operator.routersync"):
+        with caplog.at_level(logging.WARNING, logger="pdscale.operator.clients.routersync"):
             caplog.clear()
             workers.make_equal(frozenset({P1, D1}))
         assert "worker sync holds until the next tick: GET /workers" in caplog.text, body

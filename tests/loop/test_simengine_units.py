@@ -205,21 +205,33 @@ def test_decode_batch_cap_queues_the_rest_and_tpot_grows_with_the_batch():
                 return time.monotonic() - t0, answer
 
             tasks = [asyncio.create_task(one()) for _ in range(4)]
-            await asyncio.sleep(0.03)
-            state = await (await api.get("/sim/state")).json()
-            return state, await asyncio.gather(*tasks)
+            # every state seen until all four arrived (a fixed sleep ran out on a busy machine)
+            seen = []
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                state = await (await api.get("/sim/state")).json()
+                seen.append((state["running"], state["queued"]))
+                if state["running"] + state["queued"] == 4 or any(t.done() for t in tasks):
+                    break
+                await asyncio.sleep(0.005)
+            return seen, await asyncio.gather(*tasks)
         finally:
             await api.close()
             await engine.close()
 
-    state, results = asyncio.run(scenario())
-    assert (state["running"], state["queued"]) == (2, 2)
+    seen, results = asyncio.run(scenario())
+    # two run, the other two queue; never more than the cap at once
+    assert seen[-1] == (2, 2), seen
+    assert max(running for running, _ in seen) <= 2, seen
     assert all(a["meta_info"]["completion_tokens"] == 11 for _, a in results)
     durations = sorted(d for d, _ in results)
     # two at a time: 10 steps at batch 2 each, and the second pair starts after the first
     batch2 = 10 * (step + 2 * per_seq)
-    assert batch2 <= durations[1] < batch2 * 1.3, durations
-    assert 2 * batch2 <= durations[3] < 2 * batch2 * 1.3, durations
+    # the lower bounds are the model's (the second pair waits for the first); the upper ones
+    # allow a busy machine's scheduling delay on each 20 ms step (the cap itself is held by
+    # the second pair's lower bound: four at batch 4 would all finish in 1.5 * batch2)
+    assert batch2 <= durations[1] < batch2 * 2.0, durations
+    assert 2 * batch2 <= durations[3] < 2 * batch2 * 2.0, durations
 
 
 def test_engine_flags_of_a_pod_become_the_sims_flags():
@@ -254,7 +266,7 @@ def _prefill_finish_times(chunk_tokens: int, prompts: list[list[str]]) -> list[f
     import asyncio
 
     from pdscale.testbed.simengine import EngineConfig, SimEngine
-    from pdscale.testbed.simengine.engine import Room
+    from pdscale.testbed.simengine.room import Room
 
     timing = LinearTiming(prefill_tokens_per_second=10_000, prefill_overhead_seconds=0.0)
 
@@ -298,7 +310,7 @@ def test_a_prompt_cached_whole_still_computes_its_last_token():
     import asyncio
 
     from pdscale.testbed.simengine import EngineConfig, SimEngine
-    from pdscale.testbed.simengine.engine import Room
+    from pdscale.testbed.simengine.room import Room
 
     timing = LinearTiming(prefill_tokens_per_second=10_000, prefill_overhead_seconds=0.0)
     seen: list[float] = []

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from loop_harness import TIMING, Fleet, http_json
 
-from pdscale.operator.engine_probe import engine_in_flight
-from pdscale.operator.vllm_discovery import Announcer
+from pdscale.operator.clients.engine_probe import engine_in_flight
+from pdscale.operator.clients.vllm_discovery import Announcer
 from pdscale.planner.prometheus import VLLM_QUERIES
 from pdscale.testbed.loadgen import RequestSpec, send_one
 from pdscale.testbed.simengine import (

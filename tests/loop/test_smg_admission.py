@@ -20,9 +20,9 @@ import urllib.request
 import pytest
 import yaml
 
-from pdscale.operator import builders, router
-from pdscale.operator.checklist import SpecError, validate
-from pdscale.operator.names import Owner
+from pdscale.operator.api.names import Owner
+from pdscale.operator.render import builders, router
+from pdscale.operator.render.checklist import SpecError, validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OWNER = Owner(name="glm53", namespace="serving", uid="1234-uid")

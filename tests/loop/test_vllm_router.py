@@ -1,5 +1,5 @@
 """The real vllm-router (PyPI 0.1.17) in PD mode, its worker list set by the operator's
-announcer (operator/vllm_discovery.py): workers announced take traffic, a worker no longer
+announcer (operator/clients/vllm_discovery.py): workers announced take traffic, a worker no longer
 announced stops getting new requests within the timeout, and no request fails meanwhile."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 import aiohttp
 import pytest
 
-from pdscale.operator.engine_probe import engine_in_flight, engine_vllm_totals
-from pdscale.operator.vllm_discovery import (
+from pdscale.operator.clients.engine_probe import engine_in_flight, engine_vllm_totals
+from pdscale.operator.clients.vllm_discovery import (
     LEAVE_MARGIN_SECONDS,
     PING_TIMEOUT_SECONDS,
     Announcer,

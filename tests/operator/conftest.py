@@ -28,12 +28,13 @@ def _create_or_replace(create, read, replace, body):
 
 @pytest.fixture(scope="session")
 def operator_installed(cluster) -> None:
-    """CRD, ClusterRole (from operator/rbac.py) and its binding to the operator's SA, applied by
+    """CRD, ClusterRole (from operator/render/rbac.py) and its binding to the operator's SA, applied by
     the admin; plus an untainted CPU node for the router and a decoy GPU node of another
     product that no engine pod may use."""
     from kubernetes import client
 
-    from pdscale.operator import crd, rbac
+    from pdscale.operator.api import crd
+    from pdscale.operator.render import rbac
     from pdscale.testbed.nodes import api_client, h200_node, wait_nodes_ready
 
     api = api_client(cluster.kubeconfig)
@@ -85,7 +86,7 @@ def run_operator(cluster, operator_installed, monkeypatch) -> Iterator[Callable[
     monkeypatch.setenv("PDSCALE_LEADER_NAMESPACE", "pdscale-system")
     # the admin of this test cluster lets PDClusters name a Prometheus on loopback (the
     # tests' own, or a port where none listens); the rest of the policy is the default
-    from pdscale.operator import tenant_policy
+    from pdscale.operator.api import tenant_policy
 
     monkeypatch.setenv(tenant_policy.POLICY_ENV, '{"allowedPrometheusURLs": ["127.0.0.1"]}')
     tenant_policy.configured.cache_clear()

@@ -47,9 +47,9 @@ PLURALS = {"Deployment": "deployments", "Service": "services", "ServiceAccount":
 def expected_children(doc: dict[str, Any], namespace: str) -> dict[str, list[str]]:
     """What the builders say this PDCluster owns, by plural: the integration tests check the
     cluster against the pure builders instead of a second, hand-kept list."""
-    from pdscale.operator.builders import build_children
-    from pdscale.operator.checklist import validate
-    from pdscale.operator.names import Owner
+    from pdscale.operator.api.names import Owner
+    from pdscale.operator.render.builders import build_children
+    from pdscale.operator.render.checklist import validate
 
     spec, derived = validate(doc["spec"])
     out: dict[str, list[str]] = {plural: [] for plural in PLURALS.values()}

@@ -1,5 +1,5 @@
 """The router's prefill admission derived from the profile and the TTFT target
-(operator/admission.py, docs/admission.md): on by default in front of smg, explicit values
+(operator/render/admission.py, docs/admission.md): on by default in front of smg, explicit values
 winning, one switch turning it off, and the same values in the flags, status.derived and the
 note ``pdscale render`` prints."""
 
@@ -10,8 +10,8 @@ import pathlib
 import pytest
 import yaml
 
-from pdscale.operator import admission, router
-from pdscale.operator.checklist import validate
+from pdscale.operator.render import admission, router
+from pdscale.operator.render.checklist import validate
 from pdscale.planner.model import PerformanceModel
 from pdscale.planner.profile import shipped_profile
 

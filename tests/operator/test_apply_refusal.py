@@ -12,9 +12,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from test_pdc_reconcile import NOW, FakeKube, _body, _pdc
 
-from pdscale.operator import conditions as c
 from pdscale.operator import handlers
-from pdscale.operator.reconcile import Outcome, reconcile, refusal
+from pdscale.operator.reconciler import conditions as c
+from pdscale.operator.reconciler.reconcile import Outcome, reconcile, refusal
 
 LATER = "2026-11-30T12:05:00Z"
 SERVER_SAYS = ('Deployment.apps "glm53-decode" is invalid: spec.template.spec.containers[0]'

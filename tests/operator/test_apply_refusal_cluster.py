@@ -11,8 +11,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pdc_cluster_helpers import sample, wait_for
 
-from pdscale.operator import conditions as c
-from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.reconciler import conditions as c
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

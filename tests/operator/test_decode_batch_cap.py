@@ -1,6 +1,6 @@
 """A decode batch cap in the engines' arguments is part of the instance the planner sizes and the
 replay simulates: SGLang's ``--max-running-requests`` and vLLM's ``--max-num-seqs``, read from
-``extraArgs`` as each engine reads them (operator/engines.py: decode_batch_cap)."""
+``extraArgs`` as each engine reads them (operator/render/engines.py: decode_batch_cap)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from test_pdc_checklist import SGLANG  # DP attention over 8 ranks, as the shipped example
 from test_pdc_checklist import VLLM as VLLM_TP8
 
-from pdscale.operator.checklist import SpecError, validate
-from pdscale.operator.engines import decode_batch_cap
-from pdscale.operator.planning import planner_config
+from pdscale.operator.loop.planning import planner_config
+from pdscale.operator.render.checklist import SpecError, validate
+from pdscale.operator.render.engines import decode_batch_cap
 from pdscale.planner.profile import capped_profile, shipped_profile
 from pdscale.planner.replay.run import ReplaySetup
 from pdscale.planner.replay.traces import Trace

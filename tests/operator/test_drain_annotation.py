@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from pdscale.operator.fleet import (
+from pdscale.operator.api.names import DRAINING_ANNOTATION
+from pdscale.operator.loop.fleet import (
     DRAIN_START_UNREADABLE,
-    DRAINING_ANNOTATION,
     drain_started_at,
     plan_role_actions,
     pod_view,

@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from pdscale.operator.drain import Drains, HandoffWaits, get_load_wait_seconds
-from pdscale.operator.engine_probe import (
+from pdscale.operator.api.pdcluster import EngineKind, PDClusterSpec
+from pdscale.operator.clients.engine_probe import (
     LOADS_PATH,
     EngineLoad,
     LoadSource,
@@ -24,9 +24,7 @@ from pdscale.operator.engine_probe import (
     in_flight_from_get_load,
     in_flight_from_loads,
 )
-from pdscale.operator.fleet import PodView, plan_role_actions
-from pdscale.operator.pdcluster import EngineKind, PDClusterSpec
-from pdscale.operator.vllm_discovery import (
+from pdscale.operator.clients.vllm_discovery import (
     HANDOFF_GRACE_SECONDS,
     NIXL_KV_LEASE_SECONDS,
     WAITING,
@@ -35,6 +33,8 @@ from pdscale.operator.vllm_discovery import (
     decode_pulls_pending,
     vllm_totals,
 )
+from pdscale.operator.loop.drain import Drains, HandoffWaits, get_load_wait_seconds
+from pdscale.operator.loop.fleet import PodView, plan_role_actions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from test_planner_loop import NOW, NS, FakeKube, FakeWorkers, _pod, _spec_doc
 
-from pdscale.operator import names
-from pdscale.operator.drain import Drains, get_load_wait_seconds
-from pdscale.operator.engine_probe import EngineLoad, LoadSource
-from pdscale.operator.fleet import pod_view
-from pdscale.operator.pdcluster import PDClusterSpec
-from pdscale.operator.telemetry import Reporter
-from pdscale.operator.vllm_discovery import HANDOFF_GRACE_SECONDS, NIXL_KV_LEASE_SECONDS, WAITING
+from pdscale.operator.api import names
+from pdscale.operator.api.pdcluster import PDClusterSpec
+from pdscale.operator.clients.engine_probe import EngineLoad, LoadSource
+from pdscale.operator.clients.vllm_discovery import (
+    HANDOFF_GRACE_SECONDS,
+    NIXL_KV_LEASE_SECONDS,
+    WAITING,
+)
+from pdscale.operator.loop.drain import Drains, get_load_wait_seconds
+from pdscale.operator.loop.fleet import pod_view
+from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.observe import Role
 
 

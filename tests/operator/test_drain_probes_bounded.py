@@ -9,11 +9,11 @@ import time
 
 from test_planner_loop import NOW, NS, FakeKube, FakeWorkers, _pod, _spec_doc
 
-from pdscale.operator import names
-from pdscale.operator.drain import PROBE_BOUND_SECONDS, DeletionDrain, Drains, probe_all
-from pdscale.operator.fleet import pod_view
-from pdscale.operator.pdcluster import PDClusterSpec
-from pdscale.operator.telemetry import Reporter
+from pdscale.operator.api import names
+from pdscale.operator.api.pdcluster import PDClusterSpec
+from pdscale.operator.loop.drain import PROBE_BOUND_SECONDS, DeletionDrain, Drains, probe_all
+from pdscale.operator.loop.fleet import pod_view
+from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.observe import Role
 from pdscale.testbed.hostile_http import HostileServer
 

@@ -15,13 +15,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdscale.operator.engine_probe import (
+from pdscale.operator.clients.engine_probe import (
     LOADS_PATH,
     engine_in_flight,
     engine_vllm_totals,
     in_flight_from_get_load,
 )
-from pdscale.operator.routersync import SGLangWorkerList
+from pdscale.operator.clients.routersync import SGLangWorkerList
 
 SLACK_SECONDS = 0.5
 DEADLINE = 1.0
@@ -187,7 +187,7 @@ def test_a_slow_drip_engine_costs_the_deadline_not_more(engine, where):
     replies.paths = {path: (200, body, 0.2)}  # 0.2 s a byte: each read passes a 2 s timeout
     started = time.monotonic()
     if where == "headers":
-        from pdscale.operator.engine_probe import http_get
+        from pdscale.operator.clients.engine_probe import http_get
 
         got = http_get("127.0.0.1", port, path, time.monotonic() + DEADLINE)
     else:

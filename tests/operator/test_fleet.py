@@ -7,16 +7,15 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdscale.operator.fleet import (
-    DELETION_COST_ANNOTATION,
-    DRAINING_ANNOTATION,
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
+from pdscale.operator.clients.routersync import WorkerSpec
+from pdscale.operator.loop.fleet import (
     PodView,
     plan_role_actions,
     pod_view,
     role_state,
     router_workers,
 )
-from pdscale.operator.routersync import WorkerSpec
 
 
 def pod(name, ready=True, draining_since=None, in_flight=0, deleting=False, created=0.0, ip=None,

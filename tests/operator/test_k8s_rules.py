@@ -1,4 +1,4 @@
-"""Kubernetes' own rules (operator/k8s_rules.py): each rule on values it accepts and values the
+"""Kubernetes' own rules (operator/api/k8s_rules.py): each rule on values it accepts and values the
 API server refuses, and, through checklist.validate, a refusal that names the spec field."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from fractions import Fraction
 import pytest
 import yaml
 
-from pdscale.operator import k8s_rules as r
-from pdscale.operator.checklist import SpecError, validate
-from pdscale.operator.pdcluster import Toleration
+from pdscale.operator.api import k8s_rules as r
+from pdscale.operator.api.pdcluster import Toleration
+from pdscale.operator.render.checklist import SpecError, validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GLM = yaml.safe_load((ROOT / "examples" / "sglang-glm-4p8d.yaml").read_text())["spec"]

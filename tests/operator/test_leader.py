@@ -1,5 +1,5 @@
 """Leader election decisions (operator/leader.py) against an in-memory Lease store, the
-deletion drain's rules and patches (operator/drain.py), and the chart's leader Role."""
+deletion drain's rules and patches (operator/loop/drain.py), and the chart's leader Role."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from pdscale.operator import drain, leader, rbac
-from pdscale.operator.fleet import PodView
+from pdscale.operator import leader
 from pdscale.operator.leader import Action, Conflict, Elector, Record, Settings, decide
+from pdscale.operator.loop import drain
+from pdscale.operator.loop.fleet import PodView
+from pdscale.operator.render import rbac
 
 
 class MemoryLeases:

@@ -18,14 +18,14 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from pdscale.operator import handlers
-from pdscale.operator.kube import (
+from pdscale.operator.clients.kube import (
     DEFAULT_REQUEST_TIMEOUT,
     Kube,
     api_client_from_environment,
     request_timeout_from_environment,
 )
-from pdscale.operator.planner_loop import MIN_SLEEP_SECONDS, backoff_seconds, supervise
-from pdscale.operator.telemetry import LOOP_ERRORS, Heartbeats, stuck_after_seconds
+from pdscale.operator.loop.planner_loop import MIN_SLEEP_SECONDS, backoff_seconds, supervise
+from pdscale.operator.loop.telemetry import LOOP_ERRORS, Heartbeats, stuck_after_seconds
 
 
 class Stop(BaseException):
@@ -68,7 +68,7 @@ def test_a_failing_tick_is_logged_counted_and_retried_with_capped_backoff(caplog
             raise Stop
 
     before = LOOP_ERRORS.labels("test-fails")._value.get()
-    caplog.set_level(logging.WARNING, "pdscale.operator.planner_loop")
+    caplog.set_level(logging.WARNING, "pdscale.operator.loop.planner_loop")
     with pytest.raises(Stop):
         asyncio.run(supervise("test-fails", tick, 2.0, beats, sleep=sleep))
     assert ticks == ["failed"] * 5 + ["ok"] * 2

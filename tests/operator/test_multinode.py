@@ -13,10 +13,11 @@ import sys
 import pytest
 import yaml
 
-from pdscale.operator import builders, lws, multinode
-from pdscale.operator.checklist import SpecError, validate
-from pdscale.operator.names import Owner
-from pdscale.operator.planning import planner_config
+from pdscale.operator.api import multinode
+from pdscale.operator.api.names import Owner
+from pdscale.operator.loop.planning import planner_config
+from pdscale.operator.render import builders, lws
+from pdscale.operator.render.checklist import SpecError, validate
 from pdscale.render import render
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -221,7 +222,7 @@ def test_only_deployment_pods_and_group_leaders_stand_for_instances():
 
 
 def test_the_planner_loop_sees_leaders_only():
-    from pdscale.operator.planner_loop import pods_by_key
+    from pdscale.operator.loop.planner_loop import pods_by_key
 
     base = {"app.kubernetes.io/instance": "c", "pdscale.io/role": "decode"}
     pods = [{"metadata": {"name": n, "namespace": "ns", "labels": {**base, **extra}}}
@@ -330,8 +331,8 @@ def test_the_planner_is_configured_with_the_groups():
 def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
     from test_pdc_reconcile import NOW, FakeKube
 
-    from pdscale.operator import conditions as c
-    from pdscale.operator.reconcile import reconcile
+    from pdscale.operator.reconciler import conditions as c
+    from pdscale.operator.reconciler.reconcile import reconcile
 
     kube = FakeKube()
     doc = _doc(SGLANG_EXAMPLE)
@@ -346,8 +347,8 @@ def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
 
 
 def test_a_group_set_is_rolled_out_when_its_groups_are_ready():
-    from pdscale.operator import conditions as c
-    from pdscale.operator.status import ChildrenView, compute
+    from pdscale.operator.reconciler import conditions as c
+    from pdscale.operator.reconciler.status import ChildrenView, compute
 
     def group_set(ready: int) -> dict:
         return {"kind": "LeaderWorkerSet", "metadata": {"generation": 1}, "spec": {"replicas": 3},

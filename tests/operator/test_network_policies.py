@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from pdscale.operator.builders import build_children
-from pdscale.operator.checklist import validate
-from pdscale.operator.names import Owner, labels
-from pdscale.operator.network import NetworkSettings, network_policies
+from pdscale.operator.api.names import Owner, labels
+from pdscale.operator.render.builders import build_children
+from pdscale.operator.render.checklist import validate
+from pdscale.operator.render.network import NetworkSettings, network_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,10 @@ import pathlib
 import pytest
 import yaml
 
-from pdscale.operator import builders, engines, names, router
-from pdscale.operator.checklist import validate
-from pdscale.operator.names import Owner
+from pdscale.operator.api import names
+from pdscale.operator.api.names import Owner
+from pdscale.operator.render import builders, engines, router
+from pdscale.operator.render.checklist import validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OWNER = Owner(name="glm53", namespace="serving", uid="1234-uid")
@@ -55,7 +56,7 @@ def _args(container) -> dict:
 def test_sglang_histograms_have_edges_at_the_slos(sglang_children):
     """The planner reads TTFT/TPOT percentiles from the engines' histograms: the SLO is an edge
     and the edges around it are at most a quarter of it apart, on both roles."""
-    from pdscale.operator.engines import SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS
+    from pdscale.operator.render.engines import SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS
 
     sglang_spec, _ = _sample("sglang-glm-4p8d.yaml")
     for role in ("prefill", "decode"):
@@ -93,9 +94,9 @@ def test_every_child_is_built_and_owned(sglang_children):
 
 
 def test_without_rdma_an_engine_gets_no_added_capability():
-    from pdscale.operator.builders import build_children
-    from pdscale.operator.checklist import validate
-    from pdscale.operator.names import Owner
+    from pdscale.operator.api.names import Owner
+    from pdscale.operator.render.builders import build_children
+    from pdscale.operator.render.checklist import validate
 
     spec, derived = validate({
         "model": {"servedName": "llama", "path": "meta/llama"},

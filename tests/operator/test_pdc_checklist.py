@@ -6,13 +6,8 @@ import copy
 
 import pytest
 
-from pdscale.operator.checklist import (
-    SpecError,
-    derive,
-    minimum_transfer_timeout_seconds,
-    parse,
-    validate,
-)
+from pdscale.operator.render.checklist import SpecError, parse, validate
+from pdscale.operator.render.derived import derive, minimum_transfer_timeout_seconds
 
 SGLANG = {
     "model": {"servedName": "glm", "path": "/models/glm", "maxContextLengthTokens": 1048576,

@@ -8,9 +8,9 @@ import pathlib
 import pytest
 import yaml
 
-from pdscale.operator import crd
-from pdscale.operator.checklist import parse
-from pdscale.operator.pdcluster import PDClusterSpec, dump
+from pdscale.operator.api import crd
+from pdscale.operator.api.pdcluster import PDClusterSpec, dump
+from pdscale.operator.render.checklist import parse
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdclusters.pdscale.io.yaml"
@@ -57,7 +57,7 @@ def _prune(value):
 
 def test_checked_in_crd_is_the_generated_one():
     assert CRD_FILE.read_text() == crd.render_yaml(), (
-        "crds/ is stale: run python -m pdscale.operator.crd > crds/pdclusters.pdscale.io.yaml"
+        "crds/ is stale: run python -m pdscale.operator.api.crd > crds/pdclusters.pdscale.io.yaml"
     )
 
 
@@ -207,7 +207,7 @@ def _snake(name: str) -> str:
 def test_the_model_refuses_a_snake_case_spelling_the_crd_would_prune():
     """The API server drops a field its schema does not name; the model must not take it
     either (``pdscale render`` would otherwise render what the cluster never sees)."""
-    from pdscale.operator.checklist import SpecError
+    from pdscale.operator.render.checklist import SpecError
 
     spec = _full_spec()
     free = {path for path, node in _schema_fields(_schema()["properties"]["spec"]) if _free_form(node)}
@@ -250,7 +250,7 @@ def test_what_the_crd_admits_the_model_accepts_or_refuses_naming_a_field():
     """Every leaf of the sample set, one at a time, to each value the schema admits there:
     the operator's validation takes it, or refuses with problems that name fields of the
     CRD (the SpecValid=False message); never an exception of another kind."""
-    from pdscale.operator.checklist import SpecError, validate
+    from pdscale.operator.render.checklist import SpecError, validate
 
     spec = _full_spec()
     nodes = dict(_schema_fields(_schema()["properties"]["spec"]))

@@ -15,7 +15,7 @@ from pdc_cluster_helpers import (
     wait_for,
 )
 
-from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.cluster
 

@@ -8,10 +8,10 @@ import pathlib
 
 import yaml
 
-from pdscale.operator import conditions as c
-from pdscale.operator import rbac
-from pdscale.operator.reconcile import contains, reconcile
-from pdscale.operator.status import ChildrenView, compute
+from pdscale.operator.reconciler import conditions as c
+from pdscale.operator.reconciler.reconcile import contains, reconcile
+from pdscale.operator.reconciler.status import ChildrenView, compute
+from pdscale.operator.render import rbac
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOW = "2026-11-30T12:00:00Z"
@@ -364,7 +364,7 @@ def test_failed_reconciles_back_off_exponentially_up_to_a_cap():
 
 
 def test_the_tenant_policy_refuses_a_spec_with_spec_valid_false_naming_field_and_policy(monkeypatch):
-    from pdscale.operator import tenant_policy
+    from pdscale.operator.api import tenant_policy
 
     # an admin whose policy allows only their own registry; the operator reads it at start
     monkeypatch.setenv(tenant_policy.POLICY_ENV, '{"allowedImagePrefixes": ["registry.corp/"]}')

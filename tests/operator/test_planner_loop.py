@@ -12,29 +12,33 @@ from dataclasses import replace
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from pdscale.operator import names
-from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory
-from pdscale.operator.drain import (
+from pdscale.operator.api import names
+from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
+from pdscale.operator.api.pdcluster import PDClusterSpec
+from pdscale.operator.clients.routersync import SGLangWorkerList, WorkerSpec
+from pdscale.operator.clients.vllm_discovery import Announcer, DiscoveryWorkerList, PrefillCount
+from pdscale.operator.loop.drain import (
     Drains,
     PrefillWaits,
     drain_marks,
     drain_timeout_seconds,
     with_engine_state,
 )
-from pdscale.operator.fleet import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION, PodView, pod_view
-from pdscale.operator.pdcluster import PDClusterSpec
-from pdscale.operator.planner_loop import PlannerLoop, pods_by_key
-from pdscale.operator.planner_memory import PlannerMemory
-from pdscale.operator.planning import EARLY_WAKE_SECONDS, plan_slot
-from pdscale.operator.routersync import SGLangWorkerList, WorkerSpec
-from pdscale.operator.telemetry import Reporter, decision_bound
-from pdscale.operator.vllm_discovery import Announcer, DiscoveryWorkerList, PrefillCount
-from pdscale.operator.workerlist import (
+from pdscale.operator.loop.fleet import (
+    PodView,
+    pod_view,
+)
+from pdscale.operator.loop.planner_loop import PlannerLoop, pods_by_key
+from pdscale.operator.loop.planner_memory import PlannerMemory
+from pdscale.operator.loop.planning import EARLY_WAKE_SECONDS, plan_slot
+from pdscale.operator.loop.telemetry import Reporter, decision_bound
+from pdscale.operator.loop.workerlist import (
     WorkerLists,
     desired_workers,
     discovery_addresses,
     router_urls,
 )
+from pdscale.operator.render.builders import PLANNER_MEMORY_KEY, planner_memory
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Role
 
@@ -203,7 +207,7 @@ def test_a_decision_shows_the_refusals_it_read_in_status_and_as_a_gauge():
     """smg's admission refusals, as the planner read them, reach ``status.planner`` (integers:
     per minute, the ``Refused/min`` column of ``kubectl get pdc``) and the operator's gauge; a
     decision without a reading leaves both as they were."""
-    from pdscale.operator.telemetry import REFUSED
+    from pdscale.operator.loop.telemetry import REFUSED
     from pdscale.planner.observe import Observation, Reading
     from pdscale.planner.prometheus import MetricsSnapshot
 

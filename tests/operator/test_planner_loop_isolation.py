@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from test_planner_loop import NS, FakeKube, FakeWorkerLists, FakeWorkers, _pod, _spec_doc
 
-from pdscale.operator import tenant_policy
-from pdscale.operator.planner_loop import PlannerLoop
+from pdscale.operator.api import tenant_policy
+from pdscale.operator.loop.planner_loop import PlannerLoop
 from pdscale.testbed.hostile_http import HostileServer
 
 HOSTILE = ("silent", "drip", "stream", "error")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from pdscale.operator.kube import Kube
+from pdscale.operator.clients.kube import Kube
 
 pytestmark = [pytest.mark.cluster]
 

@@ -12,11 +12,15 @@ import math
 from kubernetes.client.exceptions import ApiException
 from test_planner_loop import NOW, NS, FakeKube, _cluster
 
-from pdscale.operator import names
-from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory
-from pdscale.operator.planner_loop import PlannerLoop
-from pdscale.operator.planner_memory import MAX_CLOCK_SKEW_SECONDS, PlannerMemory, memory_problem
-from pdscale.operator.planning import history_from_json, history_to_json, remembered_profile
+from pdscale.operator.api import names
+from pdscale.operator.loop.planner_loop import PlannerLoop
+from pdscale.operator.loop.planner_memory import (
+    MAX_CLOCK_SKEW_SECONDS,
+    PlannerMemory,
+    memory_problem,
+)
+from pdscale.operator.loop.planning import history_from_json, history_to_json, remembered_profile
+from pdscale.operator.render.builders import PLANNER_MEMORY_KEY, planner_memory
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration
 from pdscale.planner.solve import History

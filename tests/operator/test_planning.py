@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from pdscale.operator.pdcluster import PDClusterSpec, PlannerMode
-from pdscale.operator.planning import (
+from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode
+from pdscale.operator.loop.planning import (
     calibration_for_profile,
     decision_event,
     decision_status,
@@ -189,7 +189,7 @@ def test_the_configuration_reads_exactly_the_listed_spec_fields():
     """Each field of PLANNER_SPEC_FIELDS moves the configuration (pdscale replay lists them
     with their sources); the other fields of the same sections do not (a field read but not
     listed would go unreported in a replay)."""
-    from pdscale.operator.planning import PLANNER_SPEC_FIELDS
+    from pdscale.operator.loop.planning import PLANNER_SPEC_FIELDS
 
     spec = sample_spec()
     base = planner_config(spec)

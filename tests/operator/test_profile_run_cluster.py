@@ -12,8 +12,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_profile_source import fitted_yaml
 
-from pdscale.operator.pdcluster import ProfileConfigMapRef
-from pdscale.operator.profile_source import profile_from_configmap
+from pdscale.operator.api.pdcluster import ProfileConfigMapRef
+from pdscale.operator.loop.profile_source import profile_from_configmap
 from pdscale.profile_run import apply_configmap
 from pdscale.profile_sweep import JobSettings, pdcluster_target, profile_configmap, sweep_job
 from pdscale.testbed.nodes import api_client, operator_kubeconfig

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdscale.operator.checklist import SpecError, parse
-from pdscale.operator.pdcluster import PROFILE_CONFIGMAP_KEY, ProfileConfigMapRef
-from pdscale.operator.planning import planner_config
-from pdscale.operator.profile_source import (
+from pdscale.operator.api.pdcluster import PROFILE_CONFIGMAP_KEY, ProfileConfigMapRef
+from pdscale.operator.loop.planning import planner_config
+from pdscale.operator.loop.profile_source import (
     CALIBRATED_TERMS,
     FIELD,
     ProfileSources,
@@ -24,7 +23,8 @@ from pdscale.operator.profile_source import (
     profile_from_configmap,
     report_profile,
 )
-from pdscale.operator.status import profile_status
+from pdscale.operator.reconciler.status import profile_status
+from pdscale.operator.render.checklist import SpecError, parse
 from pdscale.planner.model import Calibration, PerformanceModel, Slo
 from pdscale.planner.profile import MAX_PROFILE_BYTES, ProfileError, parse_profile, shipped_profile
 from pdscale.planner.profile_fit import Benchmark, DecodePoint, PrefillPoint, fit_profile
@@ -118,7 +118,7 @@ def test_the_spec_refuses_a_second_source_or_a_name_that_is_no_configmap_name(pl
 
 
 def test_the_crd_refuses_both_sources_too():
-    from pdscale.operator import crd
+    from pdscale.operator.api import crd
 
     doc = yaml.safe_load(crd.render_yaml())
     planner = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
@@ -159,7 +159,7 @@ class FakeKube:
 
 def test_the_configmap_is_read_in_the_pdclusters_namespace_and_parsed_again_only_when_it_changes(
         monkeypatch):
-    import pdscale.operator.profile_source as source
+    import pdscale.operator.loop.profile_source as source
 
     kube = FakeKube({("ConfigMap", NS, "my-profile"): configmap(fitted_yaml(), "7")})
     sources = ProfileSources(kube)  # type: ignore[arg-type]
@@ -278,7 +278,7 @@ def test_the_exported_profile_predicts_what_the_calibrated_model_does():
 
 
 def test_export_reads_the_pdcluster_its_configmap_and_its_memory():
-    from pdscale.operator.planning import history_to_json
+    from pdscale.operator.loop.planning import history_to_json
     from pdscale.planner.solve import History
 
     memory = history_to_json(History(calibration=Calibration(decode_factor=2.0, samples=1)), 0.0)
@@ -288,7 +288,7 @@ def test_export_reads_the_pdcluster_its_configmap_and_its_memory():
                      ("ConfigMap", NS, "my-profile"): configmap(fitted_yaml(), "7"),
                      ("ConfigMap", NS, "pdc-planner"): {"metadata": {"resourceVersion": "3"},
                                                         "data": {"history": memory}}})
-    from pdscale.operator.builders import PLANNER_MEMORY_KEY, planner_memory_name
+    from pdscale.operator.render.builders import PLANNER_MEMORY_KEY, planner_memory_name
 
     kube.objects[("ConfigMap", NS, planner_memory_name("pdc"))] = {
         "metadata": {"resourceVersion": "3"}, "data": {PLANNER_MEMORY_KEY: memory}}

@@ -14,12 +14,13 @@ from pdc_cluster_helpers import sample, wait_for
 from prometheus_client import start_http_server
 
 from pdscale.main import main
-from pdscale.operator.builders import PLANNER_MEMORY_KEY
-from pdscale.operator.checklist import parse
-from pdscale.operator.planning import history_from_json, history_to_json, planner_config
+from pdscale.operator.loop.planning import history_from_json, history_to_json, planner_config
+from pdscale.operator.render.builders import PLANNER_MEMORY_KEY
+from pdscale.operator.render.checklist import parse
 from pdscale.planner.prometheus import prometheus_client
+from pdscale.planner.replay.recorded import matches
 from pdscale.planner.solve import History
-from pdscale.prometheus_replay import matches, read_recording, replay_range
+from pdscale.prometheus_replay import read_recording, replay_range
 from pdscale.testbed.shape_change_engines import start_engines
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]

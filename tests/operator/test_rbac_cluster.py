@@ -20,11 +20,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pdc_cluster_helpers import pod_ready, sample, wait_for
 
-from pdscale.operator import names, rbac
-from pdscale.operator.drain import DRAINING_ANNOTATION
-from pdscale.operator.kube import IMPLIED, REQUESTS, Need
-from pdscale.operator.leader import LEASE_NAME
-from pdscale.operator.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.api import names
+from pdscale.operator.api.names import DRAINING_ANNOTATION, LEASE_NAME
+from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.clients.kube import IMPLIED, REQUESTS, Need
+from pdscale.operator.render import rbac
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

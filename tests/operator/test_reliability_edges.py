@@ -11,9 +11,9 @@ import pytest
 import yaml
 from test_leader import Clock, MemoryLeases, elector
 
-from pdscale.operator import drain
+from pdscale.operator.api.pdcluster import MAX_EXEC_STRING_CHARS, PDClusterSpec
 from pdscale.operator.leader import MAX_LEASE_DURATION_FACTOR, Record, micro_time
-from pdscale.operator.pdcluster import MAX_EXEC_STRING_CHARS, PDClusterSpec
+from pdscale.operator.loop import drain
 from pdscale.planner.observe import Role
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -119,8 +119,8 @@ PROFILE = (ROOT / "planner" / "profiles" / "deepseek-fp8-8xh200-sglang.yaml").re
     ("no such date", PROFILE + "\nprovenance: {d: 2001-13-45}\n", "cannot be read"),
 ])
 def test_a_profile_configmap_is_read_with_bounds(label, text, field):
-    from pdscale.operator.pdcluster import ProfileConfigMapRef
-    from pdscale.operator.profile_source import profile_from_configmap
+    from pdscale.operator.api.pdcluster import ProfileConfigMapRef
+    from pdscale.operator.loop.profile_source import profile_from_configmap
     from pdscale.planner.profile import ProfileError
 
     ref = ProfileConfigMapRef(name="p", key="profile.yaml")

@@ -11,14 +11,14 @@ import time
 from test_planner_loop import NOW, NS, FakeKube, FakeWorkers, _cluster, _deployments, _pod
 from test_planner_memory_guard import OWNER, _decision
 
-from pdscale.operator import names
-from pdscale.operator.builders import planned_replicas, planner_memory
-from pdscale.operator.drain import Drains
-from pdscale.operator.fleet import pod_view
-from pdscale.operator.pdcluster import MAX_ROLE_REPLICAS, PDClusterSpec
-from pdscale.operator.planner_loop import PlannerLoop
-from pdscale.operator.planning import clamp_decision, history_to_json
-from pdscale.operator.telemetry import Reporter
+from pdscale.operator.api import names
+from pdscale.operator.api.pdcluster import MAX_ROLE_REPLICAS, PDClusterSpec
+from pdscale.operator.loop.drain import Drains
+from pdscale.operator.loop.fleet import pod_view
+from pdscale.operator.loop.planner_loop import PlannerLoop
+from pdscale.operator.loop.planning import clamp_decision, history_to_json
+from pdscale.operator.loop.telemetry import Reporter
+from pdscale.operator.render.builders import planned_replicas, planner_memory
 from pdscale.planner.observe import Role
 from pdscale.planner.solve import History
 
@@ -142,7 +142,7 @@ class _PatchingKube(FakeKube):
 
 
 def test_a_deletion_takes_no_engine_of_another_pdcluster_out_of_its_router():
-    from pdscale.operator.drain import FINALIZER, DeletionDrain
+    from pdscale.operator.loop.drain import FINALIZER, DeletionDrain
 
     kube = _PatchingKube()
     base, _ = _cluster("Auto")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdscale.operator.checklist import SpecError, validate
-from pdscale.operator.engines import operator_env_names
-from pdscale.operator.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
+from pdscale.operator.render.checklist import SpecError, validate
+from pdscale.operator.render.engines import operator_env_names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -235,7 +235,7 @@ def test_host_paths_with_trailing_slashes_read_as_directories(path, ok):
 
 
 def test_the_admission_policy_names_the_same_accelerators():
-    from pdscale.operator.pdcluster import GPU_CLASS_PREFIXES, GPU_CLASS_RESOURCES
+    from pdscale.operator.api.pdcluster import GPU_CLASS_PREFIXES, GPU_CLASS_RESOURCES
     text = (ROOT / "charts" / "pdscale" / "templates" / "admission-policy.yaml").read_text()
     variables = dict(re.findall(r"- name: (gpu\w+)\n\s+expression: '(\[.*\])'", text))
     assert tuple(json.loads(variables["gpuResources"])) == GPU_CLASS_RESOURCES
@@ -288,7 +288,7 @@ def test_any_prometheus_only_when_the_admin_says_so():
 
 
 def test_a_spec_without_a_url_is_valid_and_planned_with_the_operators():
-    from pdscale.operator.planning import OPERATOR_PROMETHEUS, metrics_source
+    from pdscale.operator.loop.planning import OPERATOR_PROMETHEUS, metrics_source
 
     spec, _ = validate(spec_of(GLM, **{"planner.mode": "Recommend"}), TenantPolicy())
     assert metrics_source(spec, "http://prom.monitoring:9090", TenantPolicy()) == (
@@ -299,8 +299,8 @@ def test_a_spec_without_a_url_is_valid_and_planned_with_the_operators():
 
 def test_the_planner_never_queries_a_url_the_policy_refuses():
     # the loop plans specs the reconcile may have refused (admitted before the policy changed)
-    from pdscale.operator.checklist import parse
-    from pdscale.operator.planning import metrics_source
+    from pdscale.operator.loop.planning import metrics_source
+    from pdscale.operator.render.checklist import parse
 
     spec = parse(spec_of(GLM, **{"planner.mode": "Recommend",
                                  "planner.prometheusURL": "http://10.0.0.1:8080/"}))

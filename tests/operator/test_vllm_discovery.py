@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgpack
 
-from pdscale.operator.routersync import WorkerSpec
-from pdscale.operator.vllm_discovery import (
+from pdscale.operator.clients.routersync import WorkerSpec
+from pdscale.operator.clients.vllm_discovery import (
     LEAVE_MARGIN_SECONDS,
     PING_TIMEOUT_SECONDS,
     PrefillBacklog,

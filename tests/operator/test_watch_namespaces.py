@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdscale.operator.kube import Kube, watch_namespaces
+from pdscale.operator.clients.kube import Kube, watch_namespaces
 
 
 class Recording(Kube):

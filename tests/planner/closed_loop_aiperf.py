@@ -3,8 +3,10 @@ tests/planner is not a package): the truth profile the simulated engines run, th
 two prefill and one decode engine behind the real sglang-router, the tokenizer directory aiperf
 reads, and the check that a fitted profile plans like the truth.
 
-Opt-in: aiperf is not a dependency of pdscale (it brings ~1 GB); ``PDSCALE_AIPERF`` names an
-``aiperf`` executable (for example from ``python -m venv V && V/bin/pip install aiperf==0.13.0``)."""
+aiperf is not a dependency of pdscale (it brings ~1 GB): it lives in a venv of its own that
+``bench/aiperf/setup_venv.sh`` builds (``make test`` builds it first), found there or where
+``PDSCALE_AIPERF`` points. ``make test`` sets PDSCALE_REQUIRE_AIPERF=1: then a missing aiperf
+fails these tests; a bare ``pytest`` without one skips them, saying so."""
 
 from __future__ import annotations
 
@@ -26,8 +28,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loop"))  # the loo
 
 from fake_aiperf import TRUTH_YAML
 
-AIPERF = os.environ.get("PDSCALE_AIPERF")
-needs_aiperf = pytest.mark.skipif(not AIPERF, reason="set PDSCALE_AIPERF to an aiperf executable")
+#: where bench/aiperf/setup_venv.sh puts aiperf by default
+VENV_AIPERF = Path.home() / ".cache" / "pdscale" / "aiperf-venv" / "bin" / "aiperf"
+AIPERF = os.environ.get("PDSCALE_AIPERF") or (str(VENV_AIPERF) if VENV_AIPERF.is_file() else None)
+#: make test: a missing aiperf is a failure, not a skip
+AIPERF_REQUIRED = os.environ.get("PDSCALE_REQUIRE_AIPERF") == "1"
+needs_aiperf = pytest.mark.skipif(
+    not AIPERF and not AIPERF_REQUIRED,
+    reason="no aiperf: run bench/aiperf/setup_venv.sh or set PDSCALE_AIPERF")
+
+
+def require_aiperf() -> str:
+    """The aiperf executable; under PDSCALE_REQUIRE_AIPERF=1 its absence fails the test."""
+    if not AIPERF or not Path(AIPERF).is_file():
+        pytest.fail(f"PDSCALE_REQUIRE_AIPERF=1 but no aiperf executable ({AIPERF!r}): run "
+                    "bench/aiperf/setup_venv.sh or set PDSCALE_AIPERF")
+    return AIPERF
 
 TPOT_TARGET_SECONDS = 0.1
 #: aiperf's environment: without HF_HUB_OFFLINE (aiperf 0.13 then treats a local path as a hub
@@ -49,6 +65,8 @@ def pd_fleet(tmp_path: Path) -> Iterator[PDFleet]:
     """Two simulated prefill engines and one decode engine running the truth profile's own
     timing, behind the real sglang-router in PD mode; torn down on exit."""
     from loop_harness import Fleet
+
+    require_aiperf()
 
     truth_path = tmp_path / "truth.yaml"
     truth_path.write_text(TRUTH_YAML)

@@ -96,7 +96,7 @@ def test_lead_need_survives_the_operators_memory() -> None:
     planner accepts, and a memory written before it existed reads as (0, 0)."""
     import json
 
-    from pdscale.operator.planning import history_from_json, history_to_json
+    from pdscale.operator.loop.planning import history_from_json, history_to_json
     from pdscale.planner.decision import Decision
     from pdscale.planner.solve import History, _decision_ok
 

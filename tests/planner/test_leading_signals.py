@@ -12,9 +12,10 @@ from dataclasses import replace
 
 from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.model import Load, PerformanceModel, Slo
+from pdscale.planner.needs import _decode_need_from_sequences
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import shipped_profile
-from pdscale.planner.solve import History, _decode_need_from_sequences, current_load, step
+from pdscale.planner.solve import History, current_load, step
 
 # the demo's instance: a decode runs 2 sequences at the 50 ms TPOT target
 MODEL = PerformanceModel(shipped_profile("demo-sim"))

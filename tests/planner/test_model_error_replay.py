@@ -60,6 +60,7 @@ def test_the_fleet_runs_its_own_model_and_the_planner_its_belief(steady_trace: T
     assert slow_fleet["fleet_profile"] != slow_fleet["planner_profile"] == same_fleet["fleet_profile"]
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_a_fleet_faster_than_its_profile_costs_fewer_gpu_hours_with_calibration(
         steady_trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same replay with the compute factors' learning switched off is what the planner

@@ -1,5 +1,5 @@
 """One planner configuration: the operator, ``pdscale replay`` and the benchmarks derive it
-from a PDCluster spec by the same mapping (operator/planning.py: planner_config), and the
+from a PDCluster spec by the same mapping (operator/loop/planning.py: planner_config), and the
 spec's SLO percentile is the one used everywhere: the solver, the PromQL quantiles, the
 latencies calibration compares with the targets, and the replay's report."""
 
@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from pdscale.main import main
-from pdscale.operator.checklist import validate
-from pdscale.operator.engines import decode_batch_cap
-from pdscale.operator.pdcluster import PDClusterSpec, SLOSpec
-from pdscale.operator.planning import PLANNER_SPEC_FIELDS, planner_config
+from pdscale.operator.api.pdcluster import PDClusterSpec, SLOSpec
+from pdscale.operator.loop.planning import PLANNER_SPEC_FIELDS, planner_config
+from pdscale.operator.render.checklist import validate
+from pdscale.operator.render.engines import decode_batch_cap
 from pdscale.planner.model import Slo, calibrate_slo
 from pdscale.planner.prometheus import render_queries
 from pdscale.planner.replay import run as replay_run

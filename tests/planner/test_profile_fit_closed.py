@@ -2,8 +2,8 @@
 is the planner's model of a known profile) through the real sglang-router in PD mode, and
 ``pdscale profile fit`` on aiperf's own output plans like the truth.
 
-Opt-in: aiperf is not a dependency of pdscale (it brings ~1 GB); set ``PDSCALE_AIPERF`` to an
-``aiperf`` executable (for example from ``python -m venv V && V/bin/pip install aiperf==0.13.0``).
+aiperf runs from its own venv (bench/aiperf/setup_venv.sh, built by ``make test``; or
+``PDSCALE_AIPERF``), see closed_loop_aiperf.py.
 Takes about 7 minutes on two cores. What it checks is what planning uses: the decode batch at
 the TPOT target at each measured context and the prefill time of the longest prompt, within
 10%. Every term is not: through the router the TTFT carries tens of ms that are not prefill

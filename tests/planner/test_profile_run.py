@@ -16,35 +16,37 @@ import yaml
 from fake_aiperf import TRUTH, records_jsonl, simulate
 
 from pdscale.main import main
-from pdscale.operator.pdcluster import ProfileConfigMapRef
-from pdscale.operator.profile_source import configmap_source, profile_from_configmap
-from pdscale.operator.status import profile_status
+from pdscale.operator.api.pdcluster import ProfileConfigMapRef
+from pdscale.operator.loop.profile_source import configmap_source, profile_from_configmap
+from pdscale.operator.reconciler.status import profile_status
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.profile import MAX_PROFILE_BYTES, load_profile
 from pdscale.planner.profile_fit import Benchmark, DecodePoint, PrefillPoint, fit_profile
-from pdscale.profile_sweep import (
-    AIPERF_ENV,
+from pdscale.planner.profile_fit.sweep import (
     DECODE,
     MIN_RUNS,
     PREFILL,
     Grid,
-    JobSettings,
     Run,
     SweepError,
     Target,
+    grid_problems,
+    row_shortfall,
+    rows,
+    stops_after,
+)
+from pdscale.profile_sweep import (
+    AIPERF_ENV,
+    JobSettings,
     aiperf_command,
     aiperf_environment,
     clock_text,
     find_aiperf,
-    grid_problems,
     pdcluster_target,
     profile_configmap,
     progress_done,
     progress_skip,
     progress_start,
-    row_shortfall,
-    rows,
-    stops_after,
     sweep_arguments,
     sweep_job,
 )
@@ -317,6 +319,7 @@ def _sweep(tmp_path: Path, aiperf: Path, *extra: str) -> list[str]:
             "--decode-output-tokens", "64", "-o", str(tmp_path / "out.yaml"), *extra]
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_a_sweep_stops_each_row_where_covered_and_fits_the_truth(tmp_path, fake_aiperf, capsys):
     code = main(_sweep(tmp_path, fake_aiperf, "--configmap", "p", "--namespace", "team-a"))
     err = capsys.readouterr().err
@@ -343,6 +346,7 @@ def test_a_sweep_stops_each_row_where_covered_and_fits_the_truth(tmp_path, fake_
     assert profile_from_configmap(manifest, ProfileConfigMapRef(name="p"), "team-a") == fitted
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_a_failed_run_stops_the_sweep_with_its_stderr_and_keeps_what_finished(
         tmp_path, fake_aiperf, capsys, monkeypatch):
     monkeypatch.setenv("FAKE_AIPERF_FAIL_AT_ISL", "1500")

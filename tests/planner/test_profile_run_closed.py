@@ -4,7 +4,7 @@ by the coverage rule, and the profile it fits plans like the truth (the checks o
 test_profile_fit_closed.py); the ConfigMap it writes is one the operator accepts, with its
 provenance in what status.planner.profile shows.
 
-Opt-in, as test_profile_fit_closed.py: ``PDSCALE_AIPERF`` names an aiperf 0.13 executable.
+aiperf 0.13 from its own venv, as test_profile_fit_closed.py.
 About 8 minutes on two cores."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import yaml
 from closed_loop_aiperf import AIPERF, assert_plans_like_truth, needs_aiperf, pd_fleet
 
 from pdscale.main import main
-from pdscale.operator.pdcluster import ProfileConfigMapRef
-from pdscale.operator.profile_source import configmap_source, profile_from_configmap
-from pdscale.operator.status import profile_status
+from pdscale.operator.api.pdcluster import ProfileConfigMapRef
+from pdscale.operator.loop.profile_source import configmap_source, profile_from_configmap
+from pdscale.operator.reconciler.status import profile_status
 from pdscale.planner.profile import load_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), needs_aiperf]

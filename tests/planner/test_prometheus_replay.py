@@ -14,11 +14,19 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from pdscale.operator.planning import planner_config
-from pdscale.operator.telemetry import Reporter
+from pdscale.operator.loop.planning import planner_config
+from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Reading, RoleState, Warming
 from pdscale.planner.prometheus import MetricsSnapshot, observation_from
+from pdscale.planner.replay.recorded import (
+    RecordedTick,
+    grid_ticks,
+    instance_hours,
+    matches,
+    recorded_ticks,
+    tick_times,
+)
 from pdscale.planner.solve import History, step
 from pdscale.prometheus_replay import (
     DECISIONS_METRIC,
@@ -26,13 +34,7 @@ from pdscale.prometheus_replay import (
     PLAN_TIME_METRIC,
     RECOMMENDED_METRIC,
     WARMING_METRIC,
-    RecordedTick,
-    grid_ticks,
-    instance_hours,
-    matches,
-    recorded_ticks,
     replan,
-    tick_times,
 )
 from pdscale.replay import configure, read_spec
 
@@ -268,7 +270,7 @@ def test_times_are_unix_seconds_or_rfc3339_with_a_zone():
 
 
 def test_decisions_not_scraped_are_named_as_gaps():
-    from pdscale.prometheus_replay import missed_decisions
+    from pdscale.planner.replay.recorded import missed_decisions
 
     ticks = [RecordedTick(t, RoleState(), RoleState()) for t in (0.0, 12.0, 24.5, 54.0, 66.0)]
     # no decisions counter: at 10 s intervals a plan comes at most a fast tick (5 s) late,
@@ -278,7 +280,7 @@ def test_decisions_not_scraped_are_named_as_gaps():
 
 
 def test_the_decisions_counter_tells_a_late_plan_from_an_unscraped_one():
-    from pdscale.prometheus_replay import missed_decisions
+    from pdscale.planner.replay.recorded import missed_decisions
 
     def ticks(decided):
         return [RecordedTick(t, RoleState(), RoleState(), None, n)

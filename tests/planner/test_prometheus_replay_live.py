@@ -19,16 +19,17 @@ from prometheus_client import start_http_server
 from test_prometheus_replay import ROOT, _Fleet, _NoKube, _spec
 
 from pdscale.main import main
-from pdscale.operator.telemetry import Reporter
+from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.prometheus import (
     observation_from,
     prometheus_client,
     read_metrics,
     render_queries,
 )
+from pdscale.planner.replay.ensemble import mean_decided_instances
+from pdscale.planner.replay.recorded import instance_hours, matches
 from pdscale.planner.solve import History, step
-from pdscale.prometheus_replay import instance_hours, matches, read_recording, replay_range
-from pdscale.prometheus_simulate import mean_decided_instances
+from pdscale.prometheus_replay import read_recording, replay_range
 from pdscale.replay import configure
 from pdscale.testbed.shape_change_engines import start_engines
 

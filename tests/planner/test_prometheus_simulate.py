@@ -17,9 +17,10 @@ from pdscale.main import main
 from pdscale.planner import prometheus
 from pdscale.planner.observe import Reading
 from pdscale.planner.prometheus import MetricsSnapshot, render_queries
+from pdscale.planner.replay.ensemble import mean_decided_instances
 from pdscale.planner.replay.reconstruct import IntervalAggregate, trace_from_aggregates
 from pdscale.planner.replay.traces import TraceError, donor_prefix_hits
-from pdscale.prometheus_simulate import aggregates_from, mean_decided_instances
+from pdscale.prometheus_simulate import aggregates_from
 
 #: three phases of a minute each, repeated: rate, mean prompt, mean output, hit rate
 PHASES = [(2.0, 600.0, 300.0, 0.3), (5.0, 2000.0, 100.0, 0.6), (1.0, 300.0, 800.0, 0.0)]
@@ -151,6 +152,7 @@ class _FakePrometheus:
         return [{"metric": {}, "value": [t, repr(value)]}]
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_the_command_simulates_the_spec_and_a_tighter_what_if_side_by_side(monkeypatch, capsys,
                                                                           tmp_path):
     fake = _FakePrometheus()

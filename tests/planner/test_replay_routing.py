@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from pdscale.operator.pdcluster import RoutingPolicy, SGLangGateway
+from pdscale.operator.api.pdcluster import RoutingPolicy, SGLangGateway
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Role
 from pdscale.planner.replay.decode_batches import DECODE_ROUTERS, DecodeBatches
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.prefix_index import PrefixIndex
 from pdscale.planner.replay.routers import ROUTERS, make_router
-from pdscale.replay import _ROUTING, default_spec, read_spec, routing
+from pdscale.replay import default_spec, read_spec
+from pdscale.replay_setup import _ROUTING, routing
 
 
 def fleet_of(role: Role, n: int) -> Fleet:

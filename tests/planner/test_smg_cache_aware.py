@@ -7,13 +7,14 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from pdscale.operator.pdcluster import SGLangGateway
+from pdscale.operator.api.pdcluster import SGLangGateway
 from pdscale.planner.model import PerformanceModel, Slo
 from pdscale.planner.observe import Role
 from pdscale.planner.replay.fleet import Events, Fleet
 from pdscale.planner.replay.prefix_index import PrefixIndex
 from pdscale.planner.replay.routers import ROUTERS, SmgCacheAwareRouter, make_router
-from pdscale.replay import read_spec, routing
+from pdscale.replay import read_spec
+from pdscale.replay_setup import routing
 
 BLOCK = 64
 

@@ -1,4 +1,4 @@
-"""The planner's steps one by one (solve._needs, _timing, _scale_down_floor, _program,
+"""The planner's steps one by one (needs._needs, _timing, _scale_down_floor, _program,
 _outcome, the explanation's clauses): each is checked alone on a small case whose answer can
 be worked out by hand; tests/planner/test_solve.py checks them together through plan()."""
 
@@ -10,25 +10,24 @@ import numpy as np
 
 from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
+from pdscale.planner.explain import _action_clauses
+from pdscale.planner.history import History
 from pdscale.planner.model import Load, PerformanceModel
+from pdscale.planner.needs import _needs, prefill_share
 from pdscale.planner.observe import Observation, RoleState, Warming
 from pdscale.planner.profile import load_profile
-from pdscale.planner.solve import (
+from pdscale.planner.program import (
     _ADD,
     _REM,
-    History,
-    _action_clauses,
     _cols,
-    _needs,
     _Outcome,
     _outcome,
     _program,
     _scale_down_floor,
     _serving_rows,
     _solve,
-    _timing,
-    prefill_share,
 )
+from pdscale.planner.timing import _timing
 
 MODEL = PerformanceModel(load_profile())
 WARM = MODEL.profile.warmup.new_node_seconds

@@ -101,6 +101,7 @@ def test_a_relative_workdir_becomes_absolute(tmp_path, monkeypatch):
     assert Stack(workdir=Path("out/demo/stack")).workdir == tmp_path / "out/demo/stack"
 
 
+@pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
 def test_a_second_run_in_the_same_workdir_starts_clean(tmp_path):
     # `make demo` twice: the second run found the first one's etcd data, and with it the Helm
     # release, and the install refused to reuse the name.

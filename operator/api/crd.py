@@ -1,0 +1,318 @@
+"""The PDCluster CustomResourceDefinition, generated from the pydantic spec model.
+
+The model (``pdcluster.py``) is the single source of truth; ``crds/pdclusters.pdscale.io.yaml``
+is this module's output, checked in so that ``kubectl apply -f crds/`` works, and a test fails
+when the two drift. Regenerate with ``python -m pdscale.operator.api.crd > crds/pdclusters.pdscale.io.yaml``.
+
+Pydantic emits JSON Schema; the API server wants a *structural* OpenAPI v3 schema: no ``$ref``,
+no ``anyOf`` for optionals, no ``additionalProperties: false`` next to ``properties``. The
+conversion below does exactly that and nothing clever.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from .pdcluster import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, PDClusterSpec
+
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Cross-field rules the API server can check itself (CEL). The same rules, with the field
+# named and the reason given, live in checklist.py for `pdscale render` and the operator.
+SPEC_RULES = [
+    {
+        "rule": "self.parallelism.prefill.tensorParallelSize"
+        " <= self.parallelism.decode.tensorParallelSize",
+        "message": "parallelism.prefill.tensorParallelSize must not exceed "
+        "parallelism.decode.tensorParallelSize",
+        "fieldPath": ".parallelism.prefill.tensorParallelSize",
+    },
+    {
+        "rule": "self.engine.kind != 'VLLM' || self.kvTransfer.backend == 'NIXL'",
+        "message": "kvTransfer.backend must be NIXL when engine.kind is VLLM",
+        "fieldPath": ".kvTransfer.backend",
+    },
+    {
+        "rule": "!has(self.router.kind) || self.router.kind == self.engine.kind",
+        "message": "router.kind must match engine.kind",
+        "fieldPath": ".router.kind",
+    },
+]
+
+
+def _describe(text: str | None) -> str | None:
+    # Docstrings carry line breaks from source wrapping; kubectl explain reflows anyway.
+    return " ".join(text.split()) if text else None
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Convert one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        merged = dict(target)
+        merged.update(node)  # the field's own description/default win over the class's
+        node = merged
+    if "anyOf" in node:
+        variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
+        types = sorted(v.get("type", "") for v in variants)
+        if types == ["integer", "string"]:
+            out: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+            if node.get("description"):
+                out["description"] = _describe(node["description"])
+            if node.get("default") is not None:
+                out["default"] = node["default"]
+            return out
+        if len(variants) != 1:
+            raise ValueError(f"cannot express anyOf {variants!r} structurally")
+        inner = _structural(variants[0], defs)
+        for key in ("description", "default"):
+            if node.get(key) is not None:
+                inner[key] = node[key]
+        if "description" in inner:
+            inner["description"] = _describe(inner["description"])
+        return inner
+
+    out = {}
+    kind = node.get("type")
+    if node.get("description"):
+        out["description"] = _describe(node["description"])
+    if kind:
+        out["type"] = kind
+    for key in ("enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems"):
+        if key in node:
+            out[key] = node[key]
+    if "default" in node and node["default"] is not None:
+        out["default"] = node["default"]
+    if kind == "object":
+        props = node.get("properties")
+        if props:
+            out["properties"] = {k: _structural(v, defs) for k, v in props.items()}
+            if node.get("required"):
+                out["required"] = list(node["required"])
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            out["additionalProperties"] = _structural(extra, defs)
+        elif extra is True or (not props and extra is None):
+            out["x-kubernetes-preserve-unknown-fields"] = True
+        if "x-kubernetes-validations" in node:
+            out["x-kubernetes-validations"] = copy.deepcopy(node["x-kubernetes-validations"])
+    if kind == "array":
+        out["items"] = _structural(node["items"], defs)
+    return out
+
+
+_NO_DEFAULT = "x-pdscale-no-default"  # transient marker, removed before output
+
+
+def _defaults_of(node: dict[str, Any]) -> dict[str, Any]:
+    """The object the API server would build from `{}` by structural defaulting."""
+    out = {}
+    for name, child in (node.get("properties") or {}).items():
+        if "default" in child:
+            out[name] = copy.deepcopy(child["default"])
+    return out
+
+
+def _default_empty_objects(node: dict[str, Any], required: bool) -> None:
+    """Give optional objects whose own fields all have defaults a default: the API server
+    only defaults inside objects that exist, and the model treats an absent section as
+    all-defaults (default_factory). The default is written out in full, not `{}`: CEL rules
+    on the object are checked against the default itself, before any nested defaulting."""
+    props = node.get("properties")
+    if not props:
+        return
+    for name, child in props.items():
+        child_required = name in node.get("required", [])
+        _default_empty_objects(child, child_required)
+    if (node.get("type") == "object" and not required and not node.get("required")
+            and not node.get(_NO_DEFAULT)):
+        node.setdefault("default", _defaults_of(node))
+
+
+def spec_schema() -> dict[str, Any]:
+    """The structural OpenAPI schema of `.spec`, from PDClusterSpec."""
+    raw = PDClusterSpec.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    schema = _structural(raw, defs)
+    schema["x-kubernetes-validations"] = copy.deepcopy(SPEC_RULES)
+    # Optional sub-objects that default to None in the model (e.g. weights, rdma) must stay
+    # absent: mark them so _default_empty_objects leaves them alone.
+    optional_none = _optional_none_paths(PDClusterSpec)
+    for path in optional_none:
+        node = schema
+        for part in path:
+            node = node["properties"][part]
+        node[_NO_DEFAULT] = True
+    _default_empty_objects(schema, required=True)
+    for path in optional_none:
+        node = schema
+        for part in path:
+            node = node["properties"][part]
+        del node[_NO_DEFAULT]
+    return schema
+
+
+def _optional_none_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths: list[tuple[str, ...]] = []
+    for name, field in model.model_fields.items():
+        alias = field.alias or name
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            sub = annotation
+        if sub is None:
+            continue
+        if field.default is None and not field.is_required():
+            paths.append((*prefix, alias))
+        paths.extend(_optional_none_paths(sub, (*prefix, alias)))
+    return paths
+
+
+def _condition_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": {"type": "string", "description": "Ready, Progressing, Degraded, SpecValid, ChildrenApplied."},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string", "description": "CamelCase reason (conditions.py)."},
+            "message": {"type": "string", "description": "Human-readable detail."},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer", "format": "int64"},
+        },
+    }
+
+
+def _role_status_schema(role: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": f"The {role} Deployment's counts.",
+        "properties": {
+            "desiredReplicas": {"type": "integer", "description": "spec replicas."},
+            "readyReplicas": {"type": "integer", "description": "Pods that pass readiness."},
+            "updatedReplicas": {"type": "integer", "description": "Pods on the current spec."},
+        },
+    }
+
+
+def status_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Observed state, written by the operator.",
+        "properties": {
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "metadata.generation this status describes.",
+            },
+            "conditions": {
+                "type": "array",
+                "description": "Ready, Progressing, Degraded, SpecValid, ChildrenApplied.",
+                "items": _condition_schema(),
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "prefill": _role_status_schema("prefill"),
+            "decode": _role_status_schema("decode"),
+            "router": _role_status_schema("router"),
+            "derived": {
+                "type": "object",
+                "description": "Settings the operator derived from the spec (transfer timeouts; the "
+                "router's prefill admission: prefillInflightPerWorker, prefillQueueSize, "
+                "prefillQueueTimeoutSeconds, absent when admission is off).",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "planner": {
+                "type": "object",
+                "description": "The planner's last decision (filled in by the planner).",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    """The complete CRD manifest (apiextensions.k8s.io/v1)."""
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["pdscale"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind"},
+                        {"name": "P-Ready", "type": "integer",
+                         "jsonPath": ".status.prefill.readyReplicas"},
+                        {"name": "P-Desired", "type": "integer",
+                         "jsonPath": ".status.prefill.desiredReplicas"},
+                        {"name": "D-Ready", "type": "integer",
+                         "jsonPath": ".status.decode.readyReplicas"},
+                        {"name": "D-Desired", "type": "integer",
+                         "jsonPath": ".status.decode.desiredReplicas"},
+                        # instances of several nodes (LeaderWorkerSet groups): nodes each
+                        {"name": "P-Nodes/Inst", "type": "integer",
+                         "jsonPath": ".spec.prefill.nodesPerInstance", "priority": 1},
+                        {"name": "D-Nodes/Inst", "type": "integer",
+                         "jsonPath": ".spec.decode.nodesPerInstance", "priority": 1},
+                        {"name": "Planner", "type": "string", "jsonPath": ".spec.planner.mode"},
+                        {"name": "Refused/min", "type": "integer",
+                         "jsonPath": ".status.planner.refusedRequestsPerMinute"},
+                        {"name": "Decision", "type": "string",
+                         "jsonPath": ".status.planner.lastDecision", "priority": 1},
+                        {"name": "Ready", "type": "string", "jsonPath": ready},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "PDCluster: one model served by prefill and decode "
+                            "fleets on whole GPU nodes, behind a P/D router.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_yaml() -> str:
+    header = (
+        "# GENERATED from operator/api/pdcluster.py by `python -m pdscale.operator.api.crd`; "
+        "do not edit by hand.\n"
+    )
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_yaml())

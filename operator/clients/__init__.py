@@ -1,0 +1,1 @@
+"""The clients the operator talks through: the Kubernetes API, engines, routers."""

@@ -1,0 +1,1 @@
+"""The autoscaling loop: planning, memory, fleet, drain, router workers, telemetry."""

@@ -1,0 +1,414 @@
+"""The planner loop: the order of one tick (read, plan, act, report). The parts are elsewhere:
+every choice is made by pure functions (``planning``, ``fleet``, ``pdscale.planner``); the
+routers' worker lists are ``workerlist``'s, the drains ``drain``'s, the memory
+``planner_memory``'s, the metrics, status and Events ``telemetry``'s.
+
+A fast tick (``PDSCALE_PLANNER_TICK_SECONDS``, default 5 s) moves drains along and keeps
+actuation level-based; the planner itself runs once per ``spec.planner.intervalSeconds``.
+Modes: Off does nothing; Recommend writes status, an Event and the gauges, and changes
+nothing; Auto also moves the fleet to the decision, in the drain-safe order of ``fleet``.
+
+Its memory (recent loads and decisions, the last planning time) lives in a ConfigMap owned by
+the PDCluster, ``<name>-planner``, so an operator restart neither forgets the stabilization
+window nor re-plans early; drain state lives on the pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from pdscale.operator.api import names, tenant_policy
+from pdscale.operator.api.clock import now_rfc3339
+from pdscale.operator.api.names import Owner
+from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode
+from pdscale.operator.clients.kube import Kube
+from pdscale.operator.clients.vllm_discovery import Announcer
+from pdscale.operator.reconciler import conditions
+from pdscale.operator.reconciler.reconcile import is_ours, reconcile_current
+from pdscale.operator.reconciler.status import overdue_pods, profile_status
+from pdscale.operator.render import lws
+from pdscale.operator.render.builders import unready_allowance_seconds
+from pdscale.operator.render.engines import NIXL_SIDE_CHANNEL_PORT
+from pdscale.planner.decision import Decision
+from pdscale.planner.observe import Role
+from pdscale.planner.prometheus import (
+    READ_BUDGET_SECONDS,
+    MetricsSnapshot,
+    observation_from,
+    prometheus_client,
+    rate_window_seconds,
+    read_metrics,
+    render_queries,
+)
+from pdscale.planner.solve import step
+
+from .drain import Drains
+from .fleet import PodView, pod_view, role_state
+from .planner_memory import ForeignMemory, PlannerMemory, memory_problem
+from .planning import (
+    calibration_for_profile,
+    clamp_decision,
+    clamp_history,
+    history_from_json,
+    history_keep,
+    history_to_json,
+    metrics_source,
+    plan_slot,
+    planner_config,
+    profile_identity,
+    remembered_profile,
+)
+from .profile_source import ProfileSources, report_profile
+from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_after_seconds
+from .workerlist import WorkerLists, desired_workers
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
+#: PDClusters ticked at once: a plan mostly waits on its Prometheus, so one tenant's slow
+#: Prometheus holds one worker, not the loop
+CONCURRENCY = int(os.environ.get("PDSCALE_PLANNER_CONCURRENCY", "8"))
+#: the longest a tick waits for its PDClusters (seconds): one tick. One still planning then
+#: goes on in its worker (its metrics read is bounded by READ_BUDGET_SECONDS) and is not
+#: started again until it ends, while the next ticks plan the others on time: a slow
+#: Prometheus delays only its own PDCluster. Far under the 60 s liveness bound
+#: (telemetry.stuck_after_seconds).
+TICK_DEADLINE_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_DEADLINE_SECONDS",
+                                             str(TICK_SECONDS)))
+
+#: every pod the operator manages, by (namespace, instance label, role label)
+PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
+
+
+def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
+    """The one listing of a tick, grouped per PDCluster and role (pure). An instance of
+    several nodes is its LWS group's leader: the other pods of a group are left out, so that
+    counts, drains and the router's worker list see instances only."""
+    out: PodsByKey = {}
+    for pod in lws.leaders_only(pods):
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        key = (str(meta.get("namespace", "")), str(labels.get(names.LABEL_INSTANCE, "")),
+               str(labels.get(names.LABEL_ROLE, "")))
+        out.setdefault(key, []).append(pod)
+    return out
+
+
+def foreign_roles(ns: str, name: str, uid: str,
+                  deployments: Mapping[tuple[str, str], dict[str, Any]]) -> frozenset[str]:
+    """The roles whose Deployment (this PDCluster's child name) another object controls: their
+    pods carry this PDCluster's labels but are not its own (labels say which base name a pod
+    carries, the controller owner reference says whose it is), so the loop leaves them alone.
+    A role without a Deployment yet keeps its pods (nothing to tell them by; the reconcile
+    creates it)."""
+    foreign = frozenset(role for role in ("prefill", "decode", "router")
+                        if (d := deployments.get((ns, names.child_name(name, role)))) is not None
+                        and not is_ours(d, uid))
+    if foreign:
+        log.warning("planner %s/%s: the Deployments of %s are controlled by another object; their "
+                    "pods are left alone", ns, name, sorted(foreign))
+    return foreign
+
+
+def owner_of(body: dict[str, Any]) -> Owner:
+    meta = body["metadata"]
+    return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+class PlannerLoop:
+    """One per operator process. ``tick_all`` is called every TICK_SECONDS."""
+
+    def __init__(self, kube: Kube, prometheus_url: str | None = None, *,
+                 worker_lists: WorkerLists | None = None, drains: Drains | None = None):
+        self.kube = kube
+        #: the operator's own Prometheus (the chart's operator.prometheusURL): the admin's
+        self.prometheus_url = prometheus_url or os.environ.get("PDSCALE_PROMETHEUS_URL") or None
+        self.report = Reporter(kube)
+        self.memory = PlannerMemory(kube)
+        self.profiles = ProfileSources(kube)
+        #: the vLLM announcer inside runs in its own thread (started by the kopf wiring)
+        self.worker_lists = worker_lists or WorkerLists(Announcer(side_channel_port=NIXL_SIDE_CHANNEL_PORT))
+        self.drains = drains or Drains(kube, self.report)
+        #: each PDCluster's router addresses as its last finished tick saw them
+        self.routers_of: dict[str, frozenset[str]] = {}
+        #: PDClusters whose tick is still running (in a worker), and when each last finished
+        self.running: set[str] = set()
+        self.finished_at: dict[str, float] = {}
+        #: PDClusters whose last tick outlasted a tick (a slow Prometheus): together they may
+        #: hold at most half the workers, so that however many tenants point at a server that
+        #: never answers, the others always find a worker
+        self.slow: set[str] = set()
+        self.slow_workers = max(1, CONCURRENCY // 2)
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, CONCURRENCY), thread_name_prefix="planner")
+        self.lock = threading.Lock()
+        self.tick_deadline_seconds = TICK_DEADLINE_SECONDS
+
+    @property
+    def routers_seen(self) -> set[str]:
+        with self.lock:
+            return set().union(*self.routers_of.values())
+
+    def tick_all(self) -> float | None:
+        """One tick over every PDCluster, at most ``CONCURRENCY`` at once and for at most
+        ``tick_deadline_seconds``; returns the seconds until the next plan falls due (None:
+        none scheduled), so the loop wakes for it rather than up to a tick late.
+
+        A PDCluster whose tick outlasts the deadline (its Prometheus is slow) keeps its worker
+        until its bounded read ends and is skipped by the ticks in between: it delays neither
+        the loop nor another PDCluster's plan. Those waiting longest go first, and the slow
+        ones together take at most ``slow_workers`` of the workers."""
+        # One list of every pod we manage per tick, not three per PDCluster: with hundreds of
+        # PDClusters the loop must cost the API server next to nothing.
+        pods = pods_by_key(self.kube.list_pods(None, {names.LABEL_MANAGED_BY: names.MANAGER}))
+        # and of their Deployments: whose the pods selected by label are
+        deployments = {(d["metadata"].get("namespace", ""), d["metadata"].get("name", "")): d
+                       for d in self.kube.list_deployments(None, {names.LABEL_MANAGED_BY: names.MANAGER})}
+        started = time.monotonic()
+        self.drains.begin_tick()
+        bodies = {f"{b['metadata']['namespace']}/{b['metadata']['name']}": b
+                  for b in self.kube.list_pdclusters() if not b["metadata"].get("deletionTimestamp")}
+        futures: dict[concurrent.futures.Future[float | None], str] = {}
+        for key in sorted(bodies, key=lambda k: self.finished_at.get(k, 0.0)):
+            with self.lock:
+                if key in self.running:
+                    log.info("planner tick of %s: the last one is still running (its "
+                             "Prometheus is slow); not started again", key)
+                    continue
+                if key in self.slow and len(self.running & self.slow) >= self.slow_workers:
+                    log.info("planner tick of %s: waits, %d slow PDClusters hold their share of "
+                             "the workers", key, self.slow_workers)
+                    continue
+                self.running.add(key)
+            futures[self.pool.submit(self._tick_one, key, bodies[key], pods,
+                                          deployments)] = key
+        done, late = concurrent.futures.wait(
+            futures, timeout=max(0.0, self.tick_deadline_seconds - (time.monotonic() - started)))
+        for future in late:
+            if future.cancel():  # never started (every worker busy): the next tick tries
+                with self.lock:
+                    self.running.discard(futures[future])
+            else:
+                log.warning("planner tick of %s: still running after %.0f s; the loop goes on",
+                            futures[future], self.tick_deadline_seconds)
+        dues = [due for f in done if (due := f.result()) is not None]
+        with self.lock:  # PDClusters gone: their routers too
+            self.routers_of = {k: v for k, v in self.routers_of.items() if k in bodies}
+            self.slow &= set(bodies)
+        self.worker_lists.keep_only(self.routers_seen)
+        self.drains.end_tick()
+        return min(dues) - time.time() if dues else None
+
+    def _tick_one(self, key: str, body: dict[str, Any], pods: PodsByKey,
+                  deployments: Mapping[tuple[str, str], dict[str, Any]]) -> float | None:
+        """``tick`` in a worker: a failure is logged (one PDCluster's failure must not stop
+        the others'), and the PDCluster is free to tick again when it ends."""
+        started = time.monotonic()
+        try:
+            return self.tick(body, time.time(), pods, deployments)
+        except ApiException as exc:
+            log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
+        except Exception:
+            log.exception("planner tick of %s failed", key)
+        finally:
+            with self.lock:
+                self.running.discard(key)
+                self.finished_at[key] = time.monotonic()
+                if self.finished_at[key] - started > self.tick_deadline_seconds:
+                    self.slow.add(key)
+                else:
+                    self.slow.discard(key)
+        return None
+
+    # ------------------------------------------------------------------------------------
+    def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey,
+             deployments: Mapping[tuple[str, str], dict[str, Any]] | None = None) -> float | None:
+        """Read, plan when due, act, report; returns when this PDCluster's next plan is due
+        (None: not known, the next fast tick tries). ``deployments``: the tick's listing by
+        (namespace, name); a role whose Deployment another PDCluster controls has no pods here."""
+        try:
+            spec = PDClusterSpec.model_validate(body.get("spec") or {})
+        except ValueError:
+            return None  # reconcile reports SpecValid=False
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        instance = names.base_name(name)
+        foreign = foreign_roles(ns, name, str(meta.get("uid") or ""), deployments or {})
+        listed_pods = {k: ([] if k[:2] == (ns, instance) and k[2] in foreign else v)
+                       for k, v in listed_pods.items()}
+        # read
+        pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
+                for role in Role}
+        workers = self.worker_lists.of(
+            spec, [pod_view(p, "router") for p in listed_pods.get((ns, instance, "router"), [])])
+        listed = workers.listed()
+        mode = spec.planner.mode
+        due = None
+        if mode is not PlannerMode.OFF:
+            self.report.ready(ns, name, pods)
+            # plan (and report the decision)
+            decision, due = self._plan_if_due(body, spec, pods, now)
+            # act
+            if mode is PlannerMode.AUTO and decision is not None:
+                decision = clamp_decision(decision, spec)  # whatever its source
+                targets = {Role.PREFILL: decision.prefill, Role.DECODE: decision.decode}
+                self.drains.move(body, spec, pods, workers, listed, targets, now)
+                pods = {role: [] if role in foreign else self._pods(ns, name, role) for role in Role}
+        workers.make_equal(desired_workers(spec, pods))  # in every mode
+        with self.lock:
+            self.routers_of[f"{ns}/{name}"] = frozenset(workers.addresses)
+        # report what no event marks
+        self._report_overdue(body, spec, [p for role in Role
+                                          for p in listed_pods.get((ns, instance, role), [])], now)
+        return due
+
+    def _report_overdue(self, body: dict[str, Any], spec: PDClusterSpec,
+                        pods: list[dict[str, Any]], now: float) -> None:
+        """The tick is the clock that notices a pod outstaying its warm-up allowance (no
+        event marks that moment); the reconcile, sole writer of conditions, reports it."""
+        allowance = {role: unready_allowance_seconds(spec, role) for role in Role}
+        overdue = {p.name for p in overdue_pods(pods, allowance, now)}
+        degraded = conditions.find((body.get("status") or {}).get("conditions"), conditions.DEGRADED)
+        message = (degraded or {}).get("message", "")
+        named = {n for p in pods if (n := pod_view(p, "").name) and n in message}
+        if overdue != named:
+            reconcile_current(self.kube, body["metadata"]["namespace"], body["metadata"]["name"],
+                              now_rfc3339())
+
+    def _plan_if_due(self, body: dict[str, Any], spec: PDClusterSpec,
+                     pods: Mapping[Role, list[PodView]],
+                     now: float) -> tuple[Decision | None, float | None]:
+        """The decision in force: a new one when the schedule's next plan is due
+        (``planning.plan_slot``), else the last one remembered (None before the first); and
+        when the next plan falls due (None: unknown, as after a failure to plan)."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        try:
+            stored = self.memory.load(ns, name, meta.get("uid"))
+        except ForeignMemory as foreign:
+            # someone else's object of the memory's name: never read, written or adopted
+            self.report.memory_foreign(body, str(foreign))
+            return None, None
+        problem = None if stored is None else memory_problem(stored, now)
+        if problem is not None:
+            # start from an empty memory: one stabilization window of caution, not a stop
+            self.report.memory_ignored(body, problem)
+            stored = None
+        history, last_plan = history_from_json(stored)
+        history = clamp_history(history, spec)  # stored data, held to today's bounds
+        decision = history.decisions[-1] if history.decisions else None
+        interval = spec.planner.interval_seconds
+        slot = plan_slot(last_plan, interval, now)
+        if slot is None:
+            return decision, None if last_plan is None else last_plan + interval
+        previous = decision
+        # the profile first: one that cannot be used holds the planner (the decision in
+        # force stays), says why, and is read again next tick
+        resolved = self.profiles.resolve(ns, spec)
+        if resolved.profile is None:
+            report_profile(self.kube, body, profile_status(None, resolved.source, None,
+                                                           resolved.problem), resolved)
+            return previous, None
+        # what was learned against another profile is not carried over to this one
+        identity = profile_identity(resolved.profile)
+        history, reset = calibration_for_profile(history, remembered_profile(stored), identity)
+        if reset is not None:
+            self.report.calibration_reset(body, reset)
+        started = time.monotonic()
+        config = planner_config(spec, resolved.profile)
+        snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
+        window = rate_window_seconds(spec.planner.interval_seconds)
+        obs = observation_from(
+            snapshot, now,
+            role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds, readings_seconds=window),
+            role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds, readings_seconds=window),
+        )
+        decision, history = step(obs, config=config, history=history, now=now)
+        if not self.memory.save(owner_of(body), history_to_json(history, slot, history_keep(config),
+                                                                profile=identity)):
+            return previous, None  # another writer's newer memory stands; the next tick plans on it
+        self.report.plan_seconds(ns, name, time.monotonic() - started)
+        self.report.decision(body, spec, decision, previous, snapshot, obs)
+        report_profile(self.kube, body, profile_status(resolved.profile, resolved.source,
+                                                       history.calibration), resolved)
+        return decision, slot + interval
+
+    def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
+        return [pod_view(p, role)
+                for p in lws.leaders_only(self.kube.list_pods(ns, names.selector_labels(name, role)))]
+
+    def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
+                      percentile: float) -> MetricsSnapshot:
+        url, source, problem = metrics_source(spec, self.prometheus_url, tenant_policy.configured())
+        queries = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
+                                 window_seconds=rate_window_seconds(spec.planner.interval_seconds),
+                                 percentile=percentile)
+        if url is None:
+            return MetricsSnapshot({q: None for q in queries}, {q: f"not read: {problem}" for q in queries})
+        return read_metrics(prometheus_client(url), queries, now, at_seconds=now,
+                            budget_seconds=READ_BUDGET_SECONDS, source=source)
+
+
+#: the longest wait between retries of a failing loop tick (well under the stuck bound)
+MAX_BACKOFF_SECONDS = float(os.environ.get("PDSCALE_LOOP_MAX_BACKOFF_SECONDS", "30"))
+
+
+def backoff_seconds(interval_seconds: float, failures: int,
+                    cap_seconds: float = MAX_BACKOFF_SECONDS) -> float:
+    """The wait before the next tick: the interval, doubled per failure in a row, capped."""
+    if failures <= 0:
+        return interval_seconds
+    return min(cap_seconds, max(interval_seconds, 1.0) * 2.0 ** failures)
+
+
+#: the shortest sleep between ticks: a plan due now (or overdue) never spins the loop
+MIN_SLEEP_SECONDS = 0.1
+
+
+async def supervise(name: str, tick: Callable[[], Awaitable[float | None]], interval_seconds: float,
+                    heartbeats: Heartbeats = HEARTBEATS, *,
+                    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """Run ``tick`` every ``interval_seconds`` for ever, or sooner when a tick returns the
+    seconds until something falls due (the planner's next plan). Any failure (the API server
+    restarting, a timeout, a bug) is logged with its exception, counted in
+    ``pdscale_loop_errors_total{loop}`` and retried with capped exponential backoff; each
+    finished tick, failed or not, is a heartbeat for the liveness probe."""
+    bound = stuck_after_seconds(interval_seconds)
+    failures = 0
+    delay = interval_seconds
+    heartbeats.beat(name, time.monotonic(), delay, bound)
+    try:
+        while True:
+            await sleep(delay)
+            try:
+                sooner = await tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay = backoff_seconds(interval_seconds, failures)
+                LOOP_ERRORS.labels(name).inc()
+                log.warning("%s loop: tick failed (%d in a row): %s: %s; retrying in %.1f s", name,
+                            failures, type(exc).__name__, exc, delay, exc_info=exc)
+            else:
+                if failures:
+                    log.info("%s loop: tick succeeded after %d failures", name, failures)
+                failures = 0
+                delay = interval_seconds if sooner is None else min(
+                    interval_seconds, max(MIN_SLEEP_SECONDS, sooner))
+            heartbeats.beat(name, time.monotonic(), delay, bound)
+    finally:  # stopped on purpose (cancelled): not stuck
+        heartbeats.forget(name)
+
+
+async def run_forever(loop: PlannerLoop, heartbeats: Heartbeats = HEARTBEATS) -> None:
+    await supervise("planner", lambda: asyncio.to_thread(loop.tick_all), TICK_SECONDS, heartbeats)

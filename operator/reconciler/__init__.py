@@ -1,0 +1,1 @@
+"""Reconcile: converge a PDCluster's children, and write its status and conditions."""

@@ -1,0 +1,1 @@
+"""Rendering: pure builders of a PDCluster's children (engines, router, network, RBAC)."""

@@ -1,0 +1,173 @@
+"""Instances each interval of the horizon needs (the performance model over the forecast
+loads), decode's floor from the sequences running now, and the split over a node budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import PlannerConfig
+from .model import Load
+from .observe import (
+    Observation,
+    fresh,
+)
+from .timing import _intervals
+
+
+# -- needs -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Needs:
+    """Instances each role needs per interval, arrays of shape (2, H): row 0 prefill, 1 decode."""
+
+    #: what the solver is asked to serve: within min/max, split over budget (prefill_share)
+    need: np.ndarray
+    #: the same before the budget split (for the explanation)
+    uncapped: np.ndarray
+    #: shape (H,): intervals whose need exceeds the budget left by draining nodes
+    over: np.ndarray
+    #: what this interval needs (after the split): remembered for the scale-down window
+    desired: tuple[int, int]
+    #: decode instances the sequences running now need where that exceeds the load model's
+    #: (0: the load model's binds), for the explanation (``_decode_need_from_sequences``)
+    decode_from_sequences: int = 0
+
+
+def _needs(
+    cfg: PlannerConfig, observation: Observation, future: list[Load], future_decode: list[Load] | None
+) -> _Needs:
+    """Instances needed per role and interval at the utilisation caps (prefill with its
+    queueing model for the TTFT target), at least the role's minimum. Over budget (need_p +
+    need_d > nodes - draining), prefill gets the floor of :func:`prefill_share`, clipped to
+    its minimum and the room the decode minimum leaves, and decode the rest."""
+    model = cfg.model
+    cache: dict[Load, tuple[int, int]] = {}
+
+    def needed(ld: Load) -> tuple[int, int]:
+        if ld not in cache:
+            cache[ld] = _instances_needed(cfg, ld)
+        return cache[ld]
+
+    need = np.array(
+        [[needed(ld)[0] for ld in future],
+         [needed(ld)[1] for ld in (future_decode or future)]],
+        dtype=float,
+    )  # shape (2, H)
+    # decode: at least what the sequences running now need, until capacity ordered now
+    # serves (from then on the load model's need, and the scale-down window, hold it)
+    lead = _intervals(model.profile.warmup.new_node_seconds, cfg.interval_seconds) + 1
+    from_sequences = _decode_need_from_sequences(cfg, observation, (future_decode or future)[0])
+    binding = from_sequences if from_sequences > need[1, 0] else 0
+    need[1, :lead] = np.maximum(need[1, :lead], from_sequences)
+    need[0] = np.maximum(need[0], cfg.min_prefill)
+    need[1] = np.maximum(need[1], cfg.min_decode)
+    # Over budget, divide the shortfall before solving (prefill_share), so that neither role
+    # starves (Dynamo cuts prefill first; neither side's users are worth more by default).
+    # The budget is in nodes and an instance spans kp or kd of them (a group): the split
+    # below is made in nodes and read back in whole instances.
+    uncapped = need.copy()
+    kp, kd = cfg.nodes_per_instance
+    k = np.array([[kp], [kd]], dtype=float)
+    avail = float(cfg.nodes - (observation.prefill.draining * kp + observation.decode.draining * kd))
+    total = (need * k).sum(axis=0)
+    over = total > avail
+    if over.any():
+        busy = np.array([[model.fluid_demand(ld, cfg.slo)[0] for ld in future],
+                         [model.fluid_demand(ld, cfg.slo)[1] for ld in (future_decode or future)]])
+        p_share = np.floor(prefill_share(avail, need * k, busy * k) + 1e-9)
+        p_share = np.clip(p_share, cfg.min_prefill * kp,
+                          max(avail - cfg.min_decode * kd, cfg.min_prefill * kp))
+        p_share = np.floor(p_share / kp)  # whole prefill instances
+        need[0] = np.where(over, p_share, need[0])
+        need[1] = np.where(over, np.maximum(np.floor((avail - p_share * kp) / kd), cfg.min_decode),
+                           need[1])
+    return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])),
+                  decode_from_sequences=binding)
+
+
+def prefill_share(avail: float, need: np.ndarray, busy: np.ndarray) -> np.ndarray:
+    """Prefill's share of ``avail`` nodes where the roles need more (fractional, per interval).
+
+    Below its fluid demand (``busy``: instances kept 100% busy, at the TPOT target for decode)
+    a role falls off a cliff: prefill's queue grows without bound, every decode step runs past
+    the TPOT target, and nearly every request misses. Above it, an instance buys margin for
+    queueing and bursts. So the budget covers both fluid demands first (in proportion to them
+    when even those do not fit), and what is left goes in proportion to each role's margin
+    (need - busy). Split in proportion to need alone, the margin prefill's TTFT queueing asks
+    for took decode's fluid demand: on Mooncake x6 under a 27-node budget the planner ran
+    23P4D to 19P8D and met 25.7%; split this way it runs 20P7D +-1 and meets 64.1% (the best
+    fixed split, 19P8D, 66.3%)."""
+    busy = np.minimum(busy, need)
+    busy_total, margin = busy.sum(axis=0), need - busy
+    by_busy = avail * busy[0] / np.maximum(busy_total, 1e-9)
+    by_margin = busy[0] + (avail - busy_total) * margin[0] / np.maximum(margin.sum(axis=0), 1e-9)
+    share: np.ndarray = np.where(avail <= busy_total, by_busy, by_margin)
+    return share
+
+
+def _instances_needed(cfg: PlannerConfig, load: Load) -> tuple[int, int]:
+    """(prefill, decode) ``cfg.model`` needs for ``load`` at the configured caps and queueing."""
+    return cfg.model.instances_needed(
+        load, cfg.slo,
+        prefill_utilization=cfg.prefill_utilization,
+        decode_utilization=cfg.decode_utilization,
+        ttft_queueing=True, service_cv=cfg.prefill_service_cv,
+        pooled_prefill=cfg.prefill_queue == "pooled",
+    )
+
+
+def _decode_need_from_sequences(cfg: PlannerConfig, observation: Observation, load: Load) -> int:
+    """Decode instances the sequences running now need (0 when unknown or stale).
+
+    Decode, by Little's law: the ``N`` sequences running on the decode instances run at the
+    TPOT target on ceil(N x headroom / (b x decode_utilization)) instances, ``b`` the batch
+    one instance runs at the target for the load's mean context
+    (``model.decode_batch_at_slo``). Rates and lengths are counted when requests finish, so
+    after a change of load shape they show the need one residence time and a length window
+    late; the sequences already running show it at once. In steady load N = rate x output x
+    TPOT with TPOT within the target, which the load model's rate x output / tokens-per-second
+    at the target already covers, so this adds nothing there.
+
+    Not the decode queues: in PD mode a decode receives each request with its prefill, so its
+    transfer queue holds requests whose prefill has not run yet (docs/conformance.md). Counted,
+    the demo's long documents (4 tokens out) asked for 10 decodes for a prefill backlog. That
+    backlog is prefill's, and enters as load (``current_load``'s backlog).
+
+    A short decode runs its sequences above the TPOT target, and by the same law holds
+    TPOT/target times as many as it would at the target: that excess is a backlog that
+    drains within a residence time (N / arrival rate), not load. It counts only as far as it
+    could still be running when capacity ordered now serves (decayed over a new node's
+    warm-up): behind a 600 s warm-up, a doubled load on a short decode (sequences residing
+    about 15 s) asked for 23 decode instances where 9 served it; behind the demo's 20 s
+    warm-up most of it still counts.
+
+    The running gauge is at most the requests that decoded over the last scrape
+    (``decoding_requests``, where read). SGLang sets the gauge only when it logs a batch, and
+    an idle decode shows its last busy batch for up to 30 s: summed over decodes each busy a
+    fraction of the time, it read 12 sequences where 3 were decoding, and the demo's chat
+    held 9 decodes for them where 4 served (the replay, which counts them exactly, held 4-5).
+    A request that is not streamed sends its first chunk at 50 tokens and adds
+    nothing before it: there the bound reads low, and the load model's need stands."""
+    now, decode = observation.now_seconds, observation.decode
+    sequences = fresh(decode.running_requests, now, cfg.max_age_seconds)
+    decoded = fresh(decode.decoding_requests, now, cfg.max_age_seconds)
+    if sequences is not None and decoded is not None:
+        sequences = min(sequences, decoded)
+    if sequences is None or sequences <= 0:
+        return 0
+    model = cfg.model
+    context = model.decode_mean_context(load)
+    batch = model.decode_batch_at_slo(cfg.slo.tpot_seconds, context)
+    if batch <= 0:
+        return 0  # the target cannot be met at any batch: the load model says so already
+    ready = observation.decode.ready
+    tpot_now = model.tpot_seconds(sequences / ready, context) if ready > 0 else 0.0
+    if tpot_now > cfg.slo.tpot_seconds and load.rate_rps > 0:
+        at_target = sequences * cfg.slo.tpot_seconds / tpot_now
+        residence_seconds = sequences / load.rate_rps
+        lead_seconds = model.profile.warmup.new_node_seconds
+        sequences = at_target + (sequences - at_target) * math.exp(-lead_seconds / residence_seconds)
+    per_instance = batch * cfg.decode_utilization / model.calibration.decode_headroom
+    return math.ceil(round(sequences / per_instance, 9))
