@@ -76,7 +76,7 @@ down:
 chart-sync: setup
 	cp crds/pdclusters.pdscale.io.yaml charts/pdscale/crds/
 	for part in namespaced cluster watching; do $(VENV)/bin/python -c "import json, sys, yaml; \
-	from pdscale.operator import rbac; rules = getattr(rbac, sys.argv[1] + '_rules')(); \
+	from pdscale.operator.render import rbac; rules = getattr(rbac, sys.argv[1] + '_rules')(); \
 	print(yaml.safe_dump(json.loads(json.dumps(rules)), sort_keys=False), end='')" $$part \
 	> charts/pdscale/rbac-$$part-rules.yaml; done
 
