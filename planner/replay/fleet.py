@@ -47,7 +47,8 @@ class Events:
 class Fleet:
     """All instances by id, in parallel lists (hot-path friendly), and their accounting."""
 
-    def __init__(self, prefix: PrefixIndex, events: Events, switch_seconds: float) -> None:
+    def __init__(self, prefix: PrefixIndex, events: Events, switch_seconds: float, *,
+                 prefill_busy_exact: bool = True) -> None:
         self.prefix = prefix
         self.events = events
         #: warm-up of an instance coming out of a role switch
@@ -67,7 +68,7 @@ class Fleet:
         self.outstanding: list[int] = []
         #: whether ``busy`` is when each prefill instance's work really ends (the article's
         #: one request at a time), not the router's estimate of it (batched passes)
-        self.prefill_busy_exact = True
+        self.prefill_busy_exact = prefill_busy_exact
         # requests routed to each prefill instance that have not completed end to end: the
         # router's load of a worker (sgl-router's load guard is held until the response ends,
         # decode included)

@@ -246,7 +246,7 @@ class _Replay:
         self.prefix = PrefixIndex(
             config.cache_blocks or max(1, prof.prefill.prefix_cache_tokens // block)
         )
-        self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds)
+        self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds, prefill_busy_exact=config.engine == "article")
         self.fleet.on_decode_ready = self._admit_waiting
         self.router = make_router(config.router, self.fleet, model, block, random.Random(config.seed))
         self.decode = DecodeBatches(
@@ -273,7 +273,6 @@ class _Replay:
             input_tokens=trace.input_tokens, blocks=trace.hash_ids, block_tokens=block,
             on_done=self._prefilled,
         )
-        self.fleet.prefill_busy_exact = self.batches is None
         #: requests waiting at the router for a prefill slot (``prefill_admission``)
         self.admission_queue = None
         if config.prefill_admission is not None:
