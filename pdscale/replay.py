@@ -292,9 +292,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", help="--prometheus: range end, Unix seconds or RFC 3339")
     parser.add_argument("--synthetic", metavar="SHAPE", choices=["steady", "ramp", "step", "spike", "surge"],
                         help="instead of --trace, a load shape (planner/replay/workloads.py): "
-                             "steady hour, +50%% ramp over 10 min, 2x step, 2.5x spike decaying "
-                             "(30 min at --base-rps first); surge: an hour, flat 12 min, +70%% "
-                             "over 9, then 1.05x; lengths drawn from --lengths")
+                             "steady hour, 30 min at --base-rps then +50%% ramp, 2x step, 2.5x "
+                             "spike; surge: 12 min, +70%% over 9, 1.05x; lengths from --lengths")
     parser.add_argument("--base-rps", type=float, default=12.0,
                         help="--synthetic: the base request rate (default 12)")
     parser.add_argument("--start-from", choices=["history", "running", "hindsight", "spec"], default="history",

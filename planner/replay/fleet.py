@@ -48,7 +48,8 @@ class Fleet:
     """All instances by id, in parallel lists (hot-path friendly), and their accounting."""
 
     def __init__(self, prefix: PrefixIndex, events: Events, switch_seconds: float, *,
-                 nodes_per_instance: tuple[int, int] = (1, 1)) -> None:
+                 nodes_per_instance: tuple[int, int] = (1, 1),
+                 prefill_busy_exact: bool = True) -> None:
         self.prefix = prefix
         self.events = events
         #: nodes one instance of each role holds (a group of several nodes counts them all in
@@ -71,7 +72,7 @@ class Fleet:
         self.outstanding: list[int] = []
         #: whether ``busy`` is when each prefill instance's work really ends (the article's
         #: one request at a time), not the router's estimate of it (batched passes)
-        self.prefill_busy_exact = True
+        self.prefill_busy_exact = prefill_busy_exact
         # requests routed to each prefill instance that have not completed end to end: the
         # router's load of a worker (sgl-router's load guard is held until the response ends,
         # decode included)

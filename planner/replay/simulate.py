@@ -249,7 +249,8 @@ class _Replay:
         self.events = Events()
         self.prefix = PrefixIndex(config.cache_blocks or max(1, prof.prefill.prefix_cache_tokens // block))
         self.fleet = Fleet(self.prefix, self.events, prof.warmup.role_switch_seconds,
-                           nodes_per_instance=config.nodes_per_instance)
+                           nodes_per_instance=config.nodes_per_instance,
+                           prefill_busy_exact=config.engine == "article")
         self.fleet.on_decode_ready = self._admit_waiting
         self.router = make_router(config.router, self.fleet, model, block, random.Random(config.seed))
         self.decode = DecodeBatches(
@@ -276,7 +277,6 @@ class _Replay:
             input_tokens=trace.input_tokens, blocks=trace.hash_ids, block_tokens=block,
             on_done=self._prefilled,
         )
-        self.fleet.prefill_busy_exact = self.batches is None
         #: requests waiting at the router for a prefill slot (``prefill_admission``)
         self.admission_queue = None
         if config.prefill_admission is not None:
