@@ -42,7 +42,7 @@ def test_the_site_builds_strictly_with_every_page_of_the_nav(site):
         assert (site / page).is_file(), page
     # the snippets of the first-PDCluster page are the example files themselves
     first = (site / "getting-started/first-pdcluster/index.html").read_text()
-    assert "quickstart-sglang" in first and "prometheusURL" in first
+    assert "quickstart-sglang" in first and "nodeBudget" in first
 
 
 def test_a_strict_build_fails_on_a_broken_link(tmp_path):

@@ -171,7 +171,11 @@ def test_routing_picks_smgs_rule_for_smg_and_random_for_sglang_router() -> None:
     assert "smg-cache-aware" in ROUTERS
     spec = read_spec(str(Path(__file__).resolve().parents[2] / "bench" / "policy_bench_pdcluster.yaml"))
     assert spec.router.prefill_policy.value == "CacheAware"
-    assert routing(spec)["router"] == "random"  # sglang-router 0.3.2: no PD prefill tree
+    # the default gateway (router.gateway unset) is smg, with its own cache-aware rule
+    assert routing(spec) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
+    old = spec.model_copy(update={"router": spec.router.model_copy(
+        update={"gateway": SGLangGateway.SGLANG_ROUTER})})
+    assert routing(old)["router"] == "random"  # sglang-router 0.3.2: no PD prefill tree
     s = spec.model_copy(update={"router": spec.router.model_copy(update={"gateway": SGLangGateway.SMG})})
     assert routing(s) == {"router": "smg-cache-aware", "decode_router": "round-robin"}
     fleet = prefill_fleet(2)
