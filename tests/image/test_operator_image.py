@@ -238,10 +238,16 @@ def test_image_settings_are_the_containerfiles_and_run_the_charts_command(image)
     version = stage["ARG"][0].split("=", 1)[1]
     assert cfg["Labels"] == dict(e.replace("$VERSION", version).split("=", 1)
                                  for e in shlex.split(stage["LABEL"][0]))
-    # The chart with its default values runs this image, as the image's default command would.
-    pod, container = operator_container(helm_template("pdscale-system"))
+    # The chart runs this image as the image's default command would: cluster-wide, the
+    # image's default; by default the chart names the namespaces it serves in place of
+    # --all-namespaces (an image cannot know them), and nothing else differs.
+    pod, container = operator_container(helm_template("pdscale-system", "rbac.clusterWide=true"))
     assert container["image"] == REF
     assert container["command"] + container["args"] == cfg["Entrypoint"] + cfg["Cmd"]
+    _, namespaced = operator_container(helm_template("pdscale-system"))
+    assert namespaced["command"] + namespaced["args"] == [
+        "--namespace=pdscale-system" if a == "--all-namespaces" else a
+        for a in cfg["Entrypoint"] + cfg["Cmd"]]
     security = pod["securityContext"]
     assert cfg["User"] == f"{security['runAsUser']}:{security['runAsGroup']}"
     assert image.layers == 1
