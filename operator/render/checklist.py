@@ -25,9 +25,7 @@ from pdscale.operator.api.pdcluster import (
     PDClusterSpec,
     RoleParallelism,
     RoleSpec,
-    RouterKind,
     RoutingPolicy,
-    SGLangGateway,
     TransferBackend,
     is_gpu_class,
 )
@@ -297,11 +295,8 @@ def _check_router(spec: PDClusterSpec) -> list[Problem]:
                                "as they become Ready); use RoundRobin, Random or CacheAware"))
     if spec.router.port == spec.router.metrics_port:
         out.append(Problem("spec.router.metricsPort", "collides with router.port"))
-    # the default gateway (SMG) applies to SGLang routers only; naming it for vLLM is refused
-    if ("gateway" in spec.router.model_fields_set and spec.router.gateway is SGLangGateway.SMG
-            and (spec.router.kind or spec.engine.kind).value != RouterKind.SGLANG.value):
-        out.append(Problem("spec.router.gateway", "SMG is offered for SGLang workers only here; "
-                           "vLLM workers are fronted by vllm-router (leave gateway unset)"))
+    # router.gateway applies to SGLang routers only: a vLLM spec's is ignored, never refused,
+    # since the API server stores the CRD's default (SMG) in every PDCluster, vLLM's included
     adm = spec.router.admission
     if adm is not None and adm.enabled and not router.smg(spec):
         out.append(Problem("spec.router.admission", "only smg has prefill admission (leave "

@@ -68,9 +68,16 @@ def test_smg_starts_in_pd_mode_with_no_workers_of_its_own():
     assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
 
 
-def test_smg_in_front_of_vllm_workers_is_refused_naming_the_field():
-    with pytest.raises(SpecError, match=r"spec\.router\.gateway: SMG is offered for SGLang workers only"):
-        _spec("SMG", "vllm-nixl-2p4d.yaml")
+def test_a_vllm_spec_stored_with_the_default_gateway_renders_vllm_router():
+    """The API server stores the CRD's default (gateway SMG) in every PDCluster, a vLLM one's
+    too: the gateway applies to SGLang routers only, so it is ignored there, not refused."""
+    spec, derived = _spec("SMG", "vllm-nixl-2p4d.yaml")
+    children = {(c["kind"], c["metadata"]["name"]): c
+                for c in builders.build_children(OWNER, spec, derived)}
+    [deployment] = [c for (kind, name), c in children.items()
+                    if kind == "Deployment" and name.endswith("-router")]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == ["vllm-router"]
+    assert not router.smg(spec)
     with pytest.raises(SpecError, match=r"spec\.router\.gateway"):
         _spec("Smg")  # enums are CamelCase and exact
 
