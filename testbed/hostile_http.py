@@ -11,10 +11,32 @@ timing instead of hanging.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
+
+
+class HealthyPrometheus(BaseHTTPRequestHandler):
+    """The healthy counterpart, for ``ThreadingHTTPServer``: a valid one-sample vector for
+    every query, after ``delay_seconds`` (a subclass sets it)."""
+
+    delay_seconds = 0.0
+
+    def do_GET(self) -> None:
+        time.sleep(self.delay_seconds)
+        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {}, "value": [time.time(), "1"]}]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 class HostileServer:

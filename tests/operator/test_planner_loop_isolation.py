@@ -9,30 +9,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from test_planner_loop import NS, FakeKube, FakeWorkerLists, FakeWorkers, _pod, _spec_doc
 
 from pdscale.operator.api import tenant_policy
 from pdscale.operator.loop.planner_loop import PlannerLoop
-from pdscale.testbed.hostile_http import HostileServer
+from pdscale.testbed.hostile_http import HealthyPrometheus, HostileServer
 
 HOSTILE = ("silent", "drip", "stream", "error")
-
-
-class _Healthy(BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {}, "value": [time.time(), "1"]}]}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
@@ -56,7 +42,7 @@ def _planner(kube: FakeKube, name: str) -> dict:
 
 
 def test_a_hostile_prometheus_delays_neither_the_loop_nor_another_pdclusters_plan(loopback_allowed):
-    healthy = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    healthy = ThreadingHTTPServer(("127.0.0.1", 0), HealthyPrometheus)
     threading.Thread(target=healthy.serve_forever, daemon=True).start()
     servers = {kind: HostileServer(kind, give_up_seconds=60, drip_every_seconds=0.2) for kind in HOSTILE}
     try:
@@ -126,7 +112,7 @@ def _bounded_tick(loop: PlannerLoop) -> float:
 
 def test_slow_pdclusters_hold_at_most_their_share_of_the_workers(loopback_allowed):
     # however many tenants point at a server that never answers, the others find a worker
-    healthy = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    healthy = ThreadingHTTPServer(("127.0.0.1", 0), HealthyPrometheus)
     threading.Thread(target=healthy.serve_forever, daemon=True).start()
     try:
         with HostileServer("silent", give_up_seconds=60) as silent:

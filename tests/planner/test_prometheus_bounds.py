@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from pdscale.planner.prometheus import (
     READINGS,
@@ -19,7 +19,7 @@ from pdscale.planner.prometheus import (
     read_metrics,
     render_queries,
 )
-from pdscale.testbed.hostile_http import HostileServer
+from pdscale.testbed.hostile_http import HealthyPrometheus, HostileServer
 
 QUERIES = render_queries("sglang", namespace="a", pdcluster="b", window_seconds=60, percentile=0.9)
 
@@ -91,21 +91,10 @@ def test_a_partial_read_groups_the_unknown_by_reason_in_a_bounded_line():
     assert "and 6 more" in line and len(line) < 300
 
 
-class _SlowAnswers(BaseHTTPRequestHandler):
+class _SlowAnswers(HealthyPrometheus):
     """A valid answer to every query, each after 0.4 s."""
 
-    def do_GET(self):
-        time.sleep(0.4)
-        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {}, "value": [time.time(), "1"]}]}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    delay_seconds = 0.4
 
 
 def test_one_plans_reads_together_stay_within_its_budget():
