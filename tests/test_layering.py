@@ -66,6 +66,9 @@ PLANTED = {
     "the-api-imports-nothing-of-ours": (
         "operator/api/names.py", "import pdscale.planner.observe",
         "pdscale.operator.api.names -> pdscale.planner.observe"),
+    "replay-from-prometheus-builds-on-the-planner": (
+        "planner/recording/from_prometheus.py", "import pdscale.replay_setup",
+        "pdscale.planner.recording.from_prometheus -> pdscale.replay_setup"),
     # solve imports decision: decision importing solve closes a cycle in pdscale.planner
     "no-import-cycles": (
         "planner/decision.py", "import pdscale.planner.solve",

@@ -1,7 +1,7 @@
 """A live planner's recorded decisions, as the operator exports them with every decision: the
 ticks joined from the exported gauges' samples, a grid of ticks for a what-if interval, and
 what compares a re-plan with the live one (instance-hours, missed decisions, matches). Pure:
-``pdscale replay --prometheus`` reads the samples (``pdscale.prometheus_replay``) and re-plans."""
+``pdscale replay --prometheus`` reads the samples (``planner/recording/from_prometheus.py``) and re-plans."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ from pdscale.operator.loop.planning import history_from_json, history_to_json, p
 from pdscale.operator.render.builders import PLANNER_MEMORY_KEY
 from pdscale.operator.render.checklist import parse
 from pdscale.planner.prometheus import prometheus_client
+from pdscale.planner.recording.from_prometheus import read_recording, replay_range
 from pdscale.planner.replay.recorded import matches
 from pdscale.planner.solve import History
-from pdscale.prometheus_replay import read_recording, replay_range
 from pdscale.testbed.shape_change_engines import start_engines
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
@@ -70,7 +70,7 @@ def test_replay_reproduces_the_operators_recorded_decisions(cluster, admin_api, 
         decided = [t.decided for t in recorded]
         assert None not in decided and all(b - a == 1 for a, b in itertools.pairwise(decided)), decided
         spec = parse(doc["spec"])
-        replayed = replay_range(promql, engine="sglang", namespace=namespace, name=NAME,
+        replayed = replay_range(promql, engine="sglang", namespace=namespace, name=NAME, pdcluster_label=NAME,
                                 config=planner_config(spec), start=start, end=end,
                                 recorded=recorded, ready=ready,
                                 live_interval_seconds=float(spec.planner.interval_seconds))

@@ -19,6 +19,14 @@ from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.decision import Decision
 from pdscale.planner.observe import Reading, RoleState, Warming
 from pdscale.planner.prometheus import MetricsSnapshot, observation_from
+from pdscale.planner.recording.from_prometheus import (
+    DECISIONS_METRIC,
+    INSTANCES_METRIC,
+    PLAN_TIME_METRIC,
+    RECOMMENDED_METRIC,
+    WARMING_METRIC,
+    replan,
+)
 from pdscale.planner.replay.recorded import (
     RecordedTick,
     grid_ticks,
@@ -28,14 +36,6 @@ from pdscale.planner.replay.recorded import (
     tick_times,
 )
 from pdscale.planner.solve import History, step
-from pdscale.prometheus_replay import (
-    DECISIONS_METRIC,
-    INSTANCES_METRIC,
-    PLAN_TIME_METRIC,
-    RECOMMENDED_METRIC,
-    WARMING_METRIC,
-    replan,
-)
 from pdscale.replay import configure, read_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,7 +295,7 @@ def test_the_decisions_counter_tells_a_late_plan_from_an_unscraped_one():
 
 
 def test_gauges_scraped_through_a_service_monitor_are_found_under_exported_namespace():
-    from pdscale.prometheus_replay import read_recording
+    from pdscale.planner.recording.from_prometheus import read_recording
 
     class _Renamed:
         """A Prometheus whose target label 'namespace' (the operator's) displaced the gauges'."""

@@ -26,10 +26,10 @@ from pdscale.planner.prometheus import (
     read_metrics,
     render_queries,
 )
+from pdscale.planner.recording.from_prometheus import read_recording, replay_range
 from pdscale.planner.replay.ensemble import mean_decided_instances
 from pdscale.planner.replay.recorded import instance_hours, matches
 from pdscale.planner.solve import History, step
-from pdscale.prometheus_replay import read_recording, replay_range
 from pdscale.replay import configure
 from pdscale.testbed.shape_change_engines import start_engines
 
@@ -86,7 +86,8 @@ def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys, tmp
         assert [t.live for t in recorded] == [(d.prefill, d.decode) for d in live]
         assert any(t.prefill.warming or t.decode.warming for t in recorded)
         assert not before
-        replayed = replay_range(client, engine="sglang", namespace="ns", name=NAME, config=config,
+        replayed = replay_range(client, engine="sglang", namespace="ns", name=NAME,
+                                pdcluster_label=NAME, config=config,
                                 start=start, end=end, recorded=recorded, ready=ready,
                                 live_interval_seconds=float(spec.planner.interval_seconds))
         assert replayed.caveats == ()
@@ -94,7 +95,8 @@ def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys, tmp
         assert matches(replayed.decisions, recorded) == (len(live), len(live))
 
         tight = configure(spec, spec_source="test", overrides={"--slo-ttft": 3.0}).config
-        whatif = replay_range(client, engine="sglang", namespace="ns", name=NAME, config=tight,
+        whatif = replay_range(client, engine="sglang", namespace="ns", name=NAME,
+                                pdcluster_label=NAME, config=tight,
                               start=start, end=end, recorded=recorded, ready=ready,
                               live_interval_seconds=float(spec.planner.interval_seconds))
         times = [t.at_seconds for t in recorded]

@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 from test_prometheus_replay import ROOT
 
-from pdscale import prometheus_replay
 from pdscale.main import main
 from pdscale.planner import prometheus
 from pdscale.planner.observe import Reading
 from pdscale.planner.prometheus import MetricsSnapshot, render_queries
+from pdscale.planner.recording.from_prometheus import aggregates_from
 from pdscale.planner.replay.ensemble import mean_decided_instances
 from pdscale.planner.replay.reconstruct import IntervalAggregate, trace_from_aggregates
 from pdscale.planner.replay.traces import TraceError, donor_prefix_hits
-from pdscale.prometheus_simulate import aggregates_from
 
 #: three phases of a minute each, repeated: rate, mean prompt, mean output, hit rate
 PHASES = [(2.0, 600.0, 300.0, 0.3), (5.0, 2000.0, 100.0, 0.6), (1.0, 300.0, 800.0, 0.0)]
@@ -189,4 +188,3 @@ def test_the_command_simulates_the_spec_and_a_tighter_what_if_side_by_side(monke
 def test_simulate_needs_a_range_from_prometheus(capsys):
     assert main(["replay", "--trace", "x.jsonl", "--policy", "pdscale", "--simulate"]) == 2
     assert "--simulate replays a range read with --prometheus" in capsys.readouterr().err
-    assert prometheus_replay.PLAN_TIME_METRIC  # the module the command hands over to
