@@ -15,8 +15,9 @@ all of them by the code ``profile fit`` runs. Examples:
 Exit status 2 when the sweep cannot start (the message names the flag) or a run fails (its
 stderr tail is shown; the finished runs are kept, and fitted when they determine a profile).
 
-The pure part (grid, early stop, aiperf's command line, manifests) is
-:mod:`pdscale.profile_sweep`.
+The sweep itself (grid, rows run in order, early stop, progress lines) is the planner's
+(:mod:`pdscale.planner.profile_fit.sweep`); aiperf's command line and the manifests are
+:mod:`pdscale.profile_sweep`; this module runs aiperf processes and writes files.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import Profile
     from pdscale.planner.profile_fit import Benchmark, FittedProfile
-    from pdscale.planner.profile_fit.sweep import Grid, Row, Run, SweepRecord, Target
+    from pdscale.planner.profile_fit.sweep import Grid, Outcome, Run, SweepRecord, Target
 
 HEADER = """\
 # Fitted by `pdscale profile run`: aiperf runs against the deployment under provenance.sweep
@@ -253,7 +254,7 @@ def render_job(args: argparse.Namespace) -> int:
 
 def sweep_command(args: argparse.Namespace) -> int:
     """Check everything that can be checked, then sweep, fit, write."""
-    from pdscale.planner.profile_fit.sweep import SweepRecord, rows
+    from pdscale.planner.profile_fit.sweep import SweepRecord, execute, rows
     from pdscale.profile_sweep import find_aiperf
 
     if args.output is None:
@@ -276,19 +277,12 @@ def sweep_command(args: argparse.Namespace) -> int:
         return _fit(files, s, name)
 
     files = execute(plan, workdir, runner=runner, fit_now=fit_now, slo=s.slo, base=s.base,
-                    record=record, say=lambda line: print(line, file=sys.stderr, flush=True))
+                    record=record, say=lambda line: print(line, file=sys.stderr, flush=True),
+                    clock=time.monotonic)
     return finish(args, s, record, files, name)
 
 
 # -- running aiperf -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    seconds: float
-    #: why it failed: aiperf's exit status and its stderr's last lines
-    problem: str = ""
-
 
 class AiperfRunner:
     """Runs one aiperf run in its artifact directory, its output in files beside aiperf's."""
@@ -297,6 +291,7 @@ class AiperfRunner:
         self.aiperf, self.target, self.extra, self.timeout = aiperf, target, list(extra), timeout
 
     def __call__(self, run: Run, directory: Path) -> Outcome:
+        from pdscale.planner.profile_fit.sweep import Outcome
         from pdscale.profile_sweep import aiperf_command, aiperf_environment
 
         directory.mkdir(parents=True)
@@ -349,81 +344,6 @@ def _fit(files: Sequence[Path], s: Settings, name: str) -> tuple[FittedProfile, 
                        kv_transfer_in_ttft=None,
                        fitted_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return result, [read_benchmark(f, "aiperf") for f in files]
-
-
-def execute(plan: Sequence[Row], workdir: Path, *, runner: Callable[[Run, Path], Outcome],
-            fit_now: Callable[[Sequence[Path]], tuple[FittedProfile, list[Benchmark]]],
-            slo: Slo, base: Profile, record: SweepRecord, say: Callable[[str], None],
-            clock: Callable[[], float] = time.monotonic) -> list[Path]:
-    """Run the rows in order, each stopped once covered; returns the finished runs'
-    ``profile_export.jsonl``. A failed run ends the sweep (``record.failed`` says why)."""
-    from pdscale.planner.profile_fit.sweep import stops_after
-    from pdscale.profile_sweep import progress_skip
-
-    began, i = clock(), 0
-    files: list[Path] = []
-    total = sum(len(r.runs) for r in plan)
-    for row in plan:
-        row_files: list[Path] = []
-        for k, one in enumerate(row.runs):
-            i += 1
-            shortfall = _one_run(i, total, one, workdir / f"{i:02d}-{one.name}", runner=runner,
-                                 fit_now=fit_now, files=files, row=row, row_files=row_files,
-                                 slo=slo, base=base, record=record, say=say,
-                                 elapsed=lambda: clock() - began)
-            if record.failed is not None:
-                return files
-            if stops_after(row, k + 1, shortfall):
-                skipped = row.runs[k + 1:]
-                total -= len(skipped)
-                record.early_stops.append(progress_skip(row, skipped))
-                say(record.early_stops[-1])
-                break
-    return files
-
-
-def _one_run(i: int, total: int, one: Run, directory: Path, *,
-             runner: Callable[[Run, Path], Outcome],
-             fit_now: Callable[[Sequence[Path]], tuple[FittedProfile, list[Benchmark]]],
-             files: list[Path], row: Row, row_files: list[Path], slo: Slo, base: Profile,
-             record: SweepRecord, say: Callable[[str], None], elapsed: Callable[[], float]
-             ) -> str | None:
-    """Run one, fit everything so far, say how it went; returns what the row still misses of
-    the SLO region (None: covered). A failure is written into ``record.failed``."""
-    from pdscale.planner.profile_fit import BenchmarkError, FitError
-    from pdscale.planner.profile_fit.sweep import RunRecord, row_shortfall
-    from pdscale.profile_sweep import progress_done, progress_start
-
-    say(progress_start(i, total, one, elapsed()))
-    try:
-        outcome = runner(one, directory)
-    except KeyboardInterrupt:
-        outcome = Outcome(False, 0.0, "interrupted")
-    record.runs.append(RunRecord(one, "done" if outcome.ok else "failed", outcome.seconds,
-                                 str(directory)))
-    export = directory / "profile_export.jsonl"
-    problem = None if outcome.ok else outcome.problem
-    shortfall: str | None = None
-    if problem is None:
-        try:
-            fitted, benchmarks = fit_now([*files, export])
-        except BenchmarkError as exc:  # every request of the run failed, or a broken file
-            problem = str(exc)
-        except FitError as exc:
-            files.append(export)
-            row_files.append(export)
-            shortfall = f"nothing to fit yet ({exc})"
-        else:
-            files.append(export)
-            row_files.append(export)
-            shortfall = row_shortfall(row, fitted.profile, benchmarks[-len(row_files):], base, slo)
-    if problem is not None:
-        record.runs[-1].status = "failed"
-        record.failed = f"run {i} ({one.name}) failed: {problem}"
-        say(f"[{i}/{total}] {one.name} FAILED: {problem}")
-        return None
-    say(progress_done(i, total, one, outcome.seconds, elapsed(), shortfall))
-    return shortfall
 
 
 # -- the end: fit everything, write the profile and the ConfigMap --------------------------------

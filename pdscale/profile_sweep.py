@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdscale.planner.profile_fit.sweep import (
-    PREFILL,
     Grid,
-    Row,
     Run,
     SweepError,
     Target,
@@ -91,34 +89,6 @@ def find_aiperf(flag: str | None, environ: Mapping[str, str],
                          "not a pdscale dependency: `python -m venv V && V/bin/pip install "
                          "aiperf==0.13.0`, then --aiperf V/bin/aiperf)")
     return found
-
-
-# -- when a row has covered the SLO region ------------------------------------------------------
-
-
-# -- progress ---------------------------------------------------------------------------------
-
-def clock_text(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
-
-
-def progress_start(i: int, n: int, run: Run, elapsed: float) -> str:
-    return f"[{i}/{n} {clock_text(elapsed)}] {run.describe()} ..."
-
-
-def progress_done(i: int, n: int, run: Run, seconds: float, elapsed: float,
-                  shortfall: str | None) -> str:
-    state = "SLO region covered" if shortfall is None else f"not covered yet: {shortfall}"
-    return f"[{i}/{n} {clock_text(elapsed)}] {run.name} done in {seconds:.1f} s; {state}"
-
-
-def progress_skip(row: Row, skipped: Sequence[Run]) -> str:
-    what = ", ".join(str(r.input_tokens if row.stage == PREFILL else r.concurrency)
-                     for r in skipped)
-    unit = "tokens" if row.stage == PREFILL else "concurrency"
-    return f"{row.label}: SLO region covered, early stop: skipping {unit} {what}"
 
 
 # -- what the sweep leaves in the profile -------------------------------------------------------

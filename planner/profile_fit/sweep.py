@@ -1,19 +1,23 @@
 """What a profile sweep measures and when it stops: the rows of aiperf runs (prefill lengths at
 concurrency 1, then concurrencies per decode context), the coverage rule that stops a row
-(``profile fit``'s own), and the record the fitted profile's provenance keeps. Pure: no
-process, no clock, no cluster; ``pdscale profile run`` runs aiperf and prints
-(``pdscale.profile_sweep`` writes its commands and manifests)."""
+(``profile fit``'s own), the record the fitted profile's provenance keeps, its progress
+lines, and the driver that runs the rows in order (:func:`execute`). Pure: no process, no
+clock, no cluster of its own: the driver is handed the runner, the fit and the clock;
+``pdscale profile run`` runs aiperf with them and prints (``pdscale.profile_sweep`` writes
+its commands and manifests)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pdscale.planner.model import Slo
     from pdscale.planner.profile import Profile
 
+    from . import FittedProfile
     from .points import Benchmark
 
 
@@ -212,3 +216,108 @@ def sweep_provenance(record: SweepRecord) -> dict[str, Any]:
         "early_stop": list(record.early_stops),
         "stopped": record.failed,
     }
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+def clock_text(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def progress_start(i: int, n: int, run: Run, elapsed: float) -> str:
+    return f"[{i}/{n} {clock_text(elapsed)}] {run.describe()} ..."
+
+
+def progress_done(i: int, n: int, run: Run, seconds: float, elapsed: float,
+                  shortfall: str | None) -> str:
+    state = "SLO region covered" if shortfall is None else f"not covered yet: {shortfall}"
+    return f"[{i}/{n} {clock_text(elapsed)}] {run.name} done in {seconds:.1f} s; {state}"
+
+
+def progress_skip(row: Row, skipped: Sequence[Run]) -> str:
+    what = ", ".join(str(r.input_tokens if row.stage == PREFILL else r.concurrency)
+                     for r in skipped)
+    unit = "tokens" if row.stage == PREFILL else "concurrency"
+    return f"{row.label}: SLO region covered, early stop: skipping {unit} {what}"
+
+
+# -- the driver: rows in order, each stopped once covered ----------------------------------------
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    seconds: float
+    #: why it failed: aiperf's exit status and its stderr's last lines
+    problem: str = ""
+
+
+def execute(plan: Sequence[Row], workdir: Path, *, runner: Callable[[Run, Path], Outcome],
+            fit_now: Callable[[Sequence[Path]], tuple[FittedProfile, list[Benchmark]]],
+            slo: Slo, base: Profile, record: SweepRecord, say: Callable[[str], None],
+            clock: Callable[[], float]) -> list[Path]:
+    """Run the rows in order, each stopped once covered; returns the finished runs'
+    ``profile_export.jsonl``. A failed run ends the sweep (``record.failed`` says why)."""
+    began, i = clock(), 0
+    files: list[Path] = []
+    total = sum(len(r.runs) for r in plan)
+    for row in plan:
+        row_files: list[Path] = []
+        for k, one in enumerate(row.runs):
+            i += 1
+            shortfall = _one_run(i, total, one, workdir / f"{i:02d}-{one.name}", runner=runner,
+                                 fit_now=fit_now, files=files, row=row, row_files=row_files,
+                                 slo=slo, base=base, record=record, say=say,
+                                 elapsed=lambda: clock() - began)
+            if record.failed is not None:
+                return files
+            if stops_after(row, k + 1, shortfall):
+                skipped = row.runs[k + 1:]
+                total -= len(skipped)
+                record.early_stops.append(progress_skip(row, skipped))
+                say(record.early_stops[-1])
+                break
+    return files
+
+
+def _one_run(i: int, total: int, one: Run, directory: Path, *,
+             runner: Callable[[Run, Path], Outcome],
+             fit_now: Callable[[Sequence[Path]], tuple[FittedProfile, list[Benchmark]]],
+             files: list[Path], row: Row, row_files: list[Path], slo: Slo, base: Profile,
+             record: SweepRecord, say: Callable[[str], None], elapsed: Callable[[], float]
+             ) -> str | None:
+    """Run one, fit everything so far, say how it went; returns what the row still misses of
+    the SLO region (None: covered). A failure is written into ``record.failed``."""
+    from pdscale.planner.profile_fit import BenchmarkError, FitError
+
+    say(progress_start(i, total, one, elapsed()))
+    try:
+        outcome = runner(one, directory)
+    except KeyboardInterrupt:
+        outcome = Outcome(False, 0.0, "interrupted")
+    record.runs.append(RunRecord(one, "done" if outcome.ok else "failed", outcome.seconds,
+                                 str(directory)))
+    export = directory / "profile_export.jsonl"
+    problem = None if outcome.ok else outcome.problem
+    shortfall: str | None = None
+    if problem is None:
+        try:
+            fitted, benchmarks = fit_now([*files, export])
+        except BenchmarkError as exc:  # every request of the run failed, or a broken file
+            problem = str(exc)
+        except FitError as exc:
+            files.append(export)
+            row_files.append(export)
+            shortfall = f"nothing to fit yet ({exc})"
+        else:
+            files.append(export)
+            row_files.append(export)
+            shortfall = row_shortfall(row, fitted.profile, benchmarks[-len(row_files):], base, slo)
+    if problem is not None:
+        record.runs[-1].status = "failed"
+        record.failed = f"run {i} ({one.name}) failed: {problem}"
+        say(f"[{i}/{total}] {one.name} FAILED: {problem}")
+        return None
+    say(progress_done(i, total, one, outcome.seconds, elapsed(), shortfall))
+    return shortfall
