@@ -207,3 +207,45 @@ def test_without_schedules_nothing_changes() -> None:
     bare = replace(cfg, schedules=())
     now = 3 * 3600.0
     assert plan(light(now), config=bare, now=now).prefill < 6
+
+
+# -- the replay reads them on the trace's clock --------------------------------------------------
+def test_the_replay_holds_a_window_on_the_trace_s_clock_after_its_history_split() -> None:
+    from planner_replay_helpers import replay_setup
+
+    from pdscale.planner.replay.run import run_policy, with_history
+    from pdscale.planner.replay.traces import Trace
+
+    # 40 minutes of a light, flat load; its first second is Monday 08:40 in Paris, and a
+    # window 09:10-09:20 asks for 5 prefill (the load needs 1-2)
+    n = 40 * 60 * 2
+    trace = Trace("flat", [0.5 * i for i in range(n)], [1000] * n, [100] * n, [()] * n, 512)
+    window = ScheduledFloor("ten-past", "10 9 * * 1", "20 9 * * 1", "Europe/Paris", min_prefill=5)
+    setup = replay_setup(trace)
+    setup = replace(setup, planner=replace(setup.planner, schedules=(window,),
+                                           clock_origin_unix_seconds=paris(2026, 12, 7, 8, 40)))
+    scored, history = with_history(setup)
+    # the scored window's clock restarts after the history: its origin moves with it
+    split = scored.planner.clock_origin_unix_seconds - setup.planner.clock_origin_unix_seconds
+    assert split == setup.model.profile.warmup.new_node_seconds
+    report = run_policy(scored, "pdscale", history=history)
+    at = {round(x["t"]): x["prefill"] for x in report["decisions"]}
+    origin = scored.planner.clock_origin_unix_seconds
+    opens, closes = paris(2026, 12, 7, 9, 10) - origin, paris(2026, 12, 7, 9, 20) - origin
+    inside = [p for t, p in at.items() if opens <= t < closes]
+    before = [p for t, p in at.items() if t < opens - setup.model.profile.warmup.new_node_seconds - 60]
+    assert inside and min(inside) >= 5, at
+    assert before and max(before) < 5, at
+    assert any("scheduled floor 'ten-past': prefill >= 5" in e["why"] for e in report["explanations"])
+
+
+def test_replay_s_trace_start_sets_the_clock_the_schedules_are_read_on() -> None:
+    from pdscale.replay import _on_trace_clock, configure, default_spec
+
+    configured = configure(default_spec(), spec_source="test")
+    assert _on_trace_clock(configured, None).config.clock_origin_unix_seconds == 0.0
+    moved = _on_trace_clock(configured, "2026-12-07T08:40:00+01:00")
+    assert moved.config.clock_origin_unix_seconds == paris(2026, 12, 7, 8, 40)
+    assert _on_trace_clock(configured, "1796629200").config.clock_origin_unix_seconds == 1796629200.0
+    with pytest.raises(ValueError, match="--trace-start: 'monday' is neither Unix seconds nor an RFC 3339"):
+        _on_trace_clock(configured, "monday")
