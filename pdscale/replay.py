@@ -29,7 +29,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -511,7 +511,7 @@ def run_trace(args: argparse.Namespace) -> int:
         return 2
     config = configured.config
     if config.schedules:
-        start = datetime.fromtimestamp(config.clock_origin_unix_seconds, timezone.utc)
+        start = datetime.fromtimestamp(config.clock_origin_unix_seconds, UTC)
         console.print(f"schedules: {len(config.schedules)} window(s) read on the trace's clock, its "
                       f"first second at {start.isoformat()} (--trace-start)")
     try:

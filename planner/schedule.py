@@ -14,6 +14,7 @@ lengths, daylight-saving transitions as Debian's cron handles them) is cronsim's
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -109,7 +110,7 @@ def open_during(floor: ScheduledFloor, starts: Sequence[float], length_seconds: 
     shorter than a planning interval, or opening within one, is planned for."""
     if not starts:
         return []
-    if any(b < a for a, b in zip(starts, starts[1:], strict=False)):
+    if any(b < a for a, b in itertools.pairwise(starts)):
         raise ValueError("open_during: starts must be increasing")
     tz = ZoneInfo(floor.timezone)
     # cronsim yields the occurrences strictly after its origin (seconds truncated, then one

@@ -22,8 +22,8 @@ from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
 from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
-from pdscale.planner.schedule import ScheduledFloor
 from pdscale.planner.prometheus import MetricsSnapshot
+from pdscale.planner.schedule import ScheduledFloor
 from pdscale.planner.solve import History
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
