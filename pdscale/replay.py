@@ -251,6 +251,9 @@ def configure(
             rows.append((f"{section}.{alias}", profile.name, profile_source))
             continue
         value = getattr(part, name)
+        if isinstance(value, list):  # planner.schedules: as written in a spec, for the JSON
+            value = [v.model_dump(mode="json", by_alias=True) if hasattr(v, "model_dump") else v
+                     for v in value]
         if (section, name) in chosen:
             source = f"flag {chosen[(section, name)]}"
         elif section in spec.model_fields_set and name in part.model_fields_set:

@@ -249,3 +249,20 @@ def test_replay_s_trace_start_sets_the_clock_the_schedules_are_read_on() -> None
     assert _on_trace_clock(configured, "1796629200").config.clock_origin_unix_seconds == 1796629200.0
     with pytest.raises(ValueError, match="--trace-start: 'monday' is neither Unix seconds nor an RFC 3339"):
         _on_trace_clock(configured, "monday")
+
+
+def test_replay_reports_the_schedules_as_the_spec_writes_them() -> None:
+    import json
+
+    from pdscale.operator.api.pdcluster import PlannerSchedule
+    from pdscale.replay import configure, default_spec
+
+    spec = default_spec()
+    window = PlannerSchedule(name="launch", start="0 9 * * 1", end="0 10 * * 1", min_prefill_replicas=3)
+    spec = spec.model_copy(update={"planner": spec.planner.model_copy(update={"schedules": [window]})})
+    configured = configure(spec, spec_source="file s.yaml")
+    row = configured.as_json()["planner.schedules"]
+    assert row["value"] == [{"name": "launch", "start": "0 9 * * 1", "end": "0 10 * * 1",
+                             "timezone": "UTC", "minPrefillReplicas": 3, "minDecodeReplicas": 0}]
+    json.dumps(configured.as_json())  # the report's JSON takes it
+    assert configured.config.schedules[0].min_prefill == 3
