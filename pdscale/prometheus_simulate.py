@@ -168,6 +168,10 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     live = {**live, **read_live_figures(client, engine=engine, namespace=namespace,
                                         pdcluster=base_name(name), percentile=config.slo.percentile,
                                         start=start, end=end)}
+    # the rebuilt trace's clock starts at the first interval: its schedules are read there
+    configured = on_clock(configured, aggregates[0].start_seconds)
+    if whatif is not None:
+        whatif = on_clock(whatif, aggregates[0].start_seconds)
     # each spec routes and admits as its router renders; the fleet runs the planner's profile
     flags = replay_flags(args)
     specs = {"spec": lambda trace: fleet_setup(flags, trace, configured, None)}
@@ -190,6 +194,15 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
         console.print(f"note: simulate: {line}")
     console.print(f"note: simulate: {NOT_COVERED}")
     return result
+
+
+def on_clock(configured: Any, origin_unix_seconds: float) -> Any:
+    """``configured`` whose planner reads the wall clock (its schedules) with time 0 at
+    ``origin_unix_seconds``."""
+    import dataclasses
+
+    return dataclasses.replace(configured, config=dataclasses.replace(
+        configured.config, clock_origin_unix_seconds=origin_unix_seconds))
 
 
 def replay_flags(args: Any) -> Any:
