@@ -88,6 +88,8 @@ def _hold(obs: Observation, history: History, now: float, why: str, cfg: Planner
         p, d = _committed_or(obs, Role.PREFILL, cfg.min_prefill), _committed_or(obs, Role.DECODE, cfg.min_decode)
         src = "the current counts"
     text = f"{why}: holding {src} {p}P{d}D (unknown is not zero)"
+    # what the scale-down window remembers: the fleet held, never a scheduled floor
+    unfloored = _clamp(p, d, cfg)[:2]
     # a window open now holds its floor whatever the metrics say (KEDA's cron scaler reads none)
     fp, fd, open_now = _floor_now(cfg, now)
     if fp > p or fd > d:
@@ -106,7 +108,7 @@ def _hold(obs: Observation, history: History, now: float, why: str, cfg: Planner
         cost_gpu_hours=math.nan,
         explanation=text,
         held=True,
-        desired=history.decisions[-1].desired if history.decisions else (hp, hd),
+        desired=history.decisions[-1].desired if history.decisions else unfloored,
     )
 
 

@@ -196,6 +196,7 @@ def test_a_hold_inside_a_window_keeps_the_floor() -> None:
     blind = Observation(now_seconds=now, prefill=RoleState(ready=2), decode=RoleState(ready=2))
     d, _ = step(blind, config=cfg, history=History(), now=now)
     assert d.held and (d.prefill, d.decode) == (6, 3)
+    assert d.desired == (2, 2)  # the floor is not remembered as a need
     assert "raised to 6P3D by scheduled floor 'business-hours': prefill >= 6, decode >= 3" in d.explanation
     outside = Observation(now_seconds=-3600.0, prefill=RoleState(ready=2), decode=RoleState(ready=2))
     d, _ = step(outside, config=cfg, history=History(), now=-3600.0)
@@ -266,3 +267,13 @@ def test_replay_reports_the_schedules_as_the_spec_writes_them() -> None:
                              "timezone": "UTC", "minPrefillReplicas": 3, "minDecodeReplicas": 0}]
     json.dumps(configured.as_json())  # the report's JSON takes it
     assert configured.config.schedules[0].min_prefill == 3
+
+
+def test_replay_simulate_reads_the_schedules_from_the_range_s_first_interval() -> None:
+    from pdscale.prometheus_simulate import on_clock
+    from pdscale.replay import configure, default_spec
+
+    configured = configure(default_spec(), spec_source="test")
+    moved = on_clock(configured, 1796629200.0)
+    assert moved.config.clock_origin_unix_seconds == 1796629200.0
+    assert moved.spec is configured.spec and configured.config.clock_origin_unix_seconds == 0.0
