@@ -43,14 +43,21 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
     config = configured.config
     # each spec routes and admits as its router renders; the fleet runs the planner's profile
     flags = replay_flags(args)
-    specs = {"spec": lambda trace: fleet_setup(flags, trace, configured, None)}
-    if whatif is not None:
-        specs["what-if"] = lambda trace: fleet_setup(flags, trace, whatif, None)
+
+    def specs_at(origin_unix_seconds: float) -> dict[str, Any]:
+        # the rebuilt trace's clock starts at the first interval: its schedules are read there
+        base = on_clock(configured, origin_unix_seconds)
+        specs = {"spec": lambda trace: fleet_setup(flags, trace, base, None)}
+        if whatif is not None:
+            alt = on_clock(whatif, origin_unix_seconds)
+            specs["what-if"] = lambda trace: fleet_setup(flags, trace, alt, None)
+        return specs
+
     result = simulate_recording(
         client, engine=configured.spec.engine.kind.value, namespace=namespace,
         pdcluster_label=base_name(name),
         window_seconds=rate_window_seconds(configured.spec.planner.interval_seconds),
-        percentile=config.slo.percentile, start=start, end=end, specs=specs,
+        percentile=config.slo.percentile, start=start, end=end, specs_at=specs_at,
         ensemble=Ensemble(tuple(range(args.simulate_seeds)), tuple(args.length_sigmas)),
         max_input_tokens=getattr(configured.spec.model, "max_context_length_tokens", None),
         live=live, progress=lambda msg: console.print(msg, style="dim"))
@@ -61,6 +68,15 @@ def run(args: Any, configured: Any, whatif: Any | None, *, client: QueryClient, 
         console.print(f"note: simulate: {line}")
     console.print(f"note: simulate: {NOT_COVERED}")
     return result
+
+
+def on_clock(configured: Any, origin_unix_seconds: float) -> Any:
+    """``configured`` whose planner reads the wall clock (its schedules) with time 0 at
+    ``origin_unix_seconds``."""
+    import dataclasses
+
+    return dataclasses.replace(configured, config=dataclasses.replace(
+        configured.config, clock_origin_unix_seconds=origin_unix_seconds))
 
 
 def replay_flags(args: Any) -> Any:

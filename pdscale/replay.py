@@ -29,6 +29,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +251,9 @@ def configure(
             rows.append((f"{section}.{alias}", profile.name, profile_source))
             continue
         value = getattr(part, name)
+        if isinstance(value, list):  # planner.schedules: as written in a spec, for the JSON
+            value = [v.model_dump(mode="json", by_alias=True) if hasattr(v, "model_dump") else v
+                     for v in value]
         if (section, name) in chosen:
             source = f"flag {chosen[(section, name)]}"
         elif section in spec.model_fields_set and name in part.model_fields_set:
@@ -302,6 +306,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "hindsight: start sized from the scored trace's first warm-up; spec: from "
                              "the spec's replicas, as the operator starts (default: history)")
     add_tick_phase(parser)
+    parser.add_argument("--trace-start", metavar="TIME",
+                        help="the wall-clock time of the trace's first second, Unix seconds or "
+                             "RFC 3339 (2026-12-07T08:00:00+01:00): spec.planner.schedules are "
+                             "read on it; default 0 (1970-01-01T00:00:00Z, a Thursday)")
     parser.add_argument("--lengths", help="trace to draw lengths from (needed for a rate series)")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="replicate arrivals K times")
     parser.add_argument("--time-scale", type=float, default=1.0, help="compress time K times")
@@ -466,6 +474,20 @@ def _flags_refused(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _on_trace_clock(configured: Configured, trace_start: str | None) -> Configured:
+    """``configured`` with the planner's clock origin at ``--trace-start`` (Unix seconds or
+    RFC 3339; None: 0), where the spec's schedules are read. ValueError names the flag."""
+    if trace_start is None:
+        return configured
+    from pdscale.prometheus_replay import parse_time
+
+    origin = parse_time(trace_start, "--trace-start")
+    if not math.isfinite(origin):
+        raise ValueError(f"--trace-start: {trace_start!r} is not a finite time")
+    return dataclasses.replace(configured, config=dataclasses.replace(
+        configured.config, clock_origin_unix_seconds=origin))
+
+
 def run_trace(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
@@ -485,7 +507,16 @@ def run_trace(args: argparse.Namespace) -> int:
     except (ConfigurationError, TraceError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    try:
+        configured = _on_trace_clock(configured, args.trace_start)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
     config = configured.config
+    if config.schedules:
+        start = datetime.fromtimestamp(config.clock_origin_unix_seconds, UTC)
+        console.print(f"schedules: {len(config.schedules)} window(s) read on the trace's clock, its "
+                      f"first second at {start.isoformat()} (--trace-start)")
     try:
         truth = fleet_model(config, profile_path=args.fleet_profile, speed=args.fleet_speed,
                             decode_batch_cap=decode_batch_cap(configured.spec))

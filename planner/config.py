@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from .forecast import METHODS
 from .model import PerformanceModel, Slo
+from .schedule import ScheduledFloor
 
 #: HPA's default scale-down stabilization window, for engines that start in seconds
 HPA_SCALE_DOWN_WINDOW_SECONDS = 300.0
@@ -147,6 +148,14 @@ class PlannerConfig:
     #: one instance's of that shape). A role switch needs both roles to have the same nodes
     #: per instance; otherwise none is planned. (1, 1): every instance one node.
     nodes_per_instance: tuple[int, int] = (1, 1)
+    #: user-stated windows of minimum instances (KEDA's cron scaler): while one is open, each
+    #: role keeps at least its minimum, and the instances it adds are ordered a warm-up before
+    #: it opens (the floor is a need of the intervals it covers, ``needs._needs``). A floor is
+    #: not remembered as load: when the window closes, the fleet follows the load again
+    schedules: tuple[ScheduledFloor, ...] = ()
+    #: Unix time of the planner's time 0, where the schedules are read on the wall clock: 0 for
+    #: the operator, which plans on Unix time; a replay's trace start (``--start-time``)
+    clock_origin_unix_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -191,6 +200,7 @@ _REAL_RULES: tuple[tuple[str, float, bool, float, bool, bool], ...] = (
     ("backlog_seconds", 0.0, False, _INF, False, True),
     ("decode_drain_seconds", 0.0, True, _INF, False, True),
     ("solver_time_limit_seconds", 0.0, False, _INF, False, False),
+    ("clock_origin_unix_seconds", -_INF, False, _INF, False, False),
 )
 # (field, lowest allowed, None allowed); the maxima per role are checked against their minima
 _INT_RULES: tuple[tuple[str, int, bool], ...] = (
@@ -268,12 +278,27 @@ def _validate(cfg: PlannerConfig) -> None:
     if not (isinstance(k, tuple) and len(k) == 2 and all(_is_int(x, 1) for x in k)):
         raise ValueError(f"{owner}.nodes_per_instance must be a pair of integers >= 1 "
                          f"(prefill, decode), got {k!r}")
+    _check_schedules(cfg)
     if cfg.forecast_method not in METHODS:
         raise ValueError(
             f"{owner}.forecast_method must be one of {METHODS}, got {cfg.forecast_method!r}")
     if cfg.prefill_queue not in PREFILL_QUEUES:
         raise ValueError(
             f"{owner}.prefill_queue must be one of {PREFILL_QUEUES}, got {cfg.prefill_queue!r}")
+
+
+def _check_schedules(cfg: PlannerConfig) -> None:
+    """Schedules are ScheduledFloor (checked when made), and no floor passes its role's max."""
+    owner = "PlannerConfig.schedules"
+    if not isinstance(cfg.schedules, tuple):
+        raise ValueError(f"{owner} must be a tuple of ScheduledFloor, got {cfg.schedules!r}")
+    for s in cfg.schedules:
+        if type(s).__name__ != "ScheduledFloor":  # (by name: see the note on model and slo)
+            raise ValueError(f"{owner} must hold ScheduledFloor, got {s!r}")
+        for role in ("prefill", "decode"):
+            low, high = getattr(s, f"min_{role}"), getattr(cfg, f"max_{role}")
+            if low > high:
+                raise ValueError(f"{owner}[{s.name!r}].min_{role} ({low}) exceeds max_{role} ({high})")
 
 
 # -- the one builder -------------------------------------------------------------------------
@@ -296,6 +321,7 @@ def build_config(
     decode_rise_quantile: float | None = PlannerConfig.decode_rise_quantile,
     prefill_queue: str = PlannerConfig.prefill_queue,
     nodes_per_instance: tuple[int, int] = (1, 1),
+    schedules: tuple[ScheduledFloor, ...] = (),
 ) -> PlannerConfig:
     """A validated :class:`PlannerConfig` from a deployment's figures (times in seconds).
 
@@ -319,7 +345,8 @@ def build_config(
     ``length_window`` (intervals) smooths lengths and hit rate; ``decode_rise_quantile`` None
     sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
     (``PlannerConfig.prefill_queue``); ``nodes_per_instance`` the (prefill, decode) nodes one
-    instance spans, each counted against ``node_budget``. Raises ValueError naming a bad
+    instance spans, each counted against ``node_budget``; ``schedules`` the windows of
+    minimum instances (``PlannerConfig.schedules``). Raises ValueError naming a bad
     argument."""
     if warmup_seconds is not None:
         # (model_copy does not validate: the value is checked below)
@@ -352,4 +379,5 @@ def build_config(
         decode_rise_quantile=decode_rise_quantile,
         prefill_queue=prefill_queue,
         nodes_per_instance=nodes_per_instance,
+        schedules=tuple(schedules),
     )

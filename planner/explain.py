@@ -14,6 +14,7 @@ from .model import Load
 from .needs import _Needs
 from .observe import Observation, Role
 from .program import _Outcome
+from .schedule import ScheduledFloor, floor_at
 from .timing import _Timing
 
 
@@ -69,8 +70,10 @@ def _decision(
 
 
 def _lead_need(needs: _Needs, timing: _Timing) -> tuple[int, int]:
-    """The most each role needs up to the first interval a node ordered now serves."""
-    peak = needs.need[:, : timing.new_node + 1].max(axis=1)
+    """The most each role needs (for its load: a scheduled floor is no load) up to the first
+    interval a node ordered now serves."""
+    need = needs.need if needs.from_load is None else needs.from_load
+    peak = need[:, : timing.new_node + 1].max(axis=1)
     return int(peak[0]), int(peak[1])
 
 
@@ -84,8 +87,16 @@ def _hold(obs: Observation, history: History, now: float, why: str, cfg: Planner
     else:
         p, d = _committed_or(obs, Role.PREFILL, cfg.min_prefill), _committed_or(obs, Role.DECODE, cfg.min_decode)
         src = "the current counts"
-    hp, hd, clamped = _clamp(p, d, cfg)
     text = f"{why}: holding {src} {p}P{d}D (unknown is not zero)"
+    # what the scale-down window remembers: the fleet held, never a scheduled floor
+    unfloored = _clamp(p, d, cfg)[:2]
+    # a window open now holds its floor whatever the metrics say (KEDA's cron scaler reads none)
+    fp, fd, open_now = _floor_now(cfg, now)
+    if fp > p or fd > d:
+        raised = [f.describe() for f in open_now if f.min_prefill > p or f.min_decode > d]
+        p, d = max(p, fp), max(d, fd)
+        text += f"; raised to {p}P{d}D by {'; '.join(raised)}"
+    hp, hd, clamped = _clamp(p, d, cfg)
     if clamped:
         text += f"; clamped to {hp}P{hd}D by the {' and '.join(clamped)} (scaled down through drains)"
     return Decision(
@@ -97,8 +108,17 @@ def _hold(obs: Observation, history: History, now: float, why: str, cfg: Planner
         cost_gpu_hours=math.nan,
         explanation=text,
         held=True,
-        desired=history.decisions[-1].desired if history.decisions else (hp, hd),
+        desired=history.decisions[-1].desired if history.decisions else unfloored,
     )
+
+
+def _floor_now(cfg: PlannerConfig, now: float) -> tuple[int, int, tuple[ScheduledFloor, ...]]:
+    """``schedule.floor_at`` for the planner's ``now``; none for a time no clock can read (a
+    hold must not fail on the time that made it hold)."""
+    try:
+        return floor_at(cfg.schedules, cfg.clock_origin_unix_seconds + now)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return 0, 0, ()
 
 
 def _committed_or(obs: Observation, role: Role, default: int) -> int:
@@ -119,8 +139,33 @@ def _explain(
     return "; ".join([
         *_load_clauses(cfg, load, future, needs, outcome, timing.interval),
         *_action_clauses(needs, timing, outcome),
+        *_schedule_clauses(cfg, needs, timing),
         *_limit_clauses(cfg, needs, timing, floor, outcome),
     ])
+
+
+def _schedule_clauses(cfg: PlannerConfig, needs: _Needs, timing: _Timing) -> list[str]:
+    """The scheduled floors that raise a need over the horizon: in force now (``scheduled
+    floor 'business-hours': prefill >= 6``), or opening later, ordered a warm-up ahead."""
+    sched, from_load = needs.scheduled, needs.from_load
+    if sched is None or from_load is None:
+        return []
+    by_name = {f.name: f for f in cfg.schedules}
+    parts: list[str] = []
+    seen: set[str] = set()
+    for k, names in enumerate(sched.names):
+        for name in names:
+            f = by_name[name]
+            binds = f.min_prefill > from_load[0, k] or f.min_decode > from_load[1, k]
+            if name in seen or not binds:
+                continue
+            seen.add(name)
+            if k == 0:
+                parts.append(f.describe())
+            else:
+                ahead = " (its capacity ordered a warm-up ahead)" if k <= timing.new_node else ""
+                parts.append(f"{f.describe()} from interval +{k}{ahead}")
+    return parts
 
 
 _ROLES = ("prefill", "decode")

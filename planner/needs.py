@@ -14,6 +14,7 @@ from .observe import (
     Observation,
     fresh,
 )
+from .schedule import Floors, floors_over
 from .timing import _intervals
 
 
@@ -33,15 +34,23 @@ class _Needs:
     #: decode instances the sequences running now need where that exceeds the load model's
     #: (0: the load model's binds), for the explanation (``_decode_need_from_sequences``)
     decode_from_sequences: int = 0
+    #: the scheduled minimums per interval (``PlannerConfig.schedules``; None: no schedule)
+    scheduled: Floors | None = None
+    #: what each role needs per interval from its load and bounds alone (the scheduled floors
+    #: left out), shape (2, H): what the scale-down window and its hysteresis remember
+    from_load: np.ndarray | None = None
 
 
 def _needs(
-    cfg: PlannerConfig, observation: Observation, future: list[Load], future_decode: list[Load] | None
+    cfg: PlannerConfig, observation: Observation, future: list[Load], future_decode: list[Load] | None,
+    *, now: float | None = None,
 ) -> _Needs:
     """Instances needed per role and interval at the utilisation caps (prefill with its
-    queueing model for the TTFT target), at least the role's minimum. Over budget (need_p +
-    need_d > nodes - draining), prefill gets the floor of :func:`prefill_share`, clipped to
-    its minimum and the room the decode minimum leaves, and decode the rest."""
+    queueing model for the TTFT target), at least the role's minimum and the scheduled floor
+    of each interval (``_scheduled``; ``now``: the first interval's start, the observation's
+    time when None). Over budget (need_p + need_d > nodes - draining), prefill gets the floor
+    of :func:`prefill_share`, clipped to its minimum and the room the decode minimum leaves,
+    and decode the rest."""
     model = cfg.model
     cache: dict[Load, tuple[int, int]] = {}
 
@@ -63,6 +72,14 @@ def _needs(
     need[1, :lead] = np.maximum(need[1, :lead], from_sequences)
     need[0] = np.maximum(need[0], cfg.min_prefill)
     need[1] = np.maximum(need[1], cfg.min_decode)
+    # the floors a user stated for the intervals ahead: a need like the load's, so that the
+    # capacity for a window is ordered a warm-up before it opens
+    scheduled = _scheduled(cfg, observation.now_seconds if now is None else now, need.shape[1])
+    from_load = need.copy()
+    low = np.array([[cfg.min_prefill], [cfg.min_decode]], dtype=float) * np.ones_like(need)
+    if scheduled is not None:
+        low = np.maximum(low, [scheduled.prefill, scheduled.decode])
+        need = np.maximum(need, low)
     # Over budget, divide the shortfall before solving (prefill_share), so that neither role
     # starves (Dynamo cuts prefill first; neither side's users are worth more by default).
     # The budget is in nodes and an instance spans kp or kd of them (a group): the split
@@ -77,14 +94,27 @@ def _needs(
         busy = np.array([[model.fluid_demand(ld, cfg.slo)[0] for ld in future],
                          [model.fluid_demand(ld, cfg.slo)[1] for ld in (future_decode or future)]])
         p_share = np.floor(prefill_share(avail, need * k, busy * k) + 1e-9)
-        p_share = np.clip(p_share, cfg.min_prefill * kp,
-                          max(avail - cfg.min_decode * kd, cfg.min_prefill * kp))
+        p_share = np.clip(p_share, low[0] * kp, np.maximum(avail - low[1] * kd, low[0] * kp))
         p_share = np.floor(p_share / kp)  # whole prefill instances
         need[0] = np.where(over, p_share, need[0])
-        need[1] = np.where(over, np.maximum(np.floor((avail - p_share * kp) / kd), cfg.min_decode),
+        need[1] = np.where(over, np.maximum(np.floor((avail - p_share * kp) / kd), low[1]),
                            need[1])
-    return _Needs(need=need, uncapped=uncapped, over=over, desired=(int(need[0, 0]), int(need[1, 0])),
-                  decode_from_sequences=binding)
+    # the scale-down window remembers the load's need, never a floor: when a window closes,
+    # the fleet comes back to what the load needs at once
+    from_load = np.minimum(need, from_load)
+    return _Needs(need=need, uncapped=uncapped, over=over,
+                  desired=(int(from_load[0, 0]), int(from_load[1, 0])),
+                  decode_from_sequences=binding, scheduled=scheduled, from_load=from_load)
+
+
+def _scheduled(cfg: PlannerConfig, now: float, H: int) -> Floors | None:
+    """The scheduled minimums of the ``H`` intervals from ``now`` (planner seconds, read on
+    the wall clock from ``cfg.clock_origin_unix_seconds``); None without schedules."""
+    if not cfg.schedules:
+        return None
+    dt = cfg.interval_seconds
+    origin = cfg.clock_origin_unix_seconds + now
+    return floors_over(cfg.schedules, [origin + k * dt for k in range(H)], dt)
 
 
 def prefill_share(avail: float, need: np.ndarray, busy: np.ndarray) -> np.ndarray:

@@ -534,7 +534,7 @@ def _plan_for(
 ) -> Decision:
     """Plan for known future loads: ``future`` sizes prefill (and decode, unless
     ``future_decode`` gives decode its own), one load per interval of the horizon."""
-    needs = _needs(cfg, observation, future, future_decode)
+    needs = _needs(cfg, observation, future, future_decode, now=now)
     timing = _timing(cfg, observation, now, future[0], len(future))
     floor = _scale_down_floor(cfg, history, load, needs, timing)
     program = _program(cfg, needs, timing, floor)

@@ -42,6 +42,19 @@ SPEC_RULES = [
         "message": "router.kind must match engine.kind",
         "fieldPath": ".router.kind",
     },
+    # a scheduled floor above a role's maximum could never be met (the planner caps it there)
+    {
+        "rule": "!has(self.planner.schedules) || self.planner.schedules.all(s, "
+        "s.minPrefillReplicas <= self.prefill.maxReplicas)",
+        "message": "planner.schedules: minPrefillReplicas must not exceed prefill.maxReplicas",
+        "fieldPath": ".planner.schedules",
+    },
+    {
+        "rule": "!has(self.planner.schedules) || self.planner.schedules.all(s, "
+        "s.minDecodeReplicas <= self.decode.maxReplicas)",
+        "message": "planner.schedules: minDecodeReplicas must not exceed decode.maxReplicas",
+        "fieldPath": ".planner.schedules",
+    },
 ]
 
 
@@ -84,7 +97,8 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["description"] = _describe(node["description"])
     if kind:
         out["type"] = kind
-    for key in ("enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems"):
+    for key in ("enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems",
+                "maxItems"):
         if key in node:
             out[key] = node[key]
     if "default" in node and node["default"] is not None:
@@ -104,6 +118,9 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out["x-kubernetes-validations"] = copy.deepcopy(node["x-kubernetes-validations"])
     if kind == "array":
         out["items"] = _structural(node["items"], defs)
+        for key in ("x-kubernetes-list-type", "x-kubernetes-list-map-keys"):
+            if key in node:
+                out[key] = copy.deepcopy(node[key])
     return out
 
 

@@ -633,6 +633,79 @@ class ProfileConfigMapRef(_Model):
     )
 
 
+#: the most schedules one PlannerSpec may hold (bounds the CEL rules' cost at admission)
+MAX_SCHEDULES = 16
+#: a standard 5-field cron expression at admission: five fields of digits, names (MON, JAN),
+#: ``*``, ``/``, ``,`` and ``-``; the operator parses it (planner/schedule.py: cronsim)
+CRON_PATTERN = r"^[0-9A-Za-z*/,-]+( +[0-9A-Za-z*/,-]+){4}$"
+#: an IANA time zone name's shape at admission (``UTC``, ``Europe/Paris``,
+#: ``America/Argentina/Buenos_Aires``, ``Etc/GMT+5``); the operator checks that it exists
+TIMEZONE_PATTERN = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"
+
+
+class PlannerSchedule(_Model):
+    """A window of minimum instances, as KEDA's cron scaler states one: it opens at each
+    start and closes at the next end (5-field cron expressions read in the timezone),
+    and while it is open the planner keeps at least the minimums (it orders them one warm-up
+    before the window opens). Outside its windows the load alone sizes the fleet."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.start != self.end",
+                    "message": "start and end must differ (as in KEDA's cron scaler)",
+                    "fieldPath": ".end",
+                },
+                {
+                    "rule": "self.minPrefillReplicas > 0 || self.minDecodeReplicas > 0",
+                    "message": "a schedule raises minPrefillReplicas or minDecodeReplicas above 0",
+                    "fieldPath": ".minPrefillReplicas",
+                },
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Name of the window, quoted in decisions (\"scheduled floor "
+        "'business-hours': prefill >= 6\"); unique in the list.",
+    )
+    start: str = Field(
+        max_length=128, pattern=CRON_PATTERN,
+        description="When the window opens: a 5-field cron expression (minute hour "
+        "day-of-month month day-of-week, e.g. '0 9 * * 1-5'), in timezone.",
+    )
+    end: str = Field(
+        max_length=128, pattern=CRON_PATTERN,
+        description="When it closes: a 5-field cron expression (e.g. '0 18 * * 1-5'); "
+        "must differ from start.",
+    )
+    timezone: str = Field(
+        default="UTC", max_length=64, pattern=TIMEZONE_PATTERN,
+        description="IANA time zone start and end are read in (e.g. 'Europe/Paris'); "
+        "daylight-saving transitions as Debian's cron handles them.",
+    )
+    min_prefill_replicas: int = Field(
+        default=0, ge=0, le=MAX_ROLE_REPLICAS,
+        description="Prefill instances kept at least while the window is open (0: no "
+        "floor); at most prefill.maxReplicas.",
+    )
+    min_decode_replicas: int = Field(
+        default=0, ge=0, le=MAX_ROLE_REPLICAS,
+        description="Decode instances kept at least while the window is open (0: no "
+        "floor); at most decode.maxReplicas.",
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> PlannerSchedule:
+        if " ".join(self.start.split()) == " ".join(self.end.split()):
+            raise ValueError("start and end must differ (as in KEDA's cron scaler)")
+        if self.min_prefill_replicas == 0 and self.min_decode_replicas == 0:
+            raise ValueError("a schedule raises minPrefillReplicas or minDecodeReplicas above 0")
+        return self
+
+
 class PlannerSpec(_Model):
     """The autoscaling planner (filled in by later work)."""
 
@@ -687,11 +760,23 @@ class PlannerSpec(_Model):
         "namespace, instead of a shipped one. While it is missing or invalid the planner holds "
         "and says why in status.planner.profile.",
     )
+    schedules: list[PlannerSchedule] = Field(
+        default_factory=list, max_length=MAX_SCHEDULES,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Windows of minimum instances (KEDA's cron scaler): while one is open each "
+        "role keeps at least its minimum, ordered one warm-up before the window opens. Where "
+        "windows overlap, the highest minimum of each role holds. Decisions name the floor "
+        "that binds. At most 16, names unique.",
+    )
 
     @model_validator(mode="after")
     def _one_profile_source(self) -> PlannerSpec:
         if self.profile is not None and self.profile_config_map is not None:
             raise ValueError("name a profile either by profile or by profileConfigMap, not both")
+        names = [s.name for s in self.schedules]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"schedules: names must be unique, {dup} repeated")
         return self
 
 

@@ -23,6 +23,7 @@ from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
 from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
+from pdscale.planner.schedule import ScheduledFloor
 from pdscale.planner.solve import History
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
@@ -66,6 +67,7 @@ PLANNER_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
     ("decode", "pre_stop_drain_seconds"),
     ("prefill", "nodes_per_instance"),
     ("decode", "nodes_per_instance"),
+    ("planner", "schedules"),
 )
 
 
@@ -96,7 +98,9 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``).
     - The prefill TTFT queue is one pool behind a router that sends each request where it is
       served soonest, and a queue per instance behind one that picks at random
-      (``router.prefill_choice``: sglang-router 0.3.2, the default, does so in PD mode)."""
+      (``router.prefill_choice``: sglang-router 0.3.2, the default, does so in PD mode).
+    - Scheduled floors (``planner.schedules``) become the planner's ``schedules``, read on the
+      wall clock: the operator plans on Unix time."""
     p = spec.planner
     if profile is None and p.profile_config_map is not None:
         # never the default in its place: a replay of this spec would plan other hardware
@@ -129,7 +133,16 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         decode_rise_quantile=0.95,
         prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
         nodes_per_instance=(kp, kd),
+        schedules=scheduled_floors(spec),
     )
+
+
+def scheduled_floors(spec: PDClusterSpec) -> tuple[ScheduledFloor, ...]:
+    """The spec's ``planner.schedules`` as the planner reads them (checked by the checklist
+    first, so that a bad one is refused naming its field, never planned with)."""
+    return tuple(ScheduledFloor(name=s.name, start=s.start, end=s.end, timezone=s.timezone,
+                                min_prefill=s.min_prefill_replicas, min_decode=s.min_decode_replicas)
+                 for s in spec.planner.schedules)
 
 
 #: where the operator's own Prometheus is set, as status names it

@@ -31,6 +31,7 @@ from pdscale.operator.api.pdcluster import (
 )
 from pdscale.operator.api.tenant_policy import TenantPolicy, refusals
 from pdscale.planner.profile import shipped_profiles
+from pdscale.planner.schedule import cron_problem, timezone_problem
 
 from . import router
 from .derived import TIMEOUT_MARGIN_PERCENT, Derived, derive, minimum_transfer_timeout_seconds
@@ -324,10 +325,40 @@ def _check_planner(spec: PDClusterSpec) -> list[Problem]:
             out.append(Problem("spec.planner.nodeBudget",
                                f"{planner.node_budget} is below prefill.replicas + "
                                f"decode.replicas = {now}"))
+    out += _check_schedules(spec)
     if planner.profile is not None and planner.profile not in shipped_profiles():
         # a name, never a path: a tenant must not make the operator open a file of its choice
         out.append(Problem("spec.planner.profile",
                            f"{planner.profile!r} is not a shipped profile; shipped: {shipped_profiles()}"))
+    return out
+
+
+def _check_schedules(spec: PDClusterSpec) -> list[Problem]:
+    """Each scheduled window: its cron expressions and time zone as the planner reads them
+    (planner/schedule.py; admission checks only their shape), and minimums the fleet can
+    hold: within each role's maxReplicas and, alone, within the node budget."""
+    out: list[Problem] = []
+    kp = multinode.nodes_per_instance(spec, "prefill")
+    kd = multinode.nodes_per_instance(spec, "decode")
+    budget = spec.planner.node_budget
+    for i, s in enumerate(spec.planner.schedules):
+        at = f"spec.planner.schedules[{i}]"
+        for field, expr in (("start", s.start), ("end", s.end)):
+            if (why := cron_problem(expr)) is not None:
+                out.append(Problem(f"{at}.{field}", why))
+        if (why := timezone_problem(s.timezone)) is not None:
+            out.append(Problem(f"{at}.timezone", why))
+        for role, low in (("prefill", s.min_prefill_replicas), ("decode", s.min_decode_replicas)):
+            high = getattr(spec, role).max_replicas
+            if low > high:
+                out.append(Problem(f"{at}.min{role.capitalize()}Replicas",
+                                   f"{low} exceeds {role}.maxReplicas ({high}): the window "
+                                   "could never hold it"))
+        nodes = s.min_prefill_replicas * kp + s.min_decode_replicas * kd
+        if budget is not None and nodes > budget:
+            out.append(Problem(at, f"window {s.name!r} holds {nodes} nodes (prefill "
+                               f"{s.min_prefill_replicas} x {kp}, decode {s.min_decode_replicas} "
+                               f"x {kd}), above planner.nodeBudget ({budget})"))
     return out
 
 

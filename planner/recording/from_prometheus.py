@@ -313,12 +313,14 @@ def read_live_figures(client: QueryClient, *, engine: str, namespace: str, pdclu
 
 def simulate_recording(client: QueryClient, *, engine: str, namespace: str, pdcluster_label: str,
                        window_seconds: int, percentile: float, start: float, end: float,
-                       specs: dict[str, Any], ensemble: Ensemble, max_input_tokens: int | None,
+                       specs_at: Callable[[float], dict[str, Any]], ensemble: Ensemble,
+                       max_input_tokens: int | None,
                        live: dict[str, Any],
                        progress: Callable[[str], None]) -> dict[str, Any]:
     """``--simulate``'s result: the recording read as interval aggregates, a trace rebuilt from
-    them for each member of ``ensemble``, and each of ``specs`` (name -> trace -> the replay's
-    setup) simulated on every one; beside them the live run's figures (``live`` plus its
+    them for each member of ``ensemble``, and each of ``specs_at(origin)`` (name -> trace ->
+    the replay's setup, for a trace whose time 0 is ``origin`` in Unix seconds: the first
+    interval's start, where schedules are read) simulated on every one; beside them the live run's figures (``live`` plus its
     latencies over the range), the recording's own, and the caveats of the reading."""
     aggregates, caveats = read_aggregates(
         client, engine=engine, namespace=namespace, pdcluster=pdcluster_label,
@@ -326,7 +328,8 @@ def simulate_recording(client: QueryClient, *, engine: str, namespace: str, pdcl
     live = {**live, **read_live_figures(client, engine=engine, namespace=namespace,
                                         pdcluster=pdcluster_label, percentile=percentile,
                                         start=start, end=end)}
-    result = simulate_specs(aggregates, specs, ensemble, max_input_tokens=max_input_tokens,
+    result = simulate_specs(aggregates, specs_at(aggregates[0].start_seconds), ensemble,
+                            max_input_tokens=max_input_tokens,
                             progress=progress)
     result["live"] = live
     result["recorded"] = recorded_figures(aggregates)

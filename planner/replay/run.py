@@ -280,8 +280,14 @@ def with_history(setup: ReplaySetup) -> tuple[ReplaySetup, list[Load]]:
     history sizes (:func:`initial_fleet`) and the planner starts with it as its memory, as a
     planner that had been running before would; nothing of the scored window is known in
     advance. The history's loads count no cache hits (they are what a cold start sees)."""
-    head, tail = split_at(setup.trace, _first_warmup_seconds(setup))
-    return replace(setup, trace=tail), interval_loads(head, setup.interval_seconds)
+    seconds = _first_warmup_seconds(setup)
+    head, tail = split_at(setup.trace, seconds)
+    # the scored window's clock restarts at the split: the wall clock its schedules are read
+    # on (PlannerConfig.clock_origin_unix_seconds) moves with it
+    shift = (setup.trace.arrival_seconds[0] if len(setup.trace) else 0.0) + seconds
+    planner = replace(setup.planner,
+                      clock_origin_unix_seconds=setup.planner.clock_origin_unix_seconds + shift)
+    return replace(setup, trace=tail, planner=planner), interval_loads(head, setup.interval_seconds)
 
 
 def _first_warmup_seconds(setup: ReplaySetup) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode
+from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode, PlannerSchedule
 from pdscale.operator.loop.planning import (
     calibration_for_profile,
     decision_event,
@@ -180,6 +180,9 @@ def _moved(value: object, section: str, name: str) -> object:
         return value - 1 if name == "percentile" else value + 1
     if isinstance(value, str):
         return "http://elsewhere:9090" if "url" in name else value + "-other"
+    if name == "schedules":
+        return [*value, PlannerSchedule(name="other", start="0 9 * * *", end="0 18 * * *",
+                                        min_prefill_replicas=1)]
     if isinstance(value, list):
         return [*value, "--other"]
     raise AssertionError(f"no other value for {section}.{name} ({value!r})")

@@ -68,6 +68,8 @@ RULES = [
     ("backlog_seconds", 0.0, "> 0 or None"),
     ("decode_drain_seconds", -5.0, ">= 0 or None"),
     ("solver_time_limit_seconds", 0.0, "> 0"),
+    ("clock_origin_unix_seconds", math.nan, "finite"),
+    ("clock_origin_unix_seconds", math.inf, "finite"),
     ("scale_down_hysteresis", "no", "True or False"),
     ("rise_independent_samples", 1, "True or False"),
 ]
@@ -90,7 +92,7 @@ def test_every_field_has_a_rule() -> None:
 
     ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES} | set(_BOOL_RULES)
     checked_otherwise = {"model", "slo", "forecast_method", "prefill_queue", "max_prefill",
-                         "max_decode", "nodes_per_instance"}
+                         "max_decode", "nodes_per_instance", "schedules"}
     assert set(PlannerConfig.__dataclass_fields__) - checked_otherwise == ruled
     assert {n for n, _, _ in RULES} == ruled  # and each rule has a bad value tested above
 
