@@ -328,7 +328,7 @@ def test_the_planner_is_configured_with_the_groups():
 
 
 # -- the operator ------------------------------------------------------------------------------
-def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
+def test_the_operator_applies_the_groups_and_counts_ready_groups_as_instances():
     from test_pdc_reconcile import NOW, FakeKube
 
     from pdscale.operator.reconciler import conditions as c
@@ -336,14 +336,38 @@ def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
 
     kube = FakeKube()
     doc = _doc(SGLANG_EXAMPLE)
+    name = doc["metadata"]["name"]
     doc["metadata"].update(namespace="serving", uid="uid-1", generation=1, resourceVersion="1")
-    kube.objects[("PDCluster", "serving", doc["metadata"]["name"])] = doc
-    out = reconcile(kube, kube.get("PDCluster", "serving", doc["metadata"]["name"]), NOW)
-    assert not any(kind == "LeaderWorkerSet" for kind, _, _ in kube.objects)
-    assert any("LeaderWorkerSet/dsv3-wide-ep-prefill" in r and "not supported" in r
-               for r in out.refused)
-    status = kube.objects[("PDCluster", "serving", doc["metadata"]["name"])]["status"]
+    kube.objects[("PDCluster", "serving", name)] = doc
+    out = reconcile(kube, kube.get("PDCluster", "serving", name), NOW)
+    assert not out.refused and not out.conflicts
+    sets = {n: o for (kind, _, n), o in kube.objects.items() if kind == "LeaderWorkerSet"}
+    assert sorted(sets) == [f"{name}-decode", f"{name}-prefill"]
+    assert not any(kind == "Deployment" and n != f"{name}-router" for kind, _, n in kube.objects)
+    assert sets[f"{name}-decode"]["spec"]["leaderWorkerTemplate"]["size"] == 4
+    status = kube.objects[("PDCluster", "serving", name)]["status"]
     assert c.find(status["conditions"], c.READY)["status"] == "False"
+    assert status["decode"] == {"desiredReplicas": 3, "readyReplicas": 0, "updatedReplicas": 0}
+
+    # LWS reports whole groups; the router's Deployment is rolled out: every role ready
+    for role, groups in (("prefill", 2), ("decode", 3)):
+        live = kube.objects[("LeaderWorkerSet", "serving", f"{name}-{role}")]
+        live["status"] = {"observedGeneration": 1, "replicas": groups, "updatedReplicas": groups,
+                          "readyReplicas": groups}
+        live["metadata"]["generation"] = 1
+    router = kube.objects[("Deployment", "serving", f"{name}-router")]
+    router["status"] = {"observedGeneration": router["metadata"]["generation"], "replicas": 1,
+                        "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}
+    versions = {k: o["metadata"]["resourceVersion"] for k, o in kube.objects.items()
+                if k[0] != "PDCluster"}
+    reconcile(kube, kube.get("PDCluster", "serving", name), NOW)
+    status = kube.objects[("PDCluster", "serving", name)]["status"]
+    assert c.find(status["conditions"], c.READY)["status"] == "True"
+    assert {role: status[role]["readyReplicas"] for role in ("prefill", "decode", "router")} == {
+        "prefill": 2, "decode": 3, "router": 1}
+    # the applied sets are in sync: nothing applied again
+    assert {k: o["metadata"]["resourceVersion"] for k, o in kube.objects.items()
+            if k[0] != "PDCluster"} == versions
 
 
 def test_a_group_set_is_rolled_out_when_its_groups_are_ready():
