@@ -233,6 +233,40 @@ def test_the_planner_loop_sees_leaders_only():
     assert [p["metadata"]["name"] for p in grouped[("ns", "c", "decode")]] == ["c-decode-0", "c-decode-1"]
 
 
+def _group_pod(name: str, group: str, index: str, *, ready: bool = True, deleting: bool = False,
+               size: str = "4") -> dict:
+    meta: dict = {"name": name, "namespace": "ns",
+                  "labels": {lws.LABEL_SET_NAME: "c-decode", lws.LABEL_GROUP_INDEX: group,
+                             lws.LABEL_WORKER_INDEX: index},
+                  "annotations": {lws.ANNOTATION_SIZE: size}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta,
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_a_leader_stands_for_a_ready_instance_only_while_its_group_is_whole():
+    from pdscale.operator.loop.fleet import pod_view
+
+    def ready_leaders(pods: list[dict]) -> list[str]:
+        return [p["metadata"]["name"] for p in lws.instances(pods) if pod_view(p, "decode").ready]
+
+    whole = [_group_pod(f"c-decode-0{'-' + str(i) if i else ''}", "0", str(i)) for i in range(4)]
+    assert ready_leaders(whole) == ["c-decode-0"]
+    # a worker not Ready yet (LWS starts them after the leader), missing, or being deleted
+    # (RecreateGroupOnPodRestart is about to take the group down): the instance is not Ready
+    assert ready_leaders([*whole[:3], _group_pod("c-decode-0-3", "0", "3", ready=False)]) == []
+    assert ready_leaders(whole[:3]) == []
+    assert ready_leaders([*whole[:3], _group_pod("c-decode-0-3", "0", "3", deleting=True)]) == []
+    # another group's pods do not count for this one; a Deployment's pod is left as it is
+    other = [_group_pod("c-decode-1-3", "1", "3")]
+    plain = {"metadata": {"name": "dep-abc", "namespace": "ns", "labels": {}},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert ready_leaders([*whole[:3], *other, plain]) == ["dep-abc"]
+    assert [p["metadata"]["name"] for p in lws.instances([*whole[:3], plain])] == ["c-decode-0", "dep-abc"]
+    assert whole[0]["status"]["conditions"][0]["status"] == "True"  # a copy is marked
+
+
 def test_ready_groups_come_from_the_lws_status():
     assert lws.ready_groups({"status": {"readyReplicas": 2, "replicas": 3}}) == 2
     assert lws.ready_groups({"status": {}}) == 0
