@@ -2,8 +2,9 @@
 built from its Go module, its CRD and webhooks installed from its module): a PDCluster whose
 prefill instances span 2 fake 8xH200 nodes and decode instances 4 reaches Ready; the sets the
 operator applied passed LWS's own webhooks (which also labelled the groups' pods and gave them
-LWS's environment); the router lists the groups' leaders only; a worker pod deleted takes its
-group out of the router (RecreateGroupOnPodRestart) until the group is whole again.
+LWS's environment); the router lists the groups' leaders only; a worker not Ready takes its
+group out of the router, and a worker pod deleted does too (RecreateGroupOnPodRestart) until
+the group is whole again.
 
 The planner is Off here: the Auto 1 -> 3 decode groups run is not part of this test.
 """
@@ -157,6 +158,33 @@ def test_the_router_lists_the_leaders_only(world: World):
     listed = wait_for(lambda: world.listed() == set(leaders.values()) and world.listed(),
                       timeout_seconds=30, what="the router listing the leaders")
     assert not listed & workers
+
+
+def _set_ready(world: World, pod: str, ready: bool) -> None:
+    """What a kubelet reports when a container's readiness probe fails or passes again (a
+    Running pod; kwok's stages leave its conditions alone)."""
+    world.core.patch_namespaced_pod_status(pod, NS, {"status": {"conditions": [
+        {"type": "Ready", "status": "True" if ready else "False"},
+        {"type": "ContainersReady", "status": "True" if ready else "False"}]}})
+
+
+def test_a_worker_not_ready_takes_its_group_out_of_the_router(world: World):
+    # no restart, no deletion: LWS keeps the group, yet it is not a whole instance
+    group = "0"
+    pods = [p for p in world.pods("decode") if p.metadata.labels[GROUP_INDEX] == group]
+    leader = next(p for p in pods if p.metadata.labels[WORKER_INDEX] == "0")
+    worker = next(p for p in pods if p.metadata.labels[WORKER_INDEX] == "3")
+    url = f"http://{leader.status.pod_ip}:{ENGINE_PORT}"
+    assert url in world.listed()
+    _set_ready(world, worker.metadata.name, False)
+    try:
+        wait_for(lambda: url not in world.listed(), timeout_seconds=30,
+                 what="the group's leader out of the router while a worker is not Ready")
+        assert _ready(world.core.read_namespaced_pod(leader.metadata.name, NS))  # the leader is
+    finally:
+        _set_ready(world, worker.metadata.name, True)
+    wait_for(lambda: url in world.listed(), timeout_seconds=30,
+             what="the group's leader back in the router once the group is whole")
 
 
 def test_a_worker_pod_deleted_takes_its_group_out_until_it_is_whole(world: World):
