@@ -47,6 +47,7 @@ from pdscale.operator.loop.drain import DeletionDrain, finalizer_added, patch_pd
 from pdscale.operator.loop.planner_loop import PlannerLoop, run_forever, supervise
 from pdscale.operator.loop.telemetry import HEARTBEATS, serve_metrics_from_environment
 from pdscale.operator.reconciler.reconcile import Outcome, reconcile
+from pdscale.operator.render import lws
 
 from . import leader
 
@@ -288,6 +289,13 @@ def _child_changed(body: kopf.Body, memo: kopf.Memo) -> None:
 @kopf.on.event("apps", "v1", "deployments", labels=OURS)
 def deployment_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     # Ready counts and drift (someone edited or deleted our Deployment) both land here.
+    _child_changed(body, memo)
+
+
+@kopf.on.event(lws.GROUP, "v1", lws.PLURAL, labels=OURS)
+def leaderworkerset_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    # A role of several nodes per instance: its ready groups (instances) land here. On a
+    # cluster without the LWS CRD kopf warns that the resource is unresolved and serves the rest.
     _child_changed(body, memo)
 
 

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from .localcluster import LocalCluster
 from .localprometheus import LocalPrometheus
+from .lwscontroller import LWSController
 from .nodes import api_client, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
 
 
@@ -91,3 +92,19 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPromet
         yield prom
     finally:
         prom.stop()
+
+
+@pytest.fixture(scope="session")
+def lws_controller(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[LWSController | None]:
+    """The real LeaderWorkerSet controller on the local cluster, for the tests that need it
+    (only they start it). None on a KUBECONFIG cluster, which must have LWS v0.7.0 installed."""
+    if cluster.local is None:
+        yield None
+        return
+    controller = LWSController(cluster.local, tmp_path_factory.mktemp("lws"))
+    controller.start()
+    try:
+        yield controller
+    finally:
+        controller.stop()

@@ -4,7 +4,8 @@ It follows the pods of PDClusters on the cluster (kwok makes them Running and Re
 8xH200 nodes, with loopback pod IPs) and, for each one, runs the program the pod stands for,
 bound to the pod's IP:
 
-- prefill and decode pods: a simulated SGLang engine (``pdscale.testbed.simengine``), timed by the
+- prefill and decode pods: a simulated SGLang engine (for an instance of several nodes, an
+  LWS group, its leader's pod alone: the other nodes run nothing here) (``pdscale.testbed.simengine``), timed by the
   planner's performance model and time-compressed, with its warm-up;
 - router pods: the real router (``sglang-router`` or ``smg``, or ``vllm-router`` for vLLM), started with
   the arguments the operator rendered into the pod.
@@ -47,6 +48,9 @@ READY_DELAY_ANNOTATION = "pdscale.io/simulated-ready-delay-seconds"
 #: set on a pod once a process runs for it: kwok then keeps the deleted pod until the fleet
 #: removes it (its process has exited) or its grace period ends (kwok-pod-delete.yaml)
 PROCESS_ANNOTATION = "pdscale.io/simulated-process"
+#: set by LWS's pod webhook on every pod of a group, "0" on the leader: an instance of several
+#: nodes is served by its leader alone (rank 0 runs the HTTP API; vLLM's others are headless)
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
 def engine_ready_at(pod: client.V1Pod, now: float | None = None) -> float:
@@ -132,6 +136,10 @@ class SimFleet:
             key = f"{pod.metadata.namespace}/{pod.metadata.name}"
             role = (pod.metadata.labels or {}).get(LABEL_ROLE)
             if role not in ("prefill", "decode", "router"):
+                continue
+            if (pod.metadata.labels or {}).get(LWS_WORKER_INDEX, "0") != "0":
+                # an LWS group's other nodes hold no router-facing port: no process, so kwok
+                # keeps them Ready by itself and removes them at once when deleted
                 continue
             current = self.running.get(key)
             if pod.metadata.deletion_timestamp is not None:

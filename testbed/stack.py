@@ -25,6 +25,7 @@ import yaml
 
 from .localcluster import DEFAULT_BIN_DIR, ClusterError, LocalCluster, _die_with_parent, free_port
 from .localprometheus import LocalPrometheus
+from .lwscontroller import LWSController
 from .nodes import ensure_cpu_nodes, ensure_h200_nodes, operator_kubeconfig, wait_nodes_ready
 from .simfleet import SimFleet
 
@@ -58,6 +59,9 @@ class Stack:
     #: Prometheus servers (tenantPolicy.allowedPrometheusURLs entries) the admin lets a
     #: PDCluster name besides the stack's own, which its PDClusters name
     allowed_prometheus_urls: tuple[str, ...] = ()
+    #: run the real LeaderWorkerSet controller (multi-node instances; only the tests of them)
+    lws: bool = False
+    lws_controller: LWSController | None = None
     _cleanups: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -98,6 +102,13 @@ class Stack:
             self.local = LocalCluster(workdir=self.workdir / "cluster")
             self.local.start(progress=self.progress)
             self.kubeconfig = self.local.kubeconfig
+        if self.lws:
+            if self.local is None:
+                raise ClusterError("lws=True needs the local control plane (on another cluster, "
+                                   "install LWS v0.7.0 there and leave lws off)")
+            self.lws_controller = LWSController(self.local, self.workdir / "lws")
+            self.lws_controller.start()
+            self.say(f"LeaderWorkerSet controller running (log: {self.lws_controller.log})")
         names = ensure_h200_nodes(self.kubeconfig, self.nodes, pool="demo")
         # Routers and the operator need no GPU: two CPU nodes take them.
         cpus = ensure_cpu_nodes(self.kubeconfig, 2, pool="demo")
@@ -240,6 +251,9 @@ class Stack:
         if self.prometheus is not None:
             self.prometheus.stop()
             self.prometheus = None
+        if self.lws_controller is not None:
+            self.lws_controller.stop()
+            self.lws_controller = None
         if self.local is not None:
             self.local.stop()
             self.local = None

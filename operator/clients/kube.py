@@ -76,6 +76,10 @@ REQUESTS: dict[Need, str] = {
     Need("apps", "deployments", "list"): "Kube.list_deployments: the planner loop, once a tick "
     "(whose are the pods it selects by label)",
     Need("apps", "deployments", "patch"): "Kube.apply: reconcile applies the engines and router",
+    Need("leaderworkerset.x-k8s.io", "leaderworkersets", "get"): "Kube.get: reconcile reads "
+    "the engines of a role whose instances span several nodes (nodesPerInstance > 1)",
+    Need("leaderworkerset.x-k8s.io", "leaderworkersets", "patch"): "Kube.apply: reconcile "
+    "applies those engines as LeaderWorkerSets",
     Need("", "services", "get"): "Kube.get: reconcile reads each child",
     Need("", "services", "patch"): "Kube.apply: reconcile",
     Need("", "serviceaccounts", "get"): "Kube.get: reconcile reads each child",
@@ -99,7 +103,8 @@ IMPLIED: dict[Need, str] = {
     **{Need(group, resource, "create"): "Kube.apply of a missing object creates it: the server "
        "checks create as well as patch"
        for group, resource in [("apps", "deployments"), ("", "services"), ("", "serviceaccounts"),
-                               ("networking.k8s.io", "networkpolicies")]},
+                               ("networking.k8s.io", "networkpolicies"),
+                               ("leaderworkerset.x-k8s.io", "leaderworkersets")]},
     Need(GROUP, f"{PLURAL}/finalizers", "update"): "children set blockOwnerDeletion: the "
     "OwnerReferencesPermissionEnforcement admission plugin, where on, checks this",
 }
@@ -126,6 +131,7 @@ KINDS = {
     "Service": Kind("v1", "services"),
     "ConfigMap": Kind("v1", "configmaps"),
     "Deployment": Kind("apps/v1", "deployments"),
+    "LeaderWorkerSet": Kind("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
 }

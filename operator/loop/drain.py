@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from pdscale.operator.api import names
+from pdscale.operator.api import multinode, names
 from pdscale.operator.api.clock import now_rfc3339
 from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION, EngineKind, PDClusterSpec
@@ -288,6 +288,16 @@ class Drains:
         """One level-based step of every role to its target (``fleet.plan_role_actions``)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
+        groups = [role.value for role in Role if multinode.is_group(spec, role.value)]
+        if groups:
+            # LWS removes the groups of highest index on a scale-down (StatefulSet order) and
+            # ignores pod-deletion-cost: the drain below picks the least loaded pod instead,
+            # so it would drain one group and LWS remove another, with its requests. Until the
+            # drain picks the highest-index leaders, Auto does not move a PDCluster with a
+            # role of several nodes per instance (issue 44); the replicas stay the spec's.
+            log.info("planner %s/%s: %s instances span several nodes; Auto does not scale "
+                     "them yet (the replicas stay the spec's)", ns, name, " and ".join(groups))
+            return
         deployments = {role: self.kube.get("Deployment", ns, names.child_name(name, role)) for role in Role}
         missing = [names.child_name(name, role) for role, d in deployments.items() if d is None]
         if missing:

@@ -91,10 +91,11 @@ PodsByKey = dict[tuple[str, str, str], list[dict[str, Any]]]
 
 def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
     """The one listing of a tick, grouped per PDCluster and role (pure). An instance of
-    several nodes is its LWS group's leader: the other pods of a group are left out, so that
-    counts, drains and the router's worker list see instances only."""
+    several nodes is its LWS group's leader, Ready only while its group is whole
+    (``lws.instances``): the other pods of a group are left out, so that counts, drains and
+    the router's worker list see whole instances only."""
     out: PodsByKey = {}
-    for pod in lws.leaders_only(pods):
+    for pod in lws.instances(pods):
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
         key = (str(meta.get("namespace", "")), str(labels.get(names.LABEL_INSTANCE, "")),
@@ -344,7 +345,7 @@ class PlannerLoop:
 
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
         return [pod_view(p, role)
-                for p in lws.leaders_only(self.kube.list_pods(ns, names.selector_labels(name, role)))]
+                for p in lws.instances(self.kube.list_pods(ns, names.selector_labels(name, role)))]
 
     def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
                       percentile: float) -> MetricsSnapshot:

@@ -119,14 +119,25 @@ def in_sync(live: dict[str, Any], desired: dict[str, Any]) -> bool:
     return contains(live, body)
 
 
+#: the kinds a role's engines run as: a Deployment, or a LeaderWorkerSet when one instance
+#: spans several nodes (``nodesPerInstance`` > 1); status reads either (``status.compute``)
+ENGINE_KINDS = ("Deployment", lws.KIND)
+
+
+def _pod_template(spec: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment's pod template, or a LeaderWorkerSet's leader template."""
+    group = spec.get("leaderWorkerTemplate")
+    return dict((group.get("leaderTemplate") if group else spec.get("template")) or {})
+
+
 def _describe_change(live: dict[str, Any], desired: dict[str, Any]) -> tuple[str, str]:
     kind, name = desired["kind"], desired["metadata"]["name"]
-    if kind == "Deployment":
+    if kind in ENGINE_KINDS:
         before, after = live.get("spec", {}), desired["spec"]
         if before.get("replicas") != after.get("replicas"):
             return c.EVENT_SCALED, f"{kind}/{name} replicas {before.get('replicas')} -> {after['replicas']}"
-        old = [x.get("image") for x in before.get("template", {}).get("spec", {}).get("containers", [])]
-        new = [x.get("image") for x in after["template"]["spec"]["containers"]]
+        old = [x.get("image") for x in _pod_template(before).get("spec", {}).get("containers", [])]
+        new = [x.get("image") for x in _pod_template(after)["spec"]["containers"]]
         if old != new:
             return c.EVENT_UPDATED, f"{kind}/{name} image {', '.join(map(str, old))} -> {', '.join(new)}"
     return c.EVENT_UPDATED, f"{kind}/{name} updated to the current spec"
@@ -183,15 +194,6 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
         replicas = planned_replicas(spec, previous)
         for desired in build_children(owner, spec, derived, replicas, network.configured()):
             kind, name = desired["kind"], desired["metadata"]["name"]
-            if kind == lws.KIND:
-                # Instances of several nodes render (pdscale render) but are not applied yet:
-                # the operator's grants and requests for LeaderWorkerSets come with the e2e
-                # against a real LWS controller (issue 44). Said in the status; as after any
-                # refusal, the children after it wait, only read.
-                obs.refused.append(f"{kind}/{name}: applying a LeaderWorkerSet "
-                                   f"(nodesPerInstance > 1) is not supported by this operator "
-                                   f"yet (`pdscale render` prints the manifests)")
-                continue
             live = kube.get(kind, owner.namespace, name)
             if live is not None and not is_ours(live, owner.uid or ""):
                 obs.conflicts.append(
@@ -200,7 +202,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
             if obs.refused:
                 # Children go in order (the NetworkPolicies first: no pod of ours runs
                 # unfenced); after a refusal the rest wait for the retry, only read.
-                if live is not None and kind == "Deployment":
+                if live is not None and kind in ENGINE_KINDS:
                     obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
                 continue
             try:
@@ -215,16 +217,18 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
                 if exc.status not in REFUSED_STATUSES:
                     raise
                 obs.refused.append(refusal(kind, name, exc.status, exc.reason, exc.body))
-                if live is not None and kind == "Deployment":
+                if live is not None and kind in ENGINE_KINDS:
                     obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
                 continue
             out.seen[(kind, name)] = live["metadata"].get("resourceVersion", "")
-            if kind == "Deployment":
+            if kind in ENGINE_KINDS:
                 obs.deployments[desired["metadata"]["labels"]["pdscale.io/role"]] = live
     else:
         # Invalid spec: touch nothing, but keep reporting what runs.
         for role in st.COMPONENTS:
             live = kube.get("Deployment", owner.namespace, child_name(owner.name, role))
+            if live is None and role != "router":  # an engine role of several nodes each
+                live = kube.get(lws.KIND, owner.namespace, child_name(owner.name, role))
             if live is not None and is_ours(live, owner.uid or ""):
                 obs.deployments[role] = live
     out.conflicts = obs.conflicts

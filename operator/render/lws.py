@@ -42,6 +42,8 @@ LABEL_WORKER_INDEX = f"{_PREFIX}/worker-index"
 LABEL_SET_NAME = f"{_PREFIX}/name"
 LABEL_GROUP_INDEX = f"{_PREFIX}/group-index"
 ANNOTATION_EXCLUSIVE_TOPOLOGY = f"{_PREFIX}/exclusive-topology"
+#: on every pod of a group (LWS's StatefulSet templates): the group's pod count
+ANNOTATION_SIZE = f"{_PREFIX}/size"
 LEADER_INDEX = "0"
 
 #: ours, on both templates: which pods of a group serve (kubectl get pods -l ...=leader)
@@ -65,6 +67,46 @@ def is_leader(pod: dict[str, Any]) -> bool:
 def leaders_only(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The pods that stand for instances: every pod but an LWS group's workers."""
     return [p for p in pods if is_leader(p)]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _group_key(pod: dict[str, Any]) -> tuple[str, str, str] | None:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if LABEL_SET_NAME not in labels or LABEL_GROUP_INDEX not in labels:
+        return None
+    return (str(meta.get("namespace", "")), labels[LABEL_SET_NAME], labels[LABEL_GROUP_INDEX])
+
+
+def instances(pods: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods that stand for instances (``leaders_only``), an LWS group's leader Ready only
+    while its group is whole: every one of its ``size`` pods present, not deleting and Ready.
+    The leader's own readiness says nothing of the other nodes (LWS starts them after it;
+    one deleted is about to take the group down, RecreateGroupOnPodRestart), and the router
+    must never list half an instance. A leader of a group not whole is returned as a copy
+    whose Ready condition is False (reason ``GroupIncomplete``)."""
+    pods = list(pods)
+    whole: dict[tuple[str, str, str], int] = {}
+    for pod in pods:
+        key = _group_key(pod)
+        if key is not None and _ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            whole[key] = whole.get(key, 0) + 1
+    out = []
+    for pod in leaders_only(pods):
+        key = _group_key(pod)
+        size = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SIZE)
+        if key is not None and _ready(pod) and (
+                not str(size).isdigit() or whole.get(key, 0) < int(str(size))):
+            pod = copy.deepcopy(pod)
+            for condition in pod["status"]["conditions"]:
+                if condition.get("type") == "Ready":
+                    condition.update(status="False", reason="GroupIncomplete")
+        out.append(pod)
+    return out
 
 
 def _worker_template(leader: dict[str, Any], spec: PDClusterSpec, role: str) -> dict[str, Any]:

@@ -46,6 +46,8 @@ KOPF_NEEDS: dict[Need, str] = {
     **{Need(group, resource, verb): f"kopf watches {resource} ({why})"
        for group, resource, why in [(GROUP, PLURAL, "pdcluster_changed, pdcluster_deleting"),
                                     ("apps", "deployments", "deployment_changed"),
+                                    ("leaderworkerset.x-k8s.io", "leaderworkersets",
+                                     "leaderworkerset_changed"),
                                     ("", "services", "service_changed"),
                                     (*CRDS, "its resource observer"),
                                     (*NAMESPACES, "with watchNamespaces: its namespace observer")]

@@ -103,3 +103,24 @@ def test_an_sglang_prefill_counted_by_v1_loads_is_removed_once_idle():
                     in_flight=lambda ip, port: EngineLoad(0, LoadSource.LOADS))
     planner = _step(kube, drains, spec, NOW)
     assert planner["replicas"]["prefill"] == 1 and planner["waiting"] == []
+
+
+def test_auto_does_not_move_a_role_of_several_nodes_per_instance():
+    # LWS removes the highest-index groups on a scale-down, whatever the drain picked: until the
+    # drain picks those, Auto leaves such a PDCluster's replicas and pods alone
+    kube, _, spec = _setup("sglang-glm-4p8d.yaml")
+    doc = kube.objects[("PDCluster", NS, "demo")]
+    doc["spec"]["decode"]["nodesPerInstance"] = 2
+    doc["spec"]["parallelism"]["decode"] = {"tensorParallelSize": 16}
+    spec = PDClusterSpec.model_validate(doc["spec"])
+    drains = Drains(kube, Reporter(kube), vllm_totals=lambda ip, port: None,
+                    in_flight=lambda ip, port: EngineLoad(0, LoadSource.V1_LOADS))
+    writes = kube.writes
+    body = kube.get("PDCluster", NS, "demo")
+    pods = {role: [pod_view(p, role) for p in kube.list_pods(NS, names.selector_labels("demo", role))]
+            for role in Role}
+    drains.begin_tick()
+    drains.move(body, spec, pods, FakeWorkers(), set(), {Role.PREFILL: 1, Role.DECODE: 3}, NOW)
+    drains.end_tick()
+    assert kube.writes == writes
+    assert "planner" not in (kube.get("PDCluster", NS, "demo").get("status") or {})

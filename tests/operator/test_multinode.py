@@ -233,6 +233,40 @@ def test_the_planner_loop_sees_leaders_only():
     assert [p["metadata"]["name"] for p in grouped[("ns", "c", "decode")]] == ["c-decode-0", "c-decode-1"]
 
 
+def _group_pod(name: str, group: str, index: str, *, ready: bool = True, deleting: bool = False,
+               size: str = "4") -> dict:
+    meta: dict = {"name": name, "namespace": "ns",
+                  "labels": {lws.LABEL_SET_NAME: "c-decode", lws.LABEL_GROUP_INDEX: group,
+                             lws.LABEL_WORKER_INDEX: index},
+                  "annotations": {lws.ANNOTATION_SIZE: size}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta,
+            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_a_leader_stands_for_a_ready_instance_only_while_its_group_is_whole():
+    from pdscale.operator.loop.fleet import pod_view
+
+    def ready_leaders(pods: list[dict]) -> list[str]:
+        return [p["metadata"]["name"] for p in lws.instances(pods) if pod_view(p, "decode").ready]
+
+    whole = [_group_pod(f"c-decode-0{'-' + str(i) if i else ''}", "0", str(i)) for i in range(4)]
+    assert ready_leaders(whole) == ["c-decode-0"]
+    # a worker not Ready yet (LWS starts them after the leader), missing, or being deleted
+    # (RecreateGroupOnPodRestart is about to take the group down): the instance is not Ready
+    assert ready_leaders([*whole[:3], _group_pod("c-decode-0-3", "0", "3", ready=False)]) == []
+    assert ready_leaders(whole[:3]) == []
+    assert ready_leaders([*whole[:3], _group_pod("c-decode-0-3", "0", "3", deleting=True)]) == []
+    # another group's pods do not count for this one; a Deployment's pod is left as it is
+    other = [_group_pod("c-decode-1-3", "1", "3")]
+    plain = {"metadata": {"name": "dep-abc", "namespace": "ns", "labels": {}},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert ready_leaders([*whole[:3], *other, plain]) == ["dep-abc"]
+    assert [p["metadata"]["name"] for p in lws.instances([*whole[:3], plain])] == ["c-decode-0", "dep-abc"]
+    assert whole[0]["status"]["conditions"][0]["status"] == "True"  # a copy is marked
+
+
 def test_ready_groups_come_from_the_lws_status():
     assert lws.ready_groups({"status": {"readyReplicas": 2, "replicas": 3}}) == 2
     assert lws.ready_groups({"status": {}}) == 0
@@ -328,7 +362,7 @@ def test_the_planner_is_configured_with_the_groups():
 
 
 # -- the operator ------------------------------------------------------------------------------
-def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
+def test_the_operator_applies_the_groups_and_counts_ready_groups_as_instances():
     from test_pdc_reconcile import NOW, FakeKube
 
     from pdscale.operator.reconciler import conditions as c
@@ -336,14 +370,38 @@ def test_the_operator_says_in_status_that_it_does_not_apply_groups_yet():
 
     kube = FakeKube()
     doc = _doc(SGLANG_EXAMPLE)
+    name = doc["metadata"]["name"]
     doc["metadata"].update(namespace="serving", uid="uid-1", generation=1, resourceVersion="1")
-    kube.objects[("PDCluster", "serving", doc["metadata"]["name"])] = doc
-    out = reconcile(kube, kube.get("PDCluster", "serving", doc["metadata"]["name"]), NOW)
-    assert not any(kind == "LeaderWorkerSet" for kind, _, _ in kube.objects)
-    assert any("LeaderWorkerSet/dsv3-wide-ep-prefill" in r and "not supported" in r
-               for r in out.refused)
-    status = kube.objects[("PDCluster", "serving", doc["metadata"]["name"])]["status"]
+    kube.objects[("PDCluster", "serving", name)] = doc
+    out = reconcile(kube, kube.get("PDCluster", "serving", name), NOW)
+    assert not out.refused and not out.conflicts
+    sets = {n: o for (kind, _, n), o in kube.objects.items() if kind == "LeaderWorkerSet"}
+    assert sorted(sets) == [f"{name}-decode", f"{name}-prefill"]
+    assert not any(kind == "Deployment" and n != f"{name}-router" for kind, _, n in kube.objects)
+    assert sets[f"{name}-decode"]["spec"]["leaderWorkerTemplate"]["size"] == 4
+    status = kube.objects[("PDCluster", "serving", name)]["status"]
     assert c.find(status["conditions"], c.READY)["status"] == "False"
+    assert status["decode"] == {"desiredReplicas": 3, "readyReplicas": 0, "updatedReplicas": 0}
+
+    # LWS reports whole groups; the router's Deployment is rolled out: every role ready
+    for role, groups in (("prefill", 2), ("decode", 3)):
+        live = kube.objects[("LeaderWorkerSet", "serving", f"{name}-{role}")]
+        live["status"] = {"observedGeneration": 1, "replicas": groups, "updatedReplicas": groups,
+                          "readyReplicas": groups}
+        live["metadata"]["generation"] = 1
+    router = kube.objects[("Deployment", "serving", f"{name}-router")]
+    router["status"] = {"observedGeneration": router["metadata"]["generation"], "replicas": 1,
+                        "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}
+    versions = {k: o["metadata"]["resourceVersion"] for k, o in kube.objects.items()
+                if k[0] != "PDCluster"}
+    reconcile(kube, kube.get("PDCluster", "serving", name), NOW)
+    status = kube.objects[("PDCluster", "serving", name)]["status"]
+    assert c.find(status["conditions"], c.READY)["status"] == "True"
+    assert {role: status[role]["readyReplicas"] for role in ("prefill", "decode", "router")} == {
+        "prefill": 2, "decode": 3, "router": 1}
+    # the applied sets are in sync: nothing applied again
+    assert {k: o["metadata"]["resourceVersion"] for k, o in kube.objects.items()
+            if k[0] != "PDCluster"} == versions
 
 
 def test_a_group_set_is_rolled_out_when_its_groups_are_ready():

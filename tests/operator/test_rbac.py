@@ -91,7 +91,13 @@ def _children() -> list[dict[str, Any]]:
     doc = yaml.safe_load((ROOT / "examples" / "sglang-glm-4p8d.yaml").read_text())
     spec, derived = validate(doc["spec"])
     owner = Owner("glm53", "team-a", "uid-1")
-    return [*build_children(owner, spec, derived), planner_memory(owner, "{}")]
+    # and a role of several nodes per instance: its engines as a LeaderWorkerSet
+    doc = yaml.safe_load((ROOT / "examples" / "sglang-deepseek-multinode.yaml").read_text())
+    spec_groups, derived_groups = validate(doc["spec"])
+    groups = [c for c in build_children(owner, spec_groups, derived_groups)
+              if c["kind"] == "LeaderWorkerSet"]
+    assert groups, "the multi-node example renders no LeaderWorkerSet"
+    return [*build_children(owner, spec, derived), *groups, planner_memory(owner, "{}")]
 
 
 def _every_door(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:

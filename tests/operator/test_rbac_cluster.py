@@ -60,7 +60,7 @@ def operator_requests(audit_log: Path, offset: int) -> list[tuple[Need, int]]:
 
 
 def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, namespace,
-                                                          run_operator):
+                                                          lws_controller, run_operator):
     if cluster.local is None:
         pytest.skip("needs the local control plane's audit log (KUBECONFIG points elsewhere)")
     audit_log = cluster.local.audit_log
@@ -89,8 +89,24 @@ def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, na
                 return None
             raise
 
+    # and a PDCluster of several nodes per instance: its engines are LeaderWorkerSets (the
+    # real LWS controller's CRD, so kopf watches them too); its pods need not run
+    groups = sample("sglang-deepseek-multinode.yaml", "audit-mn")
+
+    def group_set():
+        try:
+            return custom.get_namespaced_custom_object("leaderworkerset.x-k8s.io", "v1", namespace,
+                                                       "leaderworkersets", "audit-mn-decode")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     with run_operator():
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, groups)
+        wait_for(group_set, timeout_seconds=120, what="the LeaderWorkerSet applied")
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "audit-mn")
         first = wait_for(memory_version, timeout_seconds=120, what="the planner's memory created")
         wait_for(lambda: memory_version() not in (None, first), timeout_seconds=60,
                  what="the planner's memory written again")

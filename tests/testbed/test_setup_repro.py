@@ -45,7 +45,17 @@ def replacements(gomod: str) -> dict[str, str]:
 
 
 def test_the_build_script_pins_every_version():
-    assert set(pinned_versions(BUILD.read_text())) == {"K8S", "ETCD", "KWOK", "HELM"}
+    assert set(pinned_versions(BUILD.read_text())) == {"K8S", "ETCD", "KWOK", "HELM", "LWS"}
+
+
+def test_the_committed_lws_module_builds_the_pinned_lws_controller():
+    version = pinned_versions(BUILD.read_text())["LWS"]
+    gomod = (MODULES / "lws" / "go.mod").read_text()
+    assert requirements(gomod)["sigs.k8s.io/lws"] == version
+    assert f"sigs.k8s.io/lws {version} h1:" in (MODULES / "lws" / "go.sum").read_text()
+    # the import that keeps the requirement through go mod tidy, never built itself
+    tools = (MODULES / "lws" / "tools.go").read_text()
+    assert "//go:build tools" in tools and '_ "sigs.k8s.io/lws/cmd"' in tools
 
 
 def test_the_committed_etcd_module_builds_the_pinned_etcd():
@@ -83,7 +93,7 @@ def test_the_committed_kubernetes_module_builds_the_pinned_kubernetes():
 def test_the_build_compiles_the_wrapper_modules_read_only():
     script = BUILD.read_text()
     go_builds = [line for line in script.splitlines() if re.search(r"\bgo build\b", line)]
-    assert len(go_builds) == 2  # etcd, then each Kubernetes binary
+    assert len(go_builds) == 3  # etcd, each Kubernetes binary, the LWS controller
     assert all("-mod=readonly" in line for line in go_builds)
     # the committed module is used when it pins the requested version
     assert 'cp "$here/$1"/go.mod "$here/$1"/go.sum' in script
