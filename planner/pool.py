@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: guarantee nodes, then the rest
 _GUARANTEE, _REST = 1, 0
@@ -96,7 +96,7 @@ class Grant:
     """What one member was granted and why."""
 
     name: str
-    #: nodes the member may hold (ready + warming) from now on: its budget this interval
+    #: nodes the member is granted (ready + warming): where the pool is going
     nodes: int
     need: int
     current: int
@@ -105,6 +105,14 @@ class Grant:
     busy: int
     margin: int
     reason: str
+    #: nodes it may hold this interval: its grant, but a gain only as far as nodes are free
+    #: now (the rest waits for the nodes other members give up to drain: a pod started
+    #: earlier would be Pending for want of a node)
+    holdable: int = -1
+
+    def __post_init__(self) -> None:
+        if self.holdable < 0:
+            object.__setattr__(self, "holdable", self.nodes)
 
     @property
     def trimmed(self) -> int:
@@ -122,6 +130,8 @@ class PoolDecision:
     #: nodes no member needs (free for the next interval's needs)
     free_nodes: int
     explanation: str
+    #: nodes free now (neither held nor draining) that no grant takes this interval
+    idle_nodes_now: int = 0
 
     def grant(self, name: str) -> Grant:
         for g in self.grants:
@@ -220,6 +230,20 @@ def solve_pool(
         taken[i] += 1
     grants = tuple(_grant(m, t, keyed[i], pool_nodes, capacity, sum(taken))
                    for i, (m, t) in enumerate(zip(members, taken, strict=True)))
+    # Gains start now only on nodes free now; the rest once the trimmed nodes have drained
+    # (a later interval's grant), highest priority first
+    free_now = max(0, capacity - sum(m.current for m in members))
+    order = sorted(range(len(members)), key=lambda i: -members[i].priority)
+    holdable = [g.nodes for g in grants]
+    for i in order:
+        gain = grants[i].nodes - members[i].current
+        if gain > 0:
+            now = min(gain, free_now)
+            free_now -= now
+            holdable[i] = members[i].current + now
+    grants = tuple(g if h == g.nodes else replace(
+        g, holdable=h, reason=f"{g.reason}; {g.nodes - h} of them wait for nodes to drain")
+        for g, h in zip(grants, holdable, strict=True))
     free = capacity - sum(taken)
     short = [g.name for g, m in zip(grants, members, strict=True) if g.nodes < _upper(m, pool_nodes)]
     explanation = (f"pool {pool_nodes} nodes, {draining} draining: granted "
@@ -227,7 +251,7 @@ def solve_pool(
                    + f"; {free} free"
                    + (f"; short: {', '.join(short)}" if short else ""))
     return PoolDecision(pool_nodes=pool_nodes, draining_nodes=draining, grants=grants,
-                        free_nodes=free, explanation=explanation)
+                        free_nodes=free, explanation=explanation, idle_nodes_now=free_now)
 
 
 def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int]],
@@ -260,15 +284,17 @@ def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int
 
 
 def member_budgets(decision: PoolDecision, members: Sequence[MemberNeed] = ()) -> dict[str, int]:
-    """Each member's node budget for its own planner this interval: its grant plus an even
-    share of the free nodes (so that its programme, which plans the whole horizon within its
-    budget, is not squeezed to exactly today's need). The budgets sum to at most the pool
-    less the draining nodes: what every member may hold at once fits; none exceeds its cap
+    """Each member's node budget for its own planner this interval: what it may hold now
+    (``Grant.holdable``) plus an even share of the nodes free now that no grant takes (so
+    that its programme, which plans the whole horizon within its budget, is not squeezed to
+    exactly today's need). What the members then hold, with the nodes draining (those held
+    now and those the trims start), never exceeds the pool; none exceeds its cap
     (``members``' ``cap_nodes``)."""
     n = len(decision.grants)
-    extra = decision.free_nodes // n if n else 0
+    extra = decision.idle_nodes_now // n if n else 0
     caps = {m.name: m.cap_nodes for m in members if m.cap_nodes is not None}
-    return {g.name: min(g.nodes + extra, caps.get(g.name, g.nodes + extra)) for g in decision.grants}
+    return {g.name: min(g.holdable + extra, caps.get(g.name, g.holdable + extra))
+            for g in decision.grants}
 
 
 def even_split(names: Sequence[str], pool_nodes: int) -> dict[str, int]:

@@ -53,6 +53,10 @@ def test_an_unneeded_guarantee_is_lent_and_reclaimed():
     assert grants(d2) == {"high": 16, "low": 8}
     assert d2.grant("high").trimmed == 6
     assert "gives up 6 of the 22 it holds through drains" in d2.grant("high").reason
+    # ... and low's gain waits for those drains: nothing is free now
+    assert d2.grant("low").holdable == 2
+    assert "6 of them wait for nodes to drain" in d2.grant("low").reason
+    assert member_budgets(d2) == {"high": 16, "low": 2}
 
 
 def test_priority_order_the_lowest_gives_up_first():
@@ -94,6 +98,13 @@ def test_never_more_than_the_pool_less_draining_nor_the_cap():
             assert g.guaranteed + g.busy + g.margin == g.nodes
         budgets = member_budgets(d, members)
         assert sum(budgets.values()) <= capacity
+        # what is held after this interval's trims start, with every drain, fits the pool
+        # (when the members held no more than it before)
+        held = sum(x.current for x in members) + sum(x.draining_nodes for x in members)
+        if held <= pool:
+            after = sum(budgets.values()) + sum(g.trimmed for g in d.grants) \
+                + sum(x.draining_nodes for x in members)
+            assert after <= pool
         for x in members:
             assert x.cap_nodes is None or budgets[x.name] <= x.cap_nodes
         # a guarantee is honoured whenever the guarantees fit what is not draining
