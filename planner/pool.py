@@ -15,13 +15,14 @@ The rules, in order (the key of a node, compared lexicographically):
 2. **Then by priority**: every node of a higher-priority member before any of a lower one
    (PriorityClass semantics: the lowest priority gives up nodes first).
 3. **Within a priority, by marginal SLO value per node**: nodes up to the member's fluid
-   demand (``busy``) before nodes of margin (queueing, bursts), and within each of those
+   demand (``busy``) before nodes of margin (queueing, bursts) up to its need, before nodes
+   its scale-down window holds beyond its need (``target``); within each of those
    tiers the member furthest from its need first (value ``1 - filled share``), a node new to
    the member discounted by its cold start over the horizon (``1 - warmup / horizon``). A node
    moving from model A to model B pays B's cold start, so it moves only when B's value of a
    warm node after the cold start exceeds A's value of the node it keeps; with needs
    unchanged, every member keeps what it holds (no churn).
-4. Never beyond a member's ``need`` nor its cap (its ``nodeBudget``), never more in total
+4. Never beyond a member's ``need`` (or ``target``) nor its cap (its ``nodeBudget``), never more in total
    than the pool less the nodes still draining.
 
 The objective is separable with one capacity row, and each member's keys do not increase
@@ -41,8 +42,9 @@ from dataclasses import dataclass, replace
 
 #: guarantee nodes, then the rest
 _GUARANTEE, _REST = 1, 0
-#: within the rest: nodes up to the fluid demand, then margin
-_BUSY, _MARGIN = 1, 0
+#: within the rest: nodes up to the fluid demand, then margin up to the need, then nodes the
+#: member's scale-down window holds beyond its need
+_BUSY, _MARGIN, _HOLD = 2, 1, 0
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ class MemberNeed:
     priority: int
     #: nodes the member gets before any other's non-guaranteed ones, while it needs them
     guaranteed_nodes: int
-    #: the nodes its own planner would command with no budget, per role
+    #: the nodes its own planner says it needs with no budget, per role (the most it forecasts
+    #: within one warm-up: ``Decision.lead_need``)
     need_nodes: tuple[int, int]
     #: the nodes its load keeps 100% busy (fluid demand), per role; fractional
     busy_nodes: tuple[float, float] = (0.0, 0.0)
@@ -67,10 +70,18 @@ class MemberNeed:
     warmup_seconds: tuple[float, float] = (0.0, 0.0)
     #: the member's own cap (its ``nodeBudget``); None: the pool
     cap_nodes: int | None = None
+    #: what its planner commands with no budget, per role, where more than its need: the
+    #: nodes its scale-down window holds against flapping (None: the need)
+    target_nodes: tuple[int, int] | None = None
 
     @property
     def need(self) -> int:
         return int(sum(self.need_nodes))
+
+    @property
+    def wants(self) -> int:
+        """The need, or the target where larger (nodes held by the scale-down window)."""
+        return max(self.need, int(sum(self.target_nodes)) if self.target_nodes else 0)
 
     @property
     def current(self) -> int:
@@ -105,6 +116,8 @@ class Grant:
     busy: int
     margin: int
     reason: str
+    #: of ``nodes``: held by its scale-down window beyond its need
+    held: int = 0
     #: nodes it may hold this interval: its grant, but a gain only as far as nodes are free
     #: now (the rest waits for the nodes other members give up to drain: a pod started
     #: earlier would be Pending for want of a node)
@@ -162,15 +175,16 @@ def _check(members: Sequence[MemberNeed], pool_nodes: int, horizon_seconds: floa
 
 def _upper(m: MemberNeed, pool_nodes: int) -> int:
     cap = pool_nodes if m.cap_nodes is None else min(m.cap_nodes, pool_nodes)
-    return max(0, min(m.need, cap))
+    return max(0, min(m.wants, cap))
 
 
 def node_keys(m: MemberNeed, pool_nodes: int, horizon_seconds: float) -> list[tuple[int, int, int, float, int]]:
     """The key of each node the member could be granted, its 1st node first: (guarantee?,
     priority, tier, value, kept?). Non-increasing (see the module docstring)."""
     upper = _upper(m, pool_nodes)
-    guaranteed = min(m.guaranteed_nodes, upper)
-    busy = min(m.busy, upper)
+    need = min(m.need, upper)
+    guaranteed = min(m.guaranteed_nodes, need)
+    busy = min(m.busy, need)
     discount = max(0.0, 1.0 - m.cold_start_seconds / horizon_seconds)
     keys = []
     for j in range(1, upper + 1):
@@ -178,8 +192,10 @@ def node_keys(m: MemberNeed, pool_nodes: int, horizon_seconds: float) -> list[tu
         # tier by position in the need; the value falls with the share of the tier filled
         if j <= busy:
             tier, filled = _BUSY, (j - 1) / busy
+        elif j <= need:
+            tier, filled = _MARGIN, (j - 1 - busy) / max(1, need - busy)
         else:
-            tier, filled = _MARGIN, (j - 1 - busy) / max(1, upper - busy)
+            tier, filled = _HOLD, (j - 1 - need) / max(1, upper - need)
         value = (1.0 - filled) * (1.0 if kept else discount)
         keys.append((_GUARANTEE if j <= guaranteed else _REST, m.priority, tier, value, kept))
     return keys
@@ -259,11 +275,16 @@ def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int
     mine = keys[:taken]
     guaranteed = sum(1 for k in mine if k[0] == _GUARANTEE)
     busy = sum(1 for k in mine if k[0] == _REST and k[2] == _BUSY)
-    margin = taken - guaranteed - busy
+    held = sum(1 for k in mine if k[0] == _REST and k[2] == _HOLD)
+    margin = taken - guaranteed - busy - held
     upper = _upper(m, pool_nodes)
     parts = []
-    if taken >= m.need:
-        parts.append(f"granted all {m.need} nodes needed")
+    if taken >= m.wants:
+        parts.append(f"granted all {m.wants} nodes wanted" if m.wants > m.need
+                     else f"granted all {m.need} nodes needed")
+    elif taken >= m.need:
+        parts.append(f"granted the {m.need} nodes needed, {taken - m.need} of the "
+                     f"{m.wants - m.need} more its scale-down window holds")
     else:
         parts.append(f"granted {taken} of {m.need} nodes needed")
         if upper < m.need:
@@ -274,13 +295,14 @@ def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int
                 and guaranteed < min(m.guaranteed_nodes, upper) else
                 ": members of higher priority or of more value per node hold the rest"))
     parts.append(f"priority {m.priority}, {guaranteed} under its guarantee of "
-                 f"{m.guaranteed_nodes}, {busy} more to its fluid demand, {margin} of margin")
+                 f"{m.guaranteed_nodes}, {busy} more to its fluid demand, {margin} of margin"
+                 + (f", {held} held by its scale-down window" if held else ""))
     if taken < m.current:
         parts.append(f"gives up {m.current - taken} of the {m.current} it holds through drains")
     elif taken > m.current:
         parts.append(f"{taken - m.current} new, cold start {m.cold_start_seconds:g} s")
     return Grant(name=m.name, nodes=taken, need=m.need, current=m.current, guaranteed=guaranteed,
-                 busy=busy, margin=margin, reason="; ".join(parts))
+                 busy=busy, margin=margin, held=held, reason="; ".join(parts))
 
 
 def member_budgets(decision: PoolDecision, members: Sequence[MemberNeed] = ()) -> dict[str, int]:
@@ -303,3 +325,34 @@ def even_split(names: Sequence[str], pool_nodes: int) -> dict[str, int]:
     n = len(names)
     base, rest = divmod(pool_nodes, n) if n else (0, 0)
     return {name: base + (1 if i < rest else 0) for i, name in enumerate(names)}
+
+
+def trim_to_budget(target: tuple[int, int], budget_nodes: int, split: tuple[int, int], *,
+                   nodes_per_instance: tuple[int, int] = (1, 1),
+                   minimum: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """A member's (prefill, decode) target cut to ``budget_nodes``, one instance at a time:
+    first from the role furthest above ``split`` (its planner's own split of that budget:
+    ``Decision.desired`` when planned within it), then from the role with more nodes above its
+    minimum; never below the minima. The planner's target is not cut in proportion: a role
+    its scale-down window holds above its need would keep its surplus while the other role,
+    at its need, lost an instance (11P3D cut to 11P2D on a budget of 13 where the split is
+    9P3D)."""
+    p, d = target
+    kp, kd = nodes_per_instance
+    while p * kp + d * kd > budget_nodes:
+        above_p, above_d = (p - split[0]) * kp, (d - split[1]) * kd
+        room_p, room_d = (p - minimum[0]) * kp, (d - minimum[1]) * kd
+        if max(above_p, above_d) > 0:
+            cut_prefill = above_p >= above_d
+        elif max(room_p, room_d) > 0:
+            cut_prefill = room_p >= room_d
+        else:
+            break  # the minima exceed the budget: they win, as in the planner's clamp
+        can_p, can_d = p > minimum[0], d > minimum[1]
+        if not (can_p or can_d):
+            break  # the minima exceed the budget: they win, as in the planner's clamp
+        if (cut_prefill and can_p) or not can_d:
+            p -= 1
+        else:
+            d -= 1
+    return p, d

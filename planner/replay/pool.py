@@ -25,10 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ..explain import _clamp
 from ..model import Load
 from ..observe import Observation
-from ..pool import MemberNeed, PoolDecision, even_split, member_budgets, solve_pool
+from ..pool import (
+    MemberNeed,
+    PoolDecision,
+    even_split,
+    member_budgets,
+    solve_pool,
+    trim_to_budget,
+)
 from ..solve import current_load
 from .policies import PdscaleController
 from .run import (
@@ -115,16 +121,20 @@ class PooledController:
         memory, said = self.inner.history, len(self.inner.decisions)
         self.inner.config = replace(cfg, nodes=self.cap_nodes)
         free = self.inner(obs)  # what it would command alone, within its cap
+        alone = self.inner.history.decisions[-1] if self.inner.history.decisions else None
+        lead = alone.lead_need if alone is not None and sum(alone.lead_need) > 0 else free[:2]
         load = current_load(obs, cfg.max_age_seconds)
-        busy = cfg.model.fluid_demand(load, cfg.slo) if load is not None else (0.0, 0.0)
-        busy = tuple(0.0 if not math.isfinite(b) else b for b in busy)
+        fluid = cfg.model.fluid_demand(load, cfg.slo) if load is not None else (0.0, 0.0)
+        busy = (fluid[0] if math.isfinite(fluid[0]) else 0.0,
+                fluid[1] if math.isfinite(fluid[1]) else 0.0)
         draining = obs.prefill.draining * kp + obs.decode.draining * kd
         current = ((obs.prefill.ready + len(obs.prefill.warming)) * kp,
                    (obs.decode.ready + len(obs.decode.warming)) * kd)
         warm = cfg.model.profile.warmup.new_node_seconds
         need = MemberNeed(self.name, priority=self.priority,
                           guaranteed_nodes=self.guaranteed_nodes,
-                          need_nodes=(free[0] * kp, free[1] * kd),
+                          need_nodes=(min(lead[0], free[0]) * kp, min(lead[1], free[1]) * kd),
+                          target_nodes=(free[0] * kp, free[1] * kd),
                           busy_nodes=(busy[0] * kp, busy[1] * kd), current_nodes=current,
                           draining_nodes=draining, warmup_seconds=(warm, warm),
                           cap_nodes=self.cap_nodes)
@@ -137,14 +147,18 @@ class PooledController:
         if free[0] * kp + free[1] * kd <= budget:
             self.inner.config = cfg
             return free
-        # plan again within the budget (its memory as before the probe)
+        # plan again within the budget (its memory as before the probe) for its own split of
+        # the budget; command the target it wanted, trimmed toward that split
         self.inner.history = memory
         del self.inner.decisions[said:]
         self.inner.config = replace(cfg, nodes=budget + draining)
-        out = self.inner(obs)
+        self.inner(obs)
         self.inner.config = cfg
-        p, d, _ = _clamp(out[0], out[1], replace(cfg, nodes=max(budget, 0)))
-        return (p, d, 0, 0) if (p, d) != (out[0], out[1]) else out
+        within = self.inner.history.decisions[-1]
+        p, d = trim_to_budget((free[0], free[1]), max(budget, 0), within.desired,
+                              nodes_per_instance=(kp, kd),
+                              minimum=(cfg.min_prefill, cfg.min_decode))
+        return p, d, 0, 0
 
 
 def _member_setup(m: PoolMemberSetup, pool_nodes: int, *, nodes: int) -> ReplaySetup:
@@ -189,7 +203,7 @@ def _run_joint(members: Sequence[PoolMemberSetup], pool_nodes: int, horizon_seco
         error: BaseException | None = None
         try:
             results[i] = simulate_fleet(setups[i], starts[i], controllers[i], None)
-        except BaseException as exc:  # noqa: BLE001 (handed to the main thread below)
+        except BaseException as exc:  # handed to the other threads and the caller
             error = exc
             raise
         finally:
@@ -251,7 +265,7 @@ def run_pool(
     started = time.perf_counter()
     if policy == "split":
         shares = even_split([m.name for m in members], pool_nodes)
-        rows, results, setups = [], [], []
+        rows: list[dict[str, Any]] = []
         for m in members:
             s = _member_setup(m, pool_nodes, nodes=shares[m.name])
             report = run_policy(s, "pdscale", history=m.history)
@@ -269,7 +283,10 @@ def run_pool(
         for m, r, c, s in zip(members, results_, controllers, setups_, strict=True):
             report = summarize(s, policy, r)
             rows.append({**_member_row(m, report), "nodes": min(m.setup.nodes, pool_nodes),
-                         "grants": c.grants, "decisions": report["decisions"]})
+                         "grants": c.grants, "decisions": report["decisions"],
+                         "explanations": [
+                             {"t": g["t"], "why": why}
+                             for g, why in zip(c.grants, c.inner.decisions, strict=False)]})
         out = {"policy": policy, "pool_nodes": pool_nodes, "members": rows,
                "total": _totals(rows), **_pool_usage(results_, setups_)}
     out["wall_seconds"] = round(time.perf_counter() - started, 2)

@@ -15,14 +15,16 @@ from pdscale.planner.pool import (
     member_budgets,
     node_keys,
     solve_pool,
+    trim_to_budget,
 )
 
 
 def m(name: str, need: tuple[int, int], *, prio: int = 0, g: int = 0, cur: tuple[int, int] = (0, 0),
       busy: tuple[float, float] = (0.0, 0.0), warm: tuple[float, float] = (300.0, 300.0),
-      cap: int | None = None, draining: int = 0) -> MemberNeed:
+      cap: int | None = None, draining: int = 0, target: tuple[int, int] | None = None) -> MemberNeed:
     return MemberNeed(name, priority=prio, guaranteed_nodes=g, need_nodes=need, busy_nodes=busy,
-                      current_nodes=cur, warmup_seconds=warm, cap_nodes=cap, draining_nodes=draining)
+                      current_nodes=cur, warmup_seconds=warm, cap_nodes=cap, draining_nodes=draining,
+                      target_nodes=target)
 
 
 def grants(d) -> dict[str, int]:
@@ -84,18 +86,22 @@ def test_never_more_than_the_pool_less_draining_nor_the_cap():
         n = rng.randint(1, 6)
         pool = rng.randint(0, 60)
         gs = [rng.randint(0, pool // n) for _ in range(n)] if n else []
-        members = [m(f"m{i}", (rng.randint(0, 20), rng.randint(0, 20)), prio=rng.randint(0, 3),
-                     g=gs[i], cur=(rng.randint(0, 10), rng.randint(0, 10)),
-                     busy=(rng.uniform(0, 10), rng.uniform(0, 10)),
-                     cap=rng.choice([None, rng.randint(0, 30)]), draining=rng.randint(0, 2))
+        members = [MemberNeed(f"m{i}", priority=rng.randint(0, 3), guaranteed_nodes=gs[i],
+                              need_nodes=(need := (rng.randint(0, 20), rng.randint(0, 20))),
+                              target_nodes=(need[0] + rng.randint(0, 3), need[1]),
+                              busy_nodes=(rng.uniform(0, 10), rng.uniform(0, 10)),
+                              current_nodes=(rng.randint(0, 10), rng.randint(0, 10)),
+                              warmup_seconds=(300.0, 300.0),
+                              cap_nodes=rng.choice([None, rng.randint(0, 30)]),
+                              draining_nodes=rng.randint(0, 2))
                    for i in range(n)]
         d = solve_pool(members, pool_nodes=pool, horizon_seconds=1200.0)
         capacity = max(0, pool - sum(x.draining_nodes for x in members))
         assert sum(grants(d).values()) + d.free_nodes == capacity
         for x, g in zip(members, d.grants, strict=True):
-            assert g.nodes <= x.need
+            assert g.nodes <= x.wants
             assert x.cap_nodes is None or g.nodes <= x.cap_nodes
-            assert g.guaranteed + g.busy + g.margin == g.nodes
+            assert g.guaranteed + g.busy + g.margin + g.held == g.nodes
         budgets = member_budgets(d, members)
         assert sum(budgets.values()) <= capacity
         # what is held after this interval's trims start, with every drain, fits the pool
@@ -149,6 +155,19 @@ def test_the_cold_start_keeps_a_warm_node_where_equalising_would_move_it():
     b_slow = m("b", (5, 5), busy=(1.0, 1.0), warm=(1620.0, 1620.0))
     g = grants(solve_pool([a, b_slow], pool_nodes=10, horizon_seconds=1800.0))
     assert g["a"] > 5 and g["b"] >= 2  # b's fluid demand still outranks a's margin
+
+
+def test_nodes_a_scale_down_window_holds_yield_to_another_members_need():
+    # a needs 8 but its window holds 12; b, same priority, needs 6 of a pool of 16
+    a = MemberNeed("a", 0, 0, need_nodes=(4, 4), target_nodes=(8, 4), current_nodes=(8, 4),
+                   warmup_seconds=(600.0, 600.0))
+    b = m("b", (3, 3), warm=(600.0, 600.0))
+    d = solve_pool([a, b], pool_nodes=16)
+    assert grants(d) == {"a": 10, "b": 6}
+    assert d.grant("a").held == 2
+    assert "granted the 8 nodes needed, 2 of the 4 more its scale-down window holds" in d.grant("a").reason
+    # with room, the window keeps them all
+    assert grants(solve_pool([a, b], pool_nodes=18)) == {"a": 12, "b": 6}
 
 
 def test_cold_start_is_the_short_roles_warmup():
@@ -207,7 +226,8 @@ def test_greedy_is_the_milp_optimum():
     for _ in range(40):
         n = rng.randint(1, 4)
         pool = rng.randint(0, 24)
-        members = [m(f"m{i}", (rng.randint(0, 6), rng.randint(0, 6)), prio=rng.randint(0, 2),
+        members = [m(f"m{i}", (p := rng.randint(0, 6), rng.randint(0, 6)), prio=rng.randint(0, 2),
+                     target=(p + rng.randint(0, 2), 0),
                      g=rng.randint(0, pool // n), cur=(rng.randint(0, 5), rng.randint(0, 5)),
                      busy=(rng.uniform(0, 5), rng.uniform(0, 5)),
                      warm=(rng.uniform(0, 900), rng.uniform(0, 900)), draining=rng.randint(0, 1))
@@ -231,3 +251,17 @@ def test_ten_members_on_two_thousand_nodes_decide_in_milliseconds():
 def test_even_split():
     assert even_split(["a", "b", "c"], 24) == {"a": 8, "b": 8, "c": 8}
     assert even_split(["a", "b", "c"], 25) == {"a": 9, "b": 8, "c": 8}
+
+
+def test_trim_cuts_the_role_above_the_planners_split_first():
+    # the planner's proportional clamp cut 11P3D on 13 nodes to 11P2D; its split is 9P3D
+    assert trim_to_budget((11, 3), 13, (9, 3)) == (10, 3)
+    assert trim_to_budget((11, 3), 12, (9, 3)) == (9, 3)
+    # below the split (planned for another budget): from the role with more room
+    assert trim_to_budget((11, 3), 10, (9, 3), minimum=(1, 1)) == (7, 3)
+    # groups: a decode instance of 2 nodes
+    assert trim_to_budget((4, 4), 8, (2, 3), nodes_per_instance=(1, 2)) == (2, 3)
+    # the minima win over the budget
+    assert trim_to_budget((3, 3), 2, (1, 1), minimum=(2, 2)) == (2, 2)
+    # within budget: unchanged
+    assert trim_to_budget((5, 5), 12, (1, 1)) == (5, 5)
