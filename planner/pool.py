@@ -356,3 +356,35 @@ def trim_to_budget(target: tuple[int, int], budget_nodes: int, split: tuple[int,
         else:
             d -= 1
     return p, d
+
+
+def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes: int, *,
+                 nodes_per_instance: tuple[int, int] = (1, 1),
+                 switches: tuple[int, int] = (0, 0)) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A member's target and switches with its additions cut so that what it holds once the
+    command is applied (every instance kept, added or still draining out of a role: the
+    larger of target and current per role, a switch counted once) stays within
+    ``budget_nodes``, or within what it holds now if that is more. A node one role gives up
+    is not free for the other until it has drained: added at once, it would hold a node the
+    pool does not have (on a cluster, a pod Pending for want of a node). A cut addition comes
+    at a later interval, after the drain."""
+    kp, kd = nodes_per_instance
+    p, d = target
+    sp, sd = switches
+
+    def held() -> int:
+        switched = sp * kp if kp == kd else 0
+        switched += sd * kd if kp == kd else 0
+        return max(p, current[0]) * kp + max(d, current[1]) * kd - switched
+
+    bound = max(budget_nodes, current[0] * kp + current[1] * kd)
+    while held() > bound:
+        if d > current[1] and (d - current[1]) * kd >= (p - current[0]) * kp:
+            d -= 1
+            sd = min(sd, max(0, d - current[1]))
+        elif p > current[0]:
+            p -= 1
+            sp = min(sp, max(0, p - current[0]))
+        else:
+            break
+    return (p, d), (sp, sd)

@@ -29,6 +29,7 @@ from ..model import Load
 from ..observe import Observation
 from ..pool import (
     MemberNeed,
+    admit_within,
     PoolDecision,
     even_split,
     member_budgets,
@@ -144,9 +145,12 @@ class PooledController:
         self.grants.append({"t": round(obs.now_seconds, 1), "granted": grant.nodes,
                             "budget": budget, "need": grant.need, "held": grant.current,
                             "reason": grant.reason})
+        now = (current[0] // kp, current[1] // kd)
         if free[0] * kp + free[1] * kd <= budget:
             self.inner.config = cfg
-            return free
+            (p, d), (sp, sd) = admit_within((free[0], free[1]), now, budget,
+                                            nodes_per_instance=(kp, kd), switches=(free[2], free[3]))
+            return p, d, sp, sd
         # plan again within the budget (its memory as before the probe) for its own split of
         # the budget; command the target it wanted, trimmed toward that split
         self.inner.history = memory
@@ -158,6 +162,7 @@ class PooledController:
         p, d = trim_to_budget((free[0], free[1]), max(budget, 0), within.desired,
                               nodes_per_instance=(kp, kd),
                               minimum=(cfg.min_prefill, cfg.min_decode))
+        (p, d), _ = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd))
         return p, d, 0, 0
 
 

@@ -11,6 +11,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from pdscale.planner.pool import (
     MemberNeed,
+    admit_within,
     even_split,
     member_budgets,
     node_keys,
@@ -265,3 +266,17 @@ def test_trim_cuts_the_role_above_the_planners_split_first():
     assert trim_to_budget((3, 3), 2, (1, 1), minimum=(2, 2)) == (2, 2)
     # within budget: unchanged
     assert trim_to_budget((5, 5), 12, (1, 1)) == (5, 5)
+
+
+def test_an_addition_waits_for_the_drain_of_the_role_given_up():
+    # 12P1D -> 11P2D on a budget of 13: without a switch the prefill drains while a new decode
+    # would need a 14th node; the decode waits
+    assert admit_within((11, 2), (12, 1), 13) == ((11, 1), (0, 0))
+    # with a switch the node is reused: admitted
+    assert admit_within((11, 2), (12, 1), 13, switches=(0, 1)) == ((11, 2), (0, 1))
+    # room in the budget: admitted
+    assert admit_within((11, 2), (12, 1), 14) == ((11, 2), (0, 0))
+    # removals only: unchanged, even above a budget a trim has lowered
+    assert admit_within((8, 2), (12, 3), 10) == ((8, 2), (0, 0))
+    # the larger addition is cut first
+    assert admit_within((6, 6), (4, 3), 10) == ((6, 4), (0, 0))  # +2P+3D: D cut, then the tie
