@@ -366,8 +366,9 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
     larger of target and current per role, a switch counted once) stays within
     ``budget_nodes``, or within what it holds now if that is more. A node one role gives up
     is not free for the other until it has drained: added at once, it would hold a node the
-    pool does not have (on a cluster, a pod Pending for want of a node). A cut addition comes
-    at a later interval, after the drain."""
+    pool does not have (on a cluster, a pod Pending for want of a node). Where the roles'
+    instances span the same nodes, such an addition becomes a role switch of the node given
+    up (reused once drained); else it comes at a later interval, after the drain."""
     kp, kd = nodes_per_instance
     p, d = target
     sp, sd = switches
@@ -379,12 +380,19 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
 
     bound = max(budget_nodes, current[0] * kp + current[1] * kd)
     while held() > bound:
-        if d > current[1] and (d - current[1]) * kd >= (p - current[0]) * kp:
+        grow_d = d > current[1] and (d - current[1]) * kd >= (p - current[0]) * kp
+        if not grow_d and not p > current[0]:
+            break
+        # an addition beside a removal of the other role becomes a role switch (the node is
+        # reused once drained: no more nodes held) where the shapes match; else it waits
+        if kp == kd and grow_d and current[0] - p > sd and d - current[1] > sd:
+            sd += 1
+        elif kp == kd and not grow_d and current[1] - d > sp and p - current[0] > sp:
+            sp += 1
+        elif grow_d:
             d -= 1
             sd = min(sd, max(0, d - current[1]))
-        elif p > current[0]:
+        else:
             p -= 1
             sp = min(sp, max(0, p - current[0]))
-        else:
-            break
     return (p, d), (sp, sd)

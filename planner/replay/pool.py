@@ -162,8 +162,8 @@ class PooledController:
         p, d = trim_to_budget((free[0], free[1]), max(budget, 0), within.desired,
                               nodes_per_instance=(kp, kd),
                               minimum=(cfg.min_prefill, cfg.min_decode))
-        (p, d), _ = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd))
-        return p, d, 0, 0
+        (p, d), (sp, sd) = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd))
+        return p, d, sp, sd
 
 
 def _member_setup(m: PoolMemberSetup, pool_nodes: int, *, nodes: int) -> ReplaySetup:

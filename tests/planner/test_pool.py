@@ -269,9 +269,11 @@ def test_trim_cuts_the_role_above_the_planners_split_first():
 
 
 def test_an_addition_waits_for_the_drain_of_the_role_given_up():
-    # 12P1D -> 11P2D on a budget of 13: without a switch the prefill drains while a new decode
-    # would need a 14th node; the decode waits
-    assert admit_within((11, 2), (12, 1), 13) == ((11, 1), (0, 0))
+    # 12P1D -> 11P2D on a budget of 13: the prefill drains while a new decode would need a
+    # 14th node; the decode comes from the drained prefill (a role switch) ...
+    assert admit_within((11, 2), (12, 1), 13) == ((11, 2), (0, 1))
+    # ... or, where a decode instance spans 2 nodes and no switch is possible, waits
+    assert admit_within((11, 2), (12, 1), 14, nodes_per_instance=(1, 2)) == ((11, 1), (0, 0))
     # with a switch the node is reused: admitted
     assert admit_within((11, 2), (12, 1), 13, switches=(0, 1)) == ((11, 2), (0, 1))
     # room in the budget: admitted
