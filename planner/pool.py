@@ -29,8 +29,8 @@ The objective is separable with one capacity row, and each member's keys do not 
 with its node count (tiers, filled share and the cold-start discount only fall), so taking
 the best keys one node at a time (a K-way merge) is the optimum of the integer programme that
 maximises any value increasing in the key; ``tests/planner/test_pool.py`` checks it against
-``scipy.optimize.milp``. It runs in O(pool x log members): 10 members over 2,000 nodes in a
-few milliseconds.
+``scipy.optimize.milp``. It runs in O(pool x log members): 10 members over 2,000 nodes in
+tens of milliseconds (bench/planner_bench.py).
 """
 
 from __future__ import annotations
