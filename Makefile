@@ -74,7 +74,7 @@ down:
 # Copy the single sources (the CRD generated from the spec model, the operator's RBAC rules)
 # into the Helm chart; tests/chart fails when they drift.
 chart-sync: setup
-	cp crds/pdclusters.pdscale.io.yaml charts/pdscale/crds/
+	cp crds/pdclusters.pdscale.io.yaml crds/pdpools.pdscale.io.yaml charts/pdscale/crds/
 	for part in namespaced cluster watching; do $(VENV)/bin/python -c "import json, sys, yaml; \
 	from pdscale.operator.render import rbac; rules = getattr(rbac, sys.argv[1] + '_rules')(); \
 	print(yaml.safe_dump(json.loads(json.dumps(rules)), sort_keys=False), end='')" $$part \

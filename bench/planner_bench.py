@@ -4,6 +4,8 @@
    one-minute intervals), over varied loads, fleet states and histories (target: p99 <= 50 ms).
 2. Replay of the Mooncake conversation trace at rate-scale 20 (~240k requests) under the
    pdscale policy (target: <= 60 s).
+3. The pool's joint grant (``planner/pool.py: solve_pool``) for 10 members on 2,000 nodes,
+   over random needs, fluid demands, holdings and guarantees (issue 45).
 
 Prints a table and writes out/planner_bench.json.
 
@@ -26,6 +28,7 @@ from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Load, PerformanceModel
 from pdscale.planner.observe import Observation, Reading, RoleState, Warming
+from pdscale.planner.pool import MemberNeed, solve_pool
 from pdscale.planner.profile import load_profile
 from pdscale.planner.replay.run import ReplaySetup, run_policy
 from pdscale.planner.replay.traces import load_trace
@@ -77,6 +80,29 @@ def latency(samples: int = 300, seed: int = 7) -> dict[str, float]:
     }
 
 
+def pool_latency(samples: int = 300, seed: int = 5) -> dict[str, float]:
+    """solve_pool for 10 members sharing 2,000 nodes (their needs exceed it about half the
+    time)."""
+    rng = random.Random(seed)
+    times = []
+    for _ in range(samples):
+        members = []
+        for i in range(10):
+            need = (rng.randint(10, 200), rng.randint(10, 200))
+            members.append(MemberNeed(
+                f"m{i}", priority=rng.randint(0, 3), guaranteed_nodes=rng.randint(0, 50),
+                need_nodes=need, target_nodes=(need[0] + rng.randint(0, 10), need[1]),
+                busy_nodes=(need[0] * rng.random(), need[1] * rng.random()),
+                current_nodes=(rng.randint(0, 200), rng.randint(0, 200)),
+                draining_nodes=rng.randint(0, 5), warmup_seconds=(600.0, 600.0)))
+        t = time.perf_counter()
+        solve_pool(members, pool_nodes=2000)
+        times.append((time.perf_counter() - t) * 1000.0)
+    arr = np.array(times)
+    return {"p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)),
+            "max_ms": float(arr.max())}
+
+
 def replay_speed() -> dict[str, float]:
     t = time.perf_counter()
     trace = load_trace(MOONCAKE, rate_scale=20)
@@ -109,7 +135,10 @@ def main() -> None:
     table.add_row("plan() max", f"{lat['max_ms']:.1f} ms", "")
     table.add_row("solved by LP / MILP / rounded LP",
                   f"{lat['lp']} / {lat['milp']} / {lat['lp-rounded']}", "")
-    result = {"latency": lat}
+    pool = pool_latency()
+    table.add_row("solve_pool p50 (10 members, 2000 nodes)", f"{pool['p50_ms']:.1f} ms", "")
+    table.add_row("solve_pool p99", f"{pool['p99_ms']:.1f} ms", "")
+    result = {"latency": lat, "pool_latency": pool}
     if not args.skip_replay:
         rs = replay_speed()
         result["replay"] = rs

@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 SUBCOMMANDS = {
     "render": ("pdscale.render", "print the manifests the operator would create for a PDCluster"),
     "replay": ("pdscale.replay", "replay a trace through the planner on a simulated fleet"),
+    "replay-pool": ("pdscale.replay_pool", "replay several PDClusters, one trace each, on one shared pool of nodes"),
     "profile": ("pdscale.profile_cmd", "fit a profile to benchmark results, measure one with aiperf, or export the one a PDCluster uses"),
 }
 PLUGIN_GROUP = "pdscale.commands"

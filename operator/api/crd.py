@@ -19,8 +19,10 @@ import yaml
 from pydantic import BaseModel
 
 from .pdcluster import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, PDClusterSpec
+from .pdpool import POOL_KIND, POOL_PLURAL, POOL_SHORT_NAMES, POOL_SINGULAR, PDPoolSpec
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
+POOL_CRD_NAME = f"{POOL_PLURAL}.{GROUP}"
 
 # Cross-field rules the API server can check itself (CEL). The same rules, with the field
 # named and the reason given, live in checklist.py for `pdscale render` and the operator.
@@ -152,15 +154,17 @@ def _default_empty_objects(node: dict[str, Any], required: bool) -> None:
         node.setdefault("default", _defaults_of(node))
 
 
-def spec_schema() -> dict[str, Any]:
-    """The structural OpenAPI schema of `.spec`, from PDClusterSpec."""
-    raw = PDClusterSpec.model_json_schema(by_alias=True, mode="validation")
+def spec_schema(model: type[BaseModel] = PDClusterSpec,
+                rules: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """The structural OpenAPI schema of `.spec`, from PDClusterSpec (or another spec model:
+    ``rules`` are its top-level CEL rules, SPEC_RULES for the PDCluster's)."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     schema = _structural(raw, defs)
-    schema["x-kubernetes-validations"] = copy.deepcopy(SPEC_RULES)
+    schema["x-kubernetes-validations"] = copy.deepcopy(SPEC_RULES if rules is None else rules)
     # Optional sub-objects that default to None in the model (e.g. weights, rdma) must stay
     # absent: mark them so _default_empty_objects leaves them alone.
-    optional_none = _optional_none_paths(PDClusterSpec)
+    optional_none = _optional_none_paths(model)
     for path in optional_none:
         node = schema
         for part in path:
@@ -323,13 +327,115 @@ def build_crd() -> dict[str, Any]:
     }
 
 
-def render_yaml() -> str:
+def _pool_status_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Observed state, written by the pool's planner.",
+        "properties": {
+            "observedGeneration": {"type": "integer", "format": "int64",
+                                   "description": "metadata.generation this status describes."},
+            "conditions": {
+                "type": "array",
+                "description": "Ready (the pool's planner runs), Degraded.",
+                "items": _condition_schema(),
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "nodes": {"type": "integer", "description": "Nodes in the pool (spec or counted)."},
+            "grantedNodes": {"type": "integer", "description": "Nodes granted to members."},
+            "members": {
+                "type": "array",
+                "description": "Per member: the nodes granted this interval and why.",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "grantedNodes": {"type": "integer"},
+                        "neededNodes": {"type": "integer"},
+                        "heldNodes": {"type": "integer"},
+                        "reason": {"type": "string"},
+                    },
+                },
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        },
+    }
+
+
+def build_pool_crd() -> dict[str, Any]:
+    """The PDPool CRD (apiextensions.k8s.io/v1), from PDPoolSpec."""
+    model_rules = PDPoolSpec.model_config.get("json_schema_extra") or {}
+    assert isinstance(model_rules, dict)
+    rules = copy.deepcopy(model_rules.get("x-kubernetes-validations", []))
+    schema = spec_schema(PDPoolSpec, rules)  # type: ignore[arg-type]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": POOL_CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": POOL_KIND,
+                "listKind": f"{POOL_KIND}List",
+                "plural": POOL_PLURAL,
+                "singular": POOL_SINGULAR,
+                "shortNames": list(POOL_SHORT_NAMES),
+                "categories": ["pdscale"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
+                        {"name": "Granted", "type": "integer", "jsonPath": ".status.grantedNodes"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "PDPool: whole GPU nodes shared by several "
+                            "PDClusters under one joint plan; the admin's object (membership, "
+                            "priorities and guarantees are decided here, never by a PDCluster).",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": schema,
+                                "status": _pool_status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+#: the generated CRDs by file name under crds/ (and the chart's crds/)
+CRD_FILES = {
+    "pdclusters.pdscale.io.yaml": "pdclusters",
+    "pdpools.pdscale.io.yaml": "pdpools",
+}
+
+
+def render_yaml(which: str = "pdclusters") -> str:
+    """One generated CRD: ``pdclusters`` (the default) or ``pdpools``."""
+    source, crd = {"pdclusters": ("pdcluster.py", build_crd),
+                   "pdpools": ("pdpool.py", build_pool_crd)}[which]
+    arg = "" if which == "pdclusters" else f" {which}"
     header = (
-        "# GENERATED from operator/api/pdcluster.py by `python -m pdscale.operator.api.crd`; "
+        f"# GENERATED from operator/api/{source} by `python -m pdscale.operator.api.crd{arg}`; "
         "do not edit by hand.\n"
     )
-    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render_yaml())
+    sys.stdout.write(render_yaml(*sys.argv[1:2]))

@@ -58,10 +58,10 @@ def test_plain_helm_template_renders_without_a_kube_version():
     assert old.returncode != 0 and "kubeVersion" in old.stderr
 
 
-def test_chart_crd_is_the_crd_in_crds_folder():
-    assert (CHART / "crds" / "pdclusters.pdscale.io.yaml").read_text() == (
-        ROOT / "crds" / "pdclusters.pdscale.io.yaml"
-    ).read_text(), "copy crds/pdclusters.pdscale.io.yaml to charts/pdscale/crds/"
+@pytest.mark.parametrize("name", ["pdclusters.pdscale.io.yaml", "pdpools.pdscale.io.yaml"])
+def test_chart_crd_is_the_crd_in_crds_folder(name):
+    assert (CHART / "crds" / name).read_text() == (ROOT / "crds" / name).read_text(), (
+        f"make chart-sync: copy crds/{name} to charts/pdscale/crds/")
 
 
 def test_chart_rbac_rules_are_the_operators_rules():
