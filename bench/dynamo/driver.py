@@ -199,7 +199,10 @@ class Session:
         s = self.adapter._engine._scaling_state
         keys = ("predicted_num_req", "predicted_isl", "predicted_osl", "predicted_kv_hit_rate",
                 "engine_rps_prefill", "engine_rps_decode", "throughput_reason",
-                "throughput_reason_prefill", "throughput_reason_decode")
+                "throughput_reason_prefill", "throughput_reason_decode",
+                # the load-based loop's (FPM-driven) reasons and estimates
+                "load_reason", "load_reason_prefill", "load_reason_decode",
+                "estimated_ttft_ms", "estimated_itl_ms")
         return {k: getattr(s, f"_diag_{k}", None) for k in keys}
 
     def close(self) -> None:
