@@ -1,11 +1,14 @@
 """pdscale, the oracle, static:best, sla-interp and the real Dynamo planner, side by side.
 
 The same cases, PDCluster, stack and report trimming as bench/policy_bench.py (its
-``cases()``, ``trimmed()`` and trace loading are reused, not copied), plus the policy
-``dynamo``: NVIDIA Dynamo 1.6.1's SLA planner driven through its offline replay adapter in a
-virtual environment of its own (bench/dynamo_policy.py; create the environment once with
-bench/dynamo/setup_venv.sh). What Dynamo is given and which defaults it keeps:
-docs/dynamo-baseline.md.
+``cases()``, ``trimmed()`` and trace loading are reused, not copied; the deployed stack as
+it replays it: the PDCluster's router and prefill admission), plus the policies ``dynamo``
+(NVIDIA Dynamo 1.6.1's SLA planner as documented defaults) and ``dynamo:tuned`` (as its docs
+recommend: load-based scaling on, a mean-ITL margin), driven through its offline replay
+adapter in a virtual environment of its own (bench/dynamo_policy.py; create the environment
+once with bench/dynamo/setup_venv.sh). What Dynamo is given and which defaults it keeps:
+docs/dynamo-baseline.md. pdscale is held to the tuned row's GPU-hours where it spends less
+(``budget_matched``).
 
 Every policy runs in one process on one stack (``--stack``, default the deployed one); the
 table shows attainment, GPU-hours and the ratios to the oracle and to static:best; the JSON
@@ -13,7 +16,7 @@ table shows attainment, GPU-hours and the ratios to the oracle and to static:bes
 reasons.
 
     PYTHONSAFEPATH=1 PYTHONPATH=... .venv/bin/python bench/dynamo_bench.py \
-        [--only mooncake,azure,servegen] [--policies pdscale,oracle,static:best,sla-interp,dynamo]
+        [--only mooncake,azure,servegen,steady,surge] [--policies pdscale,dynamo,dynamo:tuned,...]
 """
 
 from __future__ import annotations

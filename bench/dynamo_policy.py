@@ -13,12 +13,17 @@ Dynamo the same knowledge our planner has and applies its decisions in our simul
   time is our model's (``prefill_seconds``, ``tpot_seconds``).
 - Engine limits (``EngineCapabilities``): GPUs per instance, the prefill chunk the simulated
   engines use, the profile's batch cap and KV capacity.
-- The configuration: the same TTFT/TPOT targets, our interval as both its pipeline cadence and
-  its throughput-scaling interval, the node budget as a GPU budget, our minimum replicas.
-  Every other knob keeps Dynamo's default (listed in docs/dynamo-baseline.md).
+- The configuration (``DynamoSettings``): the same TTFT target, node budget (as a GPU budget)
+  and minimum replicas; ``DEFAULTS`` keeps every other knob at Dynamo's default (throughput
+  interval 180 s, load-based scaling off, the TPOT target as its mean-ITL target); ``TUNED``
+  is configured as its planner guide recommends for bursty traffic (load-based scaling on
+  beside the 180 s throughput loop, ITL 0.8 x the TPOT target). Listed in
+  docs/dynamo-baseline.md.
 - Each tick: what Dynamo's offline replay hands its adapter (the snapshot
-  ``ReplayPlannerAdapter.on_tick`` reads): ready (active) workers per role, and the traffic
-  window since its last tick (request count, duration, mean ISL/OSL, KV hit rate).
+  ``ReplayPlannerAdapter.on_tick`` reads): ready (active) workers per role, non-draining =
+  ready + warming (as its replay bridge counts), each ready instance's latest forward pass as
+  its FPM (the simulator's :class:`~pdscale.planner.replay.simulate.ForwardPass`), and the
+  traffic window since its last tick (request count, duration, mean ISL/OSL, KV hit rate).
 
 Its decisions are absolute targets per role (or none: keep), applied by the simulator with the
 same warm-up, drain and node budget as every other policy.
