@@ -473,7 +473,9 @@ class _Replay:
         on a batching engine (the article's model has no passes)."""
         fleet, out = self.fleet, []
         b = self.batches
-        for i in fleet.ready_prefill if b is not None else ():
+        for i in fleet.ready_prefill:
+            if b is None:
+                break
             waiting = b.queued(i), b.queued_tokens(i)
             if i in b.running:
                 n, tokens, kv = b.pass_shape[i]
