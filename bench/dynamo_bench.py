@@ -109,6 +109,9 @@ def budget_matched(setup_for: Callable[[int], tuple[Any, ReplaySetup, list[Any] 
         _, setup, history = setup_for(mid)
         rep = policy_bench.trimmed(run_policy(setup, "pdscale", history=history))
         tried.append((mid, round(rep["gpu_hours"], 1)))
+        # each probe as it ends: a long bisection cut short still says what it found
+        console.print(f"    budget {mid}: attainment {rep['slo_attainment']:.4f}, {rep['gpu_hours']:.1f} GPU-h "
+                      f"({'fits' if rep['gpu_hours'] <= gpu_hours else 'over'} {gpu_hours:.1f})")
         if rep["gpu_hours"] <= gpu_hours:
             best, lo = {**rep, "node_budget": mid}, mid + 1
         else:
