@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -447,3 +448,35 @@ def test_the_matched_row_is_pdscale_under_the_largest_budget_within_dynamos_gpu_
                                        "dynamo": {"gpu_hours": 50.0, "slo_attainment": 0.1},
                                        row["policy"]: {**row, "gpu_hours": 49.0, "slo_attainment": 0.5}})
     assert checked["met"] and row["policy"] in checked["value"]
+
+
+@pytest.mark.slow
+def test_the_drivers_estimate_is_dynamos_fitted_line(model: PerformanceModel, tmp_path: Path):
+    """The substitute estimator computes the line Dynamo's regression classes fit as their
+    ``predict`` would (it skips sklearn's per-call validation, three quarters of a tick)."""
+    python = _venv_or_skip()
+    fpms = tmp_path / "fpms.json"
+    fpms.write_text(json.dumps(dp.benchmark_fpms(model, 8192)))
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(dp.DRIVER.parent)!r})
+        import driver
+        fpms = json.load(open({str(fpms)!r}))
+        worst = 0.0
+        for role in ("prefill", "decode"):
+            f = driver.RegressionForwardPass(role, {{}})
+            f.tune_with_fpms([[x] for x in fpms[role]])
+            assert f.regression._ensure_fitted()
+            xs = ([[t] for t in range(1, 20000, 997)] if role == "prefill"
+                  else [[b, b * c] for b in range(1, 512, 37) for c in (300, 3000, 9000)])
+            for x in xs:
+                ours = f._predict([float(v) for v in x])
+                theirs = (f.regression._predict_wall_time(*x) if role == "prefill"
+                          else f.regression._predict_2d(*x))
+                worst = max(worst, abs(ours - theirs) / theirs)
+        print(worst)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-12
