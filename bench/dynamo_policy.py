@@ -13,12 +13,17 @@ Dynamo the same knowledge our planner has and applies its decisions in our simul
   time is our model's (``prefill_seconds``, ``tpot_seconds``).
 - Engine limits (``EngineCapabilities``): GPUs per instance, the prefill chunk the simulated
   engines use, the profile's batch cap and KV capacity.
-- The configuration: the same TTFT/TPOT targets, our interval as both its pipeline cadence and
-  its throughput-scaling interval, the node budget as a GPU budget, our minimum replicas.
-  Every other knob keeps Dynamo's default (listed in docs/dynamo-baseline.md).
+- The configuration (``DynamoSettings``): the same TTFT target, node budget (as a GPU budget)
+  and minimum replicas; ``DEFAULTS`` keeps every other knob at Dynamo's default (throughput
+  interval 180 s, load-based scaling off, the TPOT target as its mean-ITL target); ``TUNED``
+  is configured as its planner guide recommends for bursty traffic (load-based scaling on
+  beside the 180 s throughput loop, ITL 0.8 x the TPOT target). Listed in
+  docs/dynamo-baseline.md.
 - Each tick: what Dynamo's offline replay hands its adapter (the snapshot
-  ``ReplayPlannerAdapter.on_tick`` reads): ready (active) workers per role, and the traffic
-  window since its last tick (request count, duration, mean ISL/OSL, KV hit rate).
+  ``ReplayPlannerAdapter.on_tick`` reads): ready (active) workers per role, non-draining =
+  ready + warming (as its replay bridge counts), each ready instance's latest forward pass as
+  its FPM (the simulator's :class:`~pdscale.planner.replay.simulate.ForwardPass`), and the
+  traffic window since its last tick (request count, duration, mean ISL/OSL, KV hit rate).
 
 Its decisions are absolute targets per role (or none: keep), applied by the simulator with the
 same warm-up, drain and node budget as every other policy.
@@ -42,6 +47,7 @@ from pdscale.planner.model import PerformanceModel
 from pdscale.planner.observe import Observation
 from pdscale.planner.replay.prefill_batches import ENGINES
 from pdscale.planner.replay.run import ReplaySetup, initial_fleet, simulate_fleet, summarize
+from pdscale.planner.replay.simulate import ForwardPass
 
 DRIVER = Path(__file__).with_name("dynamo") / "driver.py"
 SETUP_SCRIPT = Path(__file__).with_name("dynamo") / "setup_venv.sh"
@@ -110,19 +116,65 @@ def capabilities(model: PerformanceModel, prefill_chunk_tokens: int) -> dict[str
             "decode": {**common, "max_kv_tokens": p.decode.kv_capacity_tokens}}
 
 
-def dynamo_config(config: PlannerConfig, throughput_interval_seconds: int | None = None) -> dict[str, Any]:
+#: Dynamo 1.6.1's default throughput interval (``SLAPlannerDefaults``), which its docs ask to be
+#: long enough for a scaling to complete before the next is issued
+DYNAMO_THROUGHPUT_INTERVAL_SECONDS = 180
+#: the tuned run's mean-ITL target as a share of the p99 TPOT target: Dynamo sizes decode so
+#: that a step at the planned batch takes ``itl_ms`` (a mean), our SLO bounds the p99 of each
+#: request's TPOT; 0.8 (ITL 40 ms for TPOT 50 ms) is our margin, not a Dynamo figure
+TUNED_ITL_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class DynamoSettings:
+    """How Dynamo is configured: ``name`` is the policy's row.
+
+    ``throughput_interval_seconds``: its throughput (predictive) loop; None = Dynamo's default
+    (180 s). ``load_scaling``: its load-based (FPM-driven, reactive) loop, off by default for
+    the SLA target. ``itl_share``: the ``itl_ms`` target as a share of our TPOT target."""
+
+    name: str
+    throughput_interval_seconds: int | None = None
+    load_scaling: bool = False
+    itl_share: float = 1.0
+
+
+#: Dynamo as documented defaults: the SLA target, our SLO passed as is, every knob its default
+DEFAULTS = DynamoSettings("dynamo")
+#: Dynamo as its planner guide recommends for bursty traffic: both loops (throughput a floor,
+#: load-based for bursts, the throughput interval the longer), and a mean-ITL target with a
+#: margin under our p99 TPOT
+TUNED = DynamoSettings("dynamo:tuned", load_scaling=True, itl_share=TUNED_ITL_SHARE)
+
+
+def settings_for(policy: str) -> DynamoSettings:
+    """``dynamo`` (documented defaults), ``dynamo:tuned``, or ``dynamo@Ns`` (defaults with a
+    throughput interval of N whole seconds, a what-if)."""
+    if policy == DEFAULTS.name:
+        return DEFAULTS
+    if policy == TUNED.name:
+        return TUNED
+    if policy.startswith("dynamo@") and policy.endswith("s"):
+        return DynamoSettings(policy, int(policy.removeprefix("dynamo@").removesuffix("s")))
+    raise ValueError(f"unknown Dynamo policy {policy!r}: dynamo, dynamo:tuned or dynamo@<seconds>s")
+
+
+def dynamo_config(config: PlannerConfig, settings: DynamoSettings = DEFAULTS) -> dict[str, Any]:
     """The PlannerConfig fields we set; everything else keeps Dynamo's default.
 
-    ``throughput_interval_seconds``: how often Dynamo re-sizes from traffic; None = our
-    interval (the same knowledge and cadence as our planner). Dynamo's own default is 180 s,
-    which smooths a bursty per-minute rate before its predictor sees it: a what-if row."""
+    Its pipeline ticks at our interval (the replay calls a controller once an interval), which
+    is also its load loop's interval (FPM tuning and, when on, load-based scaling; Dynamo's
+    default is 5 s); its throughput loop every ``settings.throughput_interval_seconds``."""
     interval = round(config.interval_seconds)
     if interval <= 0 or abs(interval - config.interval_seconds) > 1e-9:
         raise ValueError(f"Dynamo takes whole-second intervals, got {config.interval_seconds}")
-    throughput = interval if throughput_interval_seconds is None else throughput_interval_seconds
+    throughput = settings.throughput_interval_seconds or DYNAMO_THROUGHPUT_INTERVAL_SECONDS
     if throughput % interval:
         raise ValueError(f"Dynamo's throughput interval ({throughput} s) must be a multiple of "
                          f"its tick cadence, our interval ({interval} s)")
+    if settings.load_scaling and throughput <= interval:
+        raise ValueError(f"with load-based scaling, Dynamo's throughput interval ({throughput} s) "
+                         f"must be longer than its load interval, our interval ({interval} s)")
     gpus = config.model.profile.gpus_per_instance
     return {
         "environment": "virtual",  # no cluster: decisions come back to us
@@ -130,10 +182,10 @@ def dynamo_config(config: PlannerConfig, throughput_interval_seconds: int | None
         "backend": "sglang",
         "optimization_target": "sla",  # the SLA planner: sizes from the perf model and targets
         "ttft_ms": 1000.0 * config.slo.ttft_seconds,
-        "itl_ms": 1000.0 * config.slo.tpot_seconds,
-        # the same interval as ours: its pipeline cadence, throughput scaling and FPM tuning
+        "itl_ms": 1000.0 * config.slo.tpot_seconds * settings.itl_share,
         "throughput_adjustment_interval_seconds": throughput,
         "load_adjustment_interval_seconds": interval,
+        "enable_load_scaling": settings.load_scaling,
         "scheduling": {"scale_interval_seconds": float(interval)},
         "max_gpu_budget": config.nodes * gpus,
         "prefill_engine_num_gpu": gpus,
@@ -202,27 +254,56 @@ class TrafficWindow:
         }
 
 
+def fpm_snapshot(p: ForwardPass) -> dict[str, Any]:
+    """One replay pass as Dynamo's replay bridge hands it to ``ReplayPlannerAdapter.on_tick``
+    (a flat record per worker, ``fpm_snapshots_to_json``; the adapter builds the
+    ``ForwardPassMetrics`` from it). Variances are not tracked by the replay: 0."""
+    return {"worker_id": p.instance, "dp_rank": 0, "wall_time": p.wall_seconds,
+            "num_prefill_requests": p.prefill_requests, "sum_prefill_tokens": p.prefill_tokens,
+            "var_prefill_length": 0.0, "sum_prefill_kv_tokens": p.prefill_kv_tokens,
+            "num_decode_requests": p.decode_requests, "sum_decode_kv_tokens": p.decode_kv_tokens,
+            "var_decode_kv_tokens": 0.0,
+            "num_queued_prefill": p.queued_prefill_requests,
+            "sum_queued_prefill_tokens": p.queued_prefill_tokens, "var_queued_prefill_length": 0.0,
+            "num_queued_decode": p.queued_decode_requests,
+            "sum_queued_decode_kv_tokens": p.queued_decode_kv_tokens,
+            "var_queued_decode_kv_tokens": 0.0}
+
+
 def snapshot(obs: Observation, rel_seconds: float, traffic: dict[str, Any] | None,
-             ordinal: int) -> dict[str, Any]:
+             ordinal: int, passes: Sequence[ForwardPass] | None = None) -> dict[str, Any]:
     """What Dynamo's offline replay passes ``ReplayPlannerAdapter.on_tick`` for tick number
-    ``ordinal``: active workers are the ready ones; warming ones are its "starting" workers and
-    draining ones its "draining" ones (ids are positions, stable only within one snapshot)."""
-    ids = iter(range(10**9))
+    ``ordinal``: active workers are the ready ones, warming ones its "starting" workers and
+    draining ones its "draining" ones; the non-draining count is active + starting, as its
+    replay bridge counts it. ``passes``: each ready instance's latest forward pass, sent as its
+    FPM snapshot, the active ids then the instances' own (None: ids are positions, no FPMs)."""
+    p, d = obs.prefill, obs.decode
+    fpms: dict[str, list[ForwardPass]] = {"prefill": [], "decode": []}
+    for fp in passes or ():
+        fpms[fp.role].append(fp)
+    # ids for workers without a pass: above every instance id, distinct within the snapshot
+    ids = iter(range(1 + max((fp.instance for fp in passes or ()), default=-1), 10**9))
 
     def take(n: int) -> list[int]:
         return [next(ids) for _ in range(n)]
 
-    p, d = obs.prefill, obs.decode
+    if passes is None:
+        active_p, active_d = take(p.ready), take(d.ready)
+    else:
+        active_p = [fp.instance for fp in fpms["prefill"]]
+        active_d = [fp.instance for fp in fpms["decode"]]
+    starting_p, starting_d = take(len(p.warming)), take(len(d.warming))
     snap: dict[str, Any] = {
         "tick_ordinal": ordinal,
         "now_ms": 1000.0 * rel_seconds,
-        "active_prefill_count": p.ready, "active_decode_count": d.ready,
-        "non_draining_prefill_count": p.ready, "non_draining_decode_count": d.ready,
-        "active_prefill_ids": take(p.ready), "active_decode_ids": take(d.ready),
-        "starting_prefill_ids": take(len(p.warming)), "starting_decode_ids": take(len(d.warming)),
+        "active_prefill_count": len(active_p), "active_decode_count": len(active_d),
+        "non_draining_prefill_count": len(active_p) + len(starting_p),
+        "non_draining_decode_count": len(active_d) + len(starting_d),
+        "active_prefill_ids": active_p, "active_decode_ids": active_d,
+        "starting_prefill_ids": starting_p, "starting_decode_ids": starting_d,
         "draining_prefill_ids": take(p.draining), "draining_decode_ids": take(d.draining),
-        # the simulator has no per-forward-pass telemetry to publish
-        "prefill_fpm_snapshots": [], "decode_fpm_snapshots": [],
+        "prefill_fpm_snapshots": [fpm_snapshot(fp) for fp in fpms["prefill"]],
+        "decode_fpm_snapshots": [fpm_snapshot(fp) for fp in fpms["decode"]],
     }
     if traffic is not None:
         snap["traffic"] = traffic
@@ -304,6 +385,14 @@ class DynamoController:
     window: TrafficWindow = field(default_factory=TrafficWindow)
     targets: tuple[int, int] | None = None
     log: list[dict[str, Any]] = field(default_factory=list)
+    #: each ready instance's latest forward pass at this tick (the simulator hands them over
+    #: before calling); None: none seen, the snapshot carries no FPMs
+    passes: list[ForwardPass] | None = None
+
+    def see_forward_passes(self, now_seconds: float, passes: list[ForwardPass]) -> None:
+        """The simulator's per-pass metrics for the tick at ``now_seconds`` (sent to Dynamo
+        with it, as its engines publish them on a deployment)."""
+        self.passes = list(passes)
 
     def __call__(self, obs: Observation) -> tuple[int, int]:
         if self.origin_seconds is None:
@@ -316,7 +405,8 @@ class DynamoController:
         if self.first_tick_seconds is None or rel + 1e-3 < self.first_tick_seconds:
             return self.targets
         answer = self.client.request(
-            {"type": "tick", "snapshot": snapshot(obs, rel, self.window.as_traffic(), len(self.log))},
+            {"type": "tick", "snapshot": snapshot(obs, rel, self.window.as_traffic(), len(self.log),
+                                                  self.passes)},
             "decision")
         self.window = TrafficWindow()
         p, d = self.targets
@@ -329,20 +419,20 @@ class DynamoController:
         return self.targets
 
 
-def start_session(setup: ReplaySetup, client: DriverClient, throughput_interval_seconds: int | None = None
+def start_session(setup: ReplaySetup, client: DriverClient, settings: DynamoSettings = DEFAULTS
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Send the init message for ``setup``; returns (what was sent, the driver's ready reply)."""
     chunk = setup.prefill_chunk_tokens or ENGINES[setup.engine]
     if chunk is None:
         raise ValueError(f"the {setup.engine!r} engine has no prefill chunk; Dynamo needs max_num_batched_tokens")
-    init = {"type": "init", "planner_config": dynamo_config(setup.planner, throughput_interval_seconds),
+    init = {"type": "init", "planner_config": dynamo_config(setup.planner, settings),
             "capabilities": capabilities(setup.model, chunk),
             "benchmark_fpms": benchmark_fpms(setup.model, chunk)}
     return init, client.request(init, "ready")
 
 
 def run_dynamo(setup: ReplaySetup, *, venv: Path | None = None, client: DriverClient | None = None,
-               throughput_interval_seconds: int | None = None,
+               settings: DynamoSettings = DEFAULTS,
                history: list[Any] | None = None) -> dict[str, Any]:
     """Replay ``setup.trace`` under Dynamo's planner: the report ``run_policy`` gives, plus the
     inputs Dynamo got and its decisions with their reasons. ``history``: the loads before the
@@ -350,14 +440,13 @@ def run_dynamo(setup: ReplaySetup, *, venv: Path | None = None, client: DriverCl
     started = time.perf_counter()
     client = client or DriverClient.start(venv)
     try:
-        init, ready = start_session(setup, client, throughput_interval_seconds)
+        init, ready = start_session(setup, client, settings)
         ctl = DynamoController(client, setup.interval_seconds, ready["first_tick_seconds"])
         start = initial_fleet(setup, history)
         result = simulate_fleet(setup, start, ctl, None)
     finally:
         client.close()
-    name = "dynamo" if throughput_interval_seconds is None else f"dynamo@{throughput_interval_seconds}s"
-    report = summarize(setup, name, result)
+    report = summarize(setup, settings.name, result)
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
     report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}
     report["dynamo"] = {

@@ -120,11 +120,19 @@ class RegressionForwardPass:
             return None
         sched = [r.get("scheduled_requests", {}) for r in ranks]
         if self.worker_type == "prefill":
-            tokens = sum(s.get("sum_prefill_tokens", 0) for s in sched)
-            return 1000.0 * self.regression._predict_wall_time(float(tokens))
-        requests = sum(s.get("num_decode_requests", 0) for s in sched)
-        kv_tokens = sum(s.get("sum_decode_kv_tokens", 0) for s in sched)
-        return 1000.0 * self.regression._predict_2d(float(requests), float(kv_tokens))
+            x = [float(sum(s.get("sum_prefill_tokens", 0) for s in sched))]
+        else:
+            x = [float(sum(s.get("num_decode_requests", 0) for s in sched)),
+                 float(sum(s.get("sum_decode_kv_tokens", 0) for s in sched))]
+        return 1000.0 * self._predict(x)
+
+    def _predict(self, x: list[float]) -> float:
+        """What Dynamo's ``_predict_wall_time`` / ``_predict_2d`` return for ``x`` (its fitted
+        ``LinearRegression``, floored at 1 us), as the dot product its ``predict`` computes:
+        sklearn's per-call input validation took three quarters of the driver's time, and the
+        capacity search asks hundreds of times a tick."""
+        m = self.regression._model
+        return max(1e-6, float(m.intercept_) + sum(c * v for c, v in zip(m.coef_, x, strict=True)))
 
     def diagnostics(self) -> dict[str, Any]:
         ready = self.regression._ensure_fitted()
@@ -199,7 +207,10 @@ class Session:
         s = self.adapter._engine._scaling_state
         keys = ("predicted_num_req", "predicted_isl", "predicted_osl", "predicted_kv_hit_rate",
                 "engine_rps_prefill", "engine_rps_decode", "throughput_reason",
-                "throughput_reason_prefill", "throughput_reason_decode")
+                "throughput_reason_prefill", "throughput_reason_decode",
+                # the load-based loop's (FPM-driven) reasons and estimates
+                "load_reason", "load_reason_prefill", "load_reason_decode",
+                "estimated_ttft_ms", "estimated_itl_ms")
         return {k: getattr(s, f"_diag_{k}", None) for k in keys}
 
     def close(self) -> None:

@@ -340,6 +340,15 @@ class DecodeBatches:
             waiting.popleft()
             self._join(i, r, now)
 
+    def batch_now(self, i: int, now: float) -> tuple[int, int, float]:
+        """Instance ``i``'s batch at ``now``: (sequences, their KV tokens, the step's seconds;
+        0 when empty), what an engine's per-pass metrics report of its latest step."""
+        b = len(self.fleet.running[i])
+        if b == 0:
+            return 0, 0, 0.0
+        self._advance(i, now)
+        return b, round(self._context(i)), self._step_time(i)[0]
+
     def waiting(self) -> int:
         """Requests waiting in the decode instances' queues."""
         return sum(len(w) for w in self.fleet.decode_waiting)

@@ -82,11 +82,19 @@ class PrefillBatches:
         self.chunked: dict[int, int] = {}
         #: instance -> the seconds of the pass running
         self.pass_seconds: dict[int, float] = {}
+        #: instance -> (requests, tokens computed, tokens read from cache or earlier chunks)
+        #: of its latest pass, the shape an engine's per-pass metrics report
+        self.pass_shape: dict[int, tuple[int, int, int]] = {}
 
     def queued(self, i: int) -> int:
         """Requests waiting on instance ``i`` for their first pass (SGLang's num_queue_reqs)."""
         q = self.waiting.get(i)
         return len(q) if q else 0
+
+    def queued_tokens(self, i: int) -> int:
+        """Prompt tokens of the requests waiting on instance ``i`` (raw, before any cache hit)."""
+        q = self.waiting.get(i)
+        return sum(self.input_tokens[r] for r in q) if q else 0
 
     def submit(self, i: int, r: int, now: float) -> None:
         """Request ``r`` is routed to instance ``i`` at ``now``."""
@@ -113,6 +121,7 @@ class PrefillBatches:
     def _start_pass(self, i: int, now: float) -> None:
         budget = self.chunk_tokens
         members: list[tuple[int, int]] = []
+        kv_read = 0
         seconds = self.model.prefill_pass_overhead_seconds()
         price = self.model.prefill_compute_seconds
         r = self.chunked.pop(i, None)
@@ -131,6 +140,7 @@ class PrefillBatches:
             done, hit, started = self.progress[r]
             n = self.input_tokens[r]
             take = min(n - done, budget)
+            kv_read += done
             seconds += price(done + take, done)
             self.progress[r] = (done + take, hit, started)
             members.append((r, done + take))
@@ -144,6 +154,7 @@ class PrefillBatches:
         end = now + seconds
         self.running[i] = members
         self.pass_seconds[i] = seconds
+        self.pass_shape[i] = (len(members), self.chunk_tokens - budget, kv_read)
         # the routers read busy as when the instance runs empty: never before this pass ends
         self.fleet.busy[i] = max(self.fleet.busy[i], end)
         self.events.push(end, Events.PASS, i)

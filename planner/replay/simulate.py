@@ -66,12 +66,35 @@ from .router_admission import AdmissionQueue, PrefillAdmission
 from .routers import ROUTERS, make_router
 from .traces import Trace
 
-__all__ = ["DECODE_ADMISSIONS", "DECODE_ROUTERS", "ENGINES", "ROUTERS", "Controller", "SimConfig", "SimResult", "simulate"]
+__all__ = ["DECODE_ADMISSIONS", "DECODE_ROUTERS", "ENGINES", "ROUTERS", "Controller", "ForwardPass",
+           "SimConfig", "SimResult", "simulate"]
 
 #: controller(observation) -> (prefill target, decode target), counts of ready + warming;
 #: a controller may add (switch_to_prefill, switch_to_decode): how many of the changes must be
 #: made by switching existing nodes (the planner's decision), else the simulator decides
 Controller = Callable[[Observation], tuple[int, ...]]
+
+
+class ForwardPass(NamedTuple):
+    """A ready instance's latest forward pass at a tick, as an engine's per-pass metrics
+    report it (Dynamo's ``ForwardPassMetrics``): what it scheduled, how long the pass takes,
+    and what waits on it. An idle instance reports zeros (an engine's idle heartbeat).
+
+    Handed to a controller that has a ``see_forward_passes(now, passes)`` method, before
+    it is called at each tick."""
+
+    role: str  # "prefill" or "decode"
+    instance: int
+    wall_seconds: float
+    prefill_requests: int = 0
+    prefill_tokens: int = 0
+    prefill_kv_tokens: int = 0
+    decode_requests: int = 0
+    decode_kv_tokens: int = 0
+    queued_prefill_requests: int = 0
+    queued_prefill_tokens: int = 0
+    queued_decode_requests: int = 0
+    queued_decode_kv_tokens: int = 0
 
 
 #: seconds between two Prometheus scrapes (a common setting is 5-15 s)
@@ -431,6 +454,9 @@ class _Replay:
         # as of the last scrape; none yet (a first tick at the first arrival, lagged): now
         g = self._gauges if self._gauges is not None else self._read_gauges(now)
         self._gauges = None
+        see_passes = getattr(self.controller, "see_forward_passes", None)
+        if see_passes is not None:
+            see_passes(now, self.forward_passes(now))
         out = self.controller(self.stats.observe(now, fleet, g.waiting_decode,
                                                  queued_prefill=g.queued_prefill, gaps=g.gaps,
                                                  decode_running=g.decode_running))
@@ -441,6 +467,33 @@ class _Replay:
             new_seconds=self.model.profile.warmup.new_node_seconds + self.config.join_delay_seconds,
         )
         self.ticks.append((now, tp, td, fleet.provisioned(Role.PREFILL), fleet.provisioned(Role.DECODE)))
+
+    def forward_passes(self, now: float) -> list[ForwardPass]:
+        """Each ready instance's latest pass at ``now`` (:class:`ForwardPass`); prefill only
+        on a batching engine (the article's model has no passes)."""
+        fleet, out = self.fleet, []
+        b = self.batches
+        for i in fleet.ready_prefill:
+            if b is None:
+                break
+            waiting = b.queued(i), b.queued_tokens(i)
+            if i in b.running:
+                n, tokens, kv = b.pass_shape[i]
+                out.append(ForwardPass("prefill", i, b.pass_seconds[i], n, tokens, kv,
+                                       queued_prefill_requests=waiting[0],
+                                       queued_prefill_tokens=waiting[1]))
+            else:
+                out.append(ForwardPass("prefill", i, 0.0, queued_prefill_requests=waiting[0],
+                                       queued_prefill_tokens=waiting[1]))
+        for i, role in enumerate(fleet.role):
+            if role != Role.DECODE or fleet.state[i] != READY:
+                continue
+            n, kv, seconds = self.decode.batch_now(i, now)
+            queue = fleet.decode_waiting[i]
+            out.append(ForwardPass("decode", i, seconds, decode_requests=n, decode_kv_tokens=kv,
+                                   queued_decode_requests=len(queue),
+                                   queued_decode_kv_tokens=sum(int(self._input[r]) for r in queue)))
+        return out
 
     def _queued_prefill(self, now: float) -> int:
         """Requests whose prefill has not started by ``now``: on a ready prefill instance, and

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -75,24 +76,45 @@ def test_capabilities_carry_the_profiles_limits(model: PerformanceModel):
 # -- the configuration --------------------------------------------------------------------------
 
 
-def test_config_carries_our_slo_interval_budget_and_floors(model: PerformanceModel):
+def test_config_carries_our_slo_budget_and_floors_and_dynamos_own_interval(model: PerformanceModel):
+    """As documented defaults: Dynamo's 180 s throughput interval (SLAPlannerDefaults), not
+    ours; its load loop (FPM tuning) at our tick; load-based scaling off; the TPOT target as
+    its ITL target. (Before issue 48 the throughput loop ran at our 60 s.)"""
     cfg = PlannerConfig(model=model, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05), nodes=30,
                         interval_seconds=60.0, min_prefill=2, min_decode=3)
     c = dp.dynamo_config(cfg)
     assert (c["ttft_ms"], c["itl_ms"]) == (2000.0, 50.0)
-    assert c["throughput_adjustment_interval_seconds"] == 60
+    assert c["throughput_adjustment_interval_seconds"] == 180 == dp.DYNAMO_THROUGHPUT_INTERVAL_SECONDS
+    assert c["load_adjustment_interval_seconds"] == 60 and c["enable_load_scaling"] is False
     assert c["scheduling"] == {"scale_interval_seconds": 60.0}
     assert c["max_gpu_budget"] == 30 * 8 and c["prefill_engine_num_gpu"] == 8
     assert (c["prefill_min_endpoint"], c["decode_min_endpoint"]) == (2, 3)
     assert c["optimization_target"] == "sla" and c["mode"] == "disagg"
 
 
+def test_tuned_config_turns_load_scaling_on_with_a_mean_itl_margin(model: PerformanceModel):
+    """Tuned as Dynamo's planner guide recommends for bursty traffic: both loops, the
+    throughput one the longer (180 s), and ITL 40 ms for a 50 ms p99 TPOT."""
+    cfg = PlannerConfig(model=model, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05), interval_seconds=60.0)
+    c = dp.dynamo_config(cfg, dp.TUNED)
+    assert dp.settings_for("dynamo:tuned") is dp.TUNED and dp.settings_for("dynamo") is dp.DEFAULTS
+    assert c["enable_load_scaling"] is True and c["itl_ms"] == pytest.approx(40.0)
+    assert c["ttft_ms"] == 2000.0
+    assert (c["throughput_adjustment_interval_seconds"], c["load_adjustment_interval_seconds"]) == (180, 60)
+
+
 def test_dynamos_own_cadence_is_a_multiple_of_ours(model: PerformanceModel):
     cfg = PlannerConfig(model=model, interval_seconds=60.0)
-    assert dp.dynamo_config(cfg, 180)["throughput_adjustment_interval_seconds"] == 180
-    assert dp.dynamo_config(cfg, 180)["scheduling"] == {"scale_interval_seconds": 60.0}
+    what_if = dp.settings_for("dynamo@120s")
+    assert dp.dynamo_config(cfg, what_if)["throughput_adjustment_interval_seconds"] == 120
+    assert dp.dynamo_config(cfg, what_if)["scheduling"] == {"scale_interval_seconds": 60.0}
     with pytest.raises(ValueError, match="multiple"):
-        dp.dynamo_config(cfg, 90)
+        dp.dynamo_config(cfg, dp.settings_for("dynamo@90s"))
+    # the load loop must be the faster one (Dynamo's validator refuses otherwise)
+    with pytest.raises(ValueError, match="longer than its load interval"):
+        dp.dynamo_config(cfg, dp.DynamoSettings("x", 60, load_scaling=True))
+    with pytest.raises(ValueError, match="unknown Dynamo policy"):
+        dp.settings_for("dynamo-ish")
 
 
 def test_a_fractional_interval_is_refused(model: PerformanceModel):
@@ -136,14 +158,83 @@ def test_an_interval_of_unknown_load_adds_nothing():
     assert w.as_traffic()["duration_s"] == 60 and w.as_traffic()["num_req"] == 0
 
 
-def test_snapshot_counts_ready_as_active_and_names_starting_and_draining():
+def test_snapshot_counts_non_draining_as_active_plus_starting():
+    """As Dynamo's replay bridge does (non_draining = active + starting); before issue 48 the
+    harness counted ready only, so a warming worker looked missing and Dynamo re-ordered it."""
     s = dp.snapshot(obs(90, ready=(3, 5), warming=(2, 0), draining=(0, 1)), 90.0, None, 4)
     assert (s["active_prefill_count"], s["active_decode_count"]) == (3, 5)
-    assert (s["non_draining_prefill_count"], s["non_draining_decode_count"]) == (3, 5)
+    assert (s["non_draining_prefill_count"], s["non_draining_decode_count"]) == (5, 5)
     assert len(s["starting_prefill_ids"]) == 2 and len(s["draining_decode_ids"]) == 1
     ids = [i for k, v in s.items() if k.endswith("_ids") for i in v]
     assert len(ids) == len(set(ids)) == 11
     assert s["tick_ordinal"] == 4 and s["now_ms"] == 90_000 and "traffic" not in s
+    assert s["prefill_fpm_snapshots"] == [] and s["decode_fpm_snapshots"] == []
+
+
+def passes() -> list:
+    return [dp.ForwardPass("prefill", 7, 0.25, prefill_requests=2, prefill_tokens=8192,
+                           prefill_kv_tokens=1024, queued_prefill_requests=3, queued_prefill_tokens=30_000),
+            dp.ForwardPass("prefill", 9, 0.0),
+            dp.ForwardPass("decode", 8, 0.03, decode_requests=40, decode_kv_tokens=200_000,
+                           queued_decode_requests=1, queued_decode_kv_tokens=4000)]
+
+
+def test_snapshot_sends_each_ready_instances_pass_as_its_fpm():
+    """The replay's passes as the FPM records Dynamo's bridge hands the adapter (the fields of
+    ``fpm_snapshots_to_json``), each worker its instance id, those ids the active ones."""
+    s = dp.snapshot(obs(60, ready=(2, 1), warming=(1, 0)), 60.0, None, 0, passes())
+    assert s["active_prefill_ids"] == [7, 9] and s["active_decode_ids"] == [8]
+    assert s["non_draining_prefill_count"] == 3
+    assert not set(s["starting_prefill_ids"]) & {7, 8, 9}
+    p7, p9 = s["prefill_fpm_snapshots"]
+    assert p7 == {"worker_id": 7, "dp_rank": 0, "wall_time": 0.25, "num_prefill_requests": 2,
+                  "sum_prefill_tokens": 8192, "var_prefill_length": 0.0, "sum_prefill_kv_tokens": 1024,
+                  "num_decode_requests": 0, "sum_decode_kv_tokens": 0, "var_decode_kv_tokens": 0.0,
+                  "num_queued_prefill": 3, "sum_queued_prefill_tokens": 30_000,
+                  "var_queued_prefill_length": 0.0, "num_queued_decode": 0,
+                  "sum_queued_decode_kv_tokens": 0, "var_queued_decode_kv_tokens": 0.0}
+    assert p9["wall_time"] == 0.0 and p9["num_prefill_requests"] == 0  # idle: the heartbeat
+    (d8,) = s["decode_fpm_snapshots"]
+    assert (d8["num_decode_requests"], d8["sum_decode_kv_tokens"], d8["num_queued_decode"]) == (40, 200_000, 1)
+
+
+def test_the_replay_hands_each_ready_instances_latest_pass_at_every_tick(model: PerformanceModel):
+    """A controller with ``see_forward_passes`` gets, before each tick, one pass per ready
+    instance, priced as the replay prices it (a decode step at the model's TPOT)."""
+    from planner_replay_helpers import replay_setup
+
+    from pdscale.planner.replay.run import simulate_fleet
+    from pdscale.planner.replay.traces import Trace
+
+    n = 4000  # 3 req/s for 22 minutes, past the first warm-up
+    trace = Trace(name="flat", arrival_seconds=[i / 3 for i in range(n)], input_tokens=[8000] * n,
+                  output_tokens=[200] * n, hash_ids=[()] * n, block_tokens=512)
+    seen: list[tuple[float, list, Observation]] = []
+
+    class Probe:
+        def see_forward_passes(self, now, ps):
+            seen.append((now, list(ps), None))
+
+        def __call__(self, o):
+            now, ps, _ = seen[-1]
+            seen[-1] = (now, ps, o)
+            return (1, 2)
+
+    simulate_fleet(replay_setup(trace, ttft_seconds=5.0), (1, 2), Probe(), None)
+    assert len(seen) >= 4
+    busy = [p for _, ps, _ in seen for p in ps if p.wall_seconds > 0]
+    for now, ps, o in seen:
+        assert o is not None and o.now_seconds == now
+        assert sum(p.role == "prefill" for p in ps) == o.prefill.ready
+        assert sum(p.role == "decode" for p in ps) == o.decode.ready
+    prefill = [p for p in busy if p.role == "prefill"]
+    decode = [p for p in busy if p.role == "decode"]
+    assert prefill and decode
+    for p in prefill:
+        assert 0 < p.prefill_tokens <= 8192 and p.prefill_requests >= 1
+    for p in decode:
+        assert p.wall_seconds == pytest.approx(model.tpot_seconds(p.decode_requests,
+                                                                  p.decode_kv_tokens / p.decode_requests), rel=1e-3)
 
 
 # -- the protocol, against a fake driver ------------------------------------------------------------
@@ -184,13 +275,17 @@ def test_controller_ticks_on_dynamos_schedule_with_the_traffic_since_its_last_ti
     ready = client.request({"type": "init"}, "ready")
     ctl = dp.DynamoController(client, 60.0, ready["first_tick_seconds"])
     assert ctl(obs(1000.0, rate=None)) == (4, 6)          # t = 0: before its first tick
-    assert ctl(obs(1060.0, rate=10)) == (6, 6)            # t = 60: first tick, prefill +2
-    assert ctl(obs(1120.0, rate=20)) == (6, 6)            # t = 120: not due (next at 180)
+    ctl.see_forward_passes(1060.0, passes())              # what the replay hands over first
+    assert ctl(obs(1060.0, rate=10, ready=(2, 1))) == (4, 6)  # t = 60: first tick, prefill +2
+    assert ctl(obs(1120.0, rate=20)) == (4, 6)            # t = 120: not due (next at 180)
     with pytest.raises(dp.DynamoDriverError, match="planner exploded"):
         ctl(obs(1180.0, rate=40))                         # t = 180: due, window of 2 intervals
     ticks = [json.loads(x) for x in log.read_text().splitlines() if '"tick"' in x]
     assert [t["snapshot"]["now_ms"] for t in ticks] == [60_000, 180_000]
     assert ticks[0]["snapshot"]["traffic"]["num_req"] == pytest.approx(600)
+    # the passes went with the tick (the harness sent no FPMs before issue 48)
+    assert [f["worker_id"] for f in ticks[0]["snapshot"]["prefill_fpm_snapshots"]] == [7, 9]
+    assert ticks[0]["snapshot"]["active_decode_ids"] == [8]
     second = ticks[1]["snapshot"]["traffic"]
     assert second["duration_s"] == 120 and second["num_req"] == pytest.approx(1200 + 2400)
 
@@ -238,7 +333,8 @@ def test_the_real_dynamo_planner_sizes_from_our_profile(model: PerformanceModel)
     setup = ReplaySetup(trace=Trace.__new__(Trace), planner=cfg)
     client = dp.DriverClient.start()
     try:
-        _, ready = dp.start_session(setup, client)
+        # its throughput loop at our interval, so that the first tick sizes from traffic
+        _, ready = dp.start_session(setup, client, dp.settings_for("dynamo@60s"))
         assert ready["perf_model"]["decode"]["readiness"] == "ready"
         assert ready["planner_config"]["ttft_ms"] == 15000.0
         ctl = dp.DynamoController(client, 60.0, ready["first_tick_seconds"])
@@ -256,6 +352,41 @@ def test_the_real_dynamo_planner_sizes_from_our_profile(model: PerformanceModel)
     demand_rps = tick["predicted_num_req"] / 60.0
     assert p == min(18, max(2, math.ceil(demand_rps / tick["engine_rps_prefill"])))
     assert d == min(18, max(2, math.ceil(demand_rps / tick["engine_rps_decode"])))
+
+
+@pytest.mark.slow
+def test_the_real_dynamo_planners_load_loop_reads_the_fpms_we_send(model: PerformanceModel):
+    """Tuned (load-based scaling on), Dynamo 1.6.1 reads the passes as FPMs: a prefill queue
+    far past the TTFT target scales prefill up at the first tick, before its throughput loop
+    (180 s) has run; the same tick without FPMs has nothing to go on ("no_fpm_data")."""
+    _venv_or_skip()
+    from pdscale.planner.replay.run import ReplaySetup
+    from pdscale.planner.replay.traces import Trace
+
+    cfg = PlannerConfig(model=model, slo=Slo(ttft_seconds=2.0, tpot_seconds=0.05), nodes=200,
+                        interval_seconds=60.0)
+    setup = ReplaySetup(trace=Trace.__new__(Trace), planner=cfg)
+    queued = [dp.ForwardPass("prefill", i, 0.4, prefill_requests=1, prefill_tokens=8192,
+                             queued_prefill_requests=40, queued_prefill_tokens=400_000) for i in (0, 1)]
+    decode = [dp.ForwardPass("decode", i, 0.02, decode_requests=10, decode_kv_tokens=40_000) for i in (2, 3)]
+    outcomes = []
+    for sent in (queued + decode, None):
+        client = dp.DriverClient.start()
+        try:
+            _, ready = dp.start_session(setup, client, dp.TUNED)
+            assert ready["planner_config"]["enable_load_scaling"] is True
+            assert ready["planner_config"]["itl_ms"] == pytest.approx(40.0)
+            ctl = dp.DynamoController(client, 60.0, ready["first_tick_seconds"])
+            ctl(obs(0.0, rate=None, ready=(2, 2)))
+            if sent is not None:
+                ctl.see_forward_passes(60.0, sent)
+            outcomes.append(ctl(obs(60.0, rate=5.0, isl=8000.0, osl=200.0, hit=0.0, ready=(2, 2))))
+        finally:
+            client.close()
+        outcomes.append(ctl.log[-1])
+    (p_fpm, _), with_fpm, unchanged, without = outcomes
+    assert p_fpm > 2 and with_fpm["load_reason_prefill"] == "scale_up"
+    assert unchanged == (2, 2) and without["load_reason"] == "no_fpm_data"
 
 
 @pytest.mark.slow
@@ -317,3 +448,35 @@ def test_the_matched_row_is_pdscale_under_the_largest_budget_within_dynamos_gpu_
                                        "dynamo": {"gpu_hours": 50.0, "slo_attainment": 0.1},
                                        row["policy"]: {**row, "gpu_hours": 49.0, "slo_attainment": 0.5}})
     assert checked["met"] and row["policy"] in checked["value"]
+
+
+@pytest.mark.slow
+def test_the_drivers_estimate_is_dynamos_fitted_line(model: PerformanceModel, tmp_path: Path):
+    """The substitute estimator computes the line Dynamo's regression classes fit as their
+    ``predict`` would (it skips sklearn's per-call validation, three quarters of a tick)."""
+    python = _venv_or_skip()
+    fpms = tmp_path / "fpms.json"
+    fpms.write_text(json.dumps(dp.benchmark_fpms(model, 8192)))
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(dp.DRIVER.parent)!r})
+        import driver
+        fpms = json.load(open({str(fpms)!r}))
+        worst = 0.0
+        for role in ("prefill", "decode"):
+            f = driver.RegressionForwardPass(role, {{}})
+            f.tune_with_fpms([[x] for x in fpms[role]])
+            assert f.regression._ensure_fitted()
+            xs = ([[t] for t in range(1, 20000, 997)] if role == "prefill"
+                  else [[b, b * c] for b in range(1, 512, 37) for c in (300, 3000, 9000)])
+            for x in xs:
+                ours = f._predict([float(v) for v in x])
+                theirs = (f.regression._predict_wall_time(*x) if role == "prefill"
+                          else f.regression._predict_2d(*x))
+                worst = max(worst, abs(ours - theirs) / theirs)
+        print(worst)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-12
