@@ -19,10 +19,11 @@ lint: setup
 
 # Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e), the real
 # Dynamo planner's and aiperf's included: their venvs are built here (minutes, once), and the
-# tests that drive them fail rather than skip when they are missing.
+# tests that drive them fail rather than skip when they are missing. The 30 slowest phases
+# (setup, call, teardown) close the report: where CI's time goes, run after run.
 test: lint dynamo-venv aiperf-venv
 	PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
-	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh) $(VENV)/bin/pytest
+	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh) $(VENV)/bin/pytest --durations=30
 
 # The pure tier alone: no control plane, no Prometheus, no live engines (tests/ minus the
 # cluster, prometheus and slow markers). The check to run while editing.

@@ -40,7 +40,7 @@ MANAGER = "pdscale-profile-run"
 
 def aiperf_command(aiperf: str, target: Target, run: Run, artifact_dir: str,
                    extra: Sequence[str] = ()) -> list[str]:
-    """aiperf 0.13's ``profile`` command for one run, as tests/planner/test_profile_fit_closed.py
+    """aiperf 0.13's ``profile`` command for one run, as tests/planner/test_profile_run_closed.py
     runs it: fixed input and output lengths (``--isl-stddev 0``, ``ignore_eos`` so that every
     request decodes its full output), a fixed seed, streaming (the TTFT needs it), no UI.
     ``extra`` goes last, so that a user's flag can override ours."""

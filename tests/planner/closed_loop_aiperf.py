@@ -101,3 +101,61 @@ def assert_plans_like_truth(truth: Profile, fitted: Profile, *, input_lengths: S
         got = f.decode_batch_at_slo(TPOT_TARGET_SECONDS, context)
         assert abs(got - want) <= 0.1 * want, (context, got, want, fitted_terms)
     assert f.prefill_seconds(longest) == pytest.approx(t.prefill_seconds(longest), rel=0.10), fitted_terms
+
+
+#: the sweep's grid (test_profile_run_closed.py says why each value): the prefill row stops
+#: past 4000 tokens (the truth takes 1.72 s there, 80% of the 2 s TTFT target is 1.6 s)
+SWEEP_PREFILL_LENGTHS = (100, 1000, 2000, 3000, 4000, 6000)
+SWEEP_PREFILL_REQUESTS = 6
+SWEEP_DECODE_CONTEXTS = (100, 1500)
+SWEEP_OUTPUT_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class ProfileSweep:
+    """What one ``pdscale profile run`` left: its exit code, its stderr (the progress), how
+    long it took, and its files under ``workdir`` (fitted.yaml, fitted-runs/ with every run's
+    aiperf artifacts, fitted-configmap.yaml); ``truth`` is the profile the engines ran."""
+
+    code: int
+    stderr: str
+    seconds: float
+    workdir: Path
+    truth: Path
+
+    @property
+    def output(self) -> Path:
+        return self.workdir / "fitted.yaml"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.workdir / "fitted-runs"
+
+
+def run_profile_sweep(workdir: Path) -> ProfileSweep:
+    """``pdscale profile run`` against :func:`pd_fleet` (the aiperf_sweep fixture, once per
+    session): prefill lengths at concurrency 1, then concurrencies 2, 8, 24, 48 per context,
+    each row stopped by the coverage rule; a ConfigMap for namespace team-a."""
+    import contextlib
+    import io
+    import time
+
+    from pdscale.main import main
+
+    err = io.StringIO()
+    began = time.monotonic()
+    with pytest.MonkeyPatch.context() as mp, pd_fleet(workdir) as fleet:
+        mp.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub request leaves the machine
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main([
+                "profile", "run", "--url", fleet.url, "--model", "sim-model",
+                "--tokenizer", str(fleet.tokenizer), "--aiperf", str(AIPERF),
+                "--base", str(fleet.truth), "--slo-ttft", "2", "--slo-tpot", "0.1",
+                "--prefill-lengths", ",".join(map(str, SWEEP_PREFILL_LENGTHS)),
+                "--prefill-requests", str(SWEEP_PREFILL_REQUESTS),
+                "--decode-contexts", ",".join(map(str, SWEEP_DECODE_CONTEXTS)),
+                "--decode-concurrencies", "2,8,24,48",
+                "--decode-output-tokens", str(SWEEP_OUTPUT_TOKENS),
+                "--decode-requests-per-client", "3", "-o", str(workdir / "fitted.yaml"),
+                "--configmap", "sim-profile", "--namespace", "team-a"])
+    return ProfileSweep(code, err.getvalue(), time.monotonic() - began, workdir, fleet.truth)
