@@ -160,7 +160,9 @@ class Fleet:
     # Waits, not checks: a process started on a busy machine (issue 47: 15 s ran out with ten
     # runnable processes on two cores) may take long to import and bind; what is checked is
     # that it comes up, and a crash still fails at once.
-    def wait_healthy(self, engine: Engine, timeout: float = 60.0) -> None:
+    # 180 s: an engine process imports its stack in ~2 s on an idle machine and took over 60 s
+    # once at load average 25 on 2 cores (issue 47); a healthy one returns at once
+    def wait_healthy(self, engine: Engine, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if engine.popen.poll() is not None:
@@ -218,7 +220,7 @@ class Fleet:
     def router_workers(self) -> list[dict]:
         return http_json(self.router_url + "/workers")["workers"]
 
-    def wait_router_workers(self, count: int, timeout: float = 60.0) -> None:
+    def wait_router_workers(self, count: int, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

@@ -125,12 +125,16 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet, gateway):
     cold_ttft = statistics.median(r.ttft_seconds for r in cold)
     warm_ttft = statistics.median(r.ttft_seconds for r in warm)
     # measured through the router: model time plus a few ms of HTTP and scheduling (7 ms
-    # typical; the margin allows for a busy 2-core machine)
-    assert predicted_ttft_seconds(n_in) <= cold_ttft <= predicted_ttft_seconds(n_in) + 0.04, (
+    # typical on an idle machine). The model time is a floor whatever the load; above it a
+    # busy machine adds its own delay (0.19 s at load average 25 on 2 cores, issue 47), so
+    # the ceiling only catches a gross error (an engine off its model by seconds); the
+    # few-ms figure is bench/engine_fidelity.py's to measure
+    slack = 0.5
+    assert predicted_ttft_seconds(n_in) <= cold_ttft <= predicted_ttft_seconds(n_in) + slack, (
         cold_ttft, predicted_ttft_seconds(n_in))  # fmt: skip
     # the same prompts again: the prefix cache holds all 2000 tokens, and all but the last
     # count as cached (SGLang always computes the last token: its logits)
-    assert predicted_ttft_seconds(n_in, n_in) <= warm_ttft <= predicted_ttft_seconds(n_in, n_in) + 0.04
+    assert predicted_ttft_seconds(n_in, n_in) <= warm_ttft <= predicted_ttft_seconds(n_in, n_in) + slack
     assert p.metric("sglang:cached_tokens_total") == 4 * (n_in - 1)
 
     print(f"\nTTFT median cold {cold_ttft:.4f}s (model {predicted_ttft_seconds(n_in):.4f}s), "
@@ -138,7 +142,8 @@ def test_ttft_and_tpot_follow_the_timing_model(fleet, gateway):
     tpot = statistics.median(r.tpot_seconds for r in cold + warm)
     batch1 = TIMING["decode-step-seconds"] + TIMING["decode-per-sequence-seconds"]
     print(f"TPOT median {tpot:.4f}s (model {batch1:.4f}s at batch 1)")
-    assert batch1 * 0.95 <= tpot <= batch1 * 1.3, tpot
+    # the step time is a floor; a busy machine stretches each sleep by a few ms
+    assert batch1 * 0.95 <= tpot <= batch1 * 1.3 + 0.02, tpot
 
     # a burst queues FIFO on the one prefill instance: the k-th waits for k-1 prefills
     async def burst():
