@@ -276,6 +276,14 @@ def _validate(cfg: PlannerConfig) -> None:
             f"{owner}.prefill_queue must be one of {PREFILL_QUEUES}, got {cfg.prefill_queue!r}")
 
 
+def decode_quantile(quantile: float) -> float:
+    """Decode's rise quantile for prefill's ``quantile``: half the risk (0.9 -> 0.95; 0 stays
+    off). A decode fleet short by a fraction slows every running sequence past the TPOT
+    target until new nodes land; a prefill fleet short by a fraction loses that fraction
+    (``PlannerConfig.decode_rise_quantile``)."""
+    return 1.0 - (1.0 - quantile) / 2.0 if quantile > 0 else 0.0
+
+
 # -- the one builder -------------------------------------------------------------------------
 def build_config(
     *,
@@ -293,6 +301,7 @@ def build_config(
     horizon_intervals: int | None = None,
     count_prefill_backlog: bool = False,
     length_window: int = PlannerConfig.length_window,
+    rise_quantile: float = PlannerConfig.rise_quantile,
     decode_rise_quantile: float | None = PlannerConfig.decode_rise_quantile,
     prefill_queue: str = PlannerConfig.prefill_queue,
     nodes_per_instance: tuple[int, int] = (1, 1),
@@ -316,7 +325,8 @@ def build_config(
     ``node_budget`` counts nodes shared by both roles (warming and draining included);
     ``min_*``/``max_*`` bound each role's instances; ``stabilization_window_seconds`` None is
     HPA's 300 s plus the warm-up; ``decode_drain_seconds`` None is estimated from the load;
-    ``length_window`` (intervals) smooths lengths and hit rate; ``decode_rise_quantile`` None
+    ``length_window`` (intervals) smooths lengths and hit rate; ``rise_quantile`` the risk
+    over the lead prefill is sized for (:func:`decode_quantile` gives decode's); ``decode_rise_quantile`` None
     sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
     (``PlannerConfig.prefill_queue``); ``nodes_per_instance`` the (prefill, decode) nodes one
     instance spans, each counted against ``node_budget``. Raises ValueError naming a bad
@@ -349,6 +359,7 @@ def build_config(
         decode_drain_seconds=decode_drain_seconds,
         backlog_seconds=float(interval_seconds) + warmup if count_prefill_backlog else None,
         length_window=length_window,
+        rise_quantile=rise_quantile,
         decode_rise_quantile=decode_rise_quantile,
         prefill_queue=prefill_queue,
         nodes_per_instance=nodes_per_instance,

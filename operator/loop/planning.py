@@ -17,7 +17,7 @@ from pdscale.operator.api import multinode
 from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
 from pdscale.operator.api.tenant_policy import TenantPolicy, prometheus_refusal
 from pdscale.operator.render import engines, router
-from pdscale.planner.config import PlannerConfig, build_config
+from pdscale.planner.config import PlannerConfig, build_config, decode_quantile
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
@@ -56,6 +56,7 @@ PLANNER_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
     ("planner", "interval_seconds"),
     ("planner", "node_budget"),
     ("planner", "stabilization_window_seconds"),
+    ("planner", "load_percentile"),
     ("planner", "profile"),
     ("prefill", "min_replicas"),
     ("prefill", "max_replicas"),
@@ -93,7 +94,8 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     - Lengths are smoothed over 3 intervals: a change of load shape (chat -> long documents)
       must reach the split within a few intervals. Measured on the demo's phases: 15 kept
       prefill at 1-2 for 4 intervals of long documents.
-    - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``).
+    - Prefill is sized for ``loadPercentile`` of the load one lead ahead, decode for half the
+      risk (90: prefill 0.9, decode 0.95; ``config.decode_quantile``).
     - The prefill TTFT queue is one pool behind a router that sends each request where it is
       served soonest, and a queue per instance behind one that picks at random
       (``router.prefill_choice``: sglang-router 0.3.2, the default, does so in PD mode)."""
@@ -126,7 +128,8 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         horizon_intervals=None,
         count_prefill_backlog=True,
         length_window=LENGTH_WINDOW_INTERVALS,
-        decode_rise_quantile=0.95,
+        rise_quantile=p.load_percentile / 100.0,
+        decode_rise_quantile=decode_quantile(p.load_percentile / 100.0),
         prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
         nodes_per_instance=(kp, kd),
     )
