@@ -539,7 +539,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         prepared = _prepared(point, console, trace)
         if isinstance(prepared, int):
             return prepared
-        configured, trace, _, setup, history = prepared
+        _, trace, _, setup, history = prepared
         baselines = baselines or prepared
         console.print(f"replay pdscale at loadPercentile {percentile}")
         report = run_policy(setup, "pdscale", history=history)

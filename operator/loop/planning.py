@@ -23,7 +23,7 @@ from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
 from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
-from pdscale.planner.solve import History
+from pdscale.planner.solve import History, lead_intervals
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
 #: the scale-down window spans more intervals (see history_keep). About 200 bytes each.
@@ -32,8 +32,14 @@ HISTORY_KEEP = 64
 
 def history_keep(config: PlannerConfig) -> int:
     """Intervals the planner's memory must keep to restart with its whole scale-down window
-    (at 10 s intervals the default 900 s window is 90 of them)."""
-    return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1)
+    (at 10 s intervals the default 900 s window is 90 of them) and what the risk over the
+    lead is learned from (``rise_min_samples`` leads one lead apart, and the forecast window
+    before them: 126 intervals at 60 s with a 600 s warm-up, about 25 kB): a restarted
+    operator prices the next warm-up from the load it saw before, not from nothing."""
+    lead = lead_intervals(config)
+    risk = lead * (config.rise_min_samples + 1) + config.forecast_window
+    return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1,
+               min(risk, config.rise_history_intervals))
 
 
 #: intervals over which lengths and the prefix hit rate are averaged (see planner_config).

@@ -77,15 +77,36 @@ def _prefill_for(rate: float) -> int:
     return _instances_needed(_cfg(), Load(rate, 2000.0, 30.0, 0.0))[0]
 
 
+def _ramps(cycles: int) -> list[float]:
+    """Past days of ramps: 20 flat intervals, +8 req/s an interval for 10, 10 at the top."""
+    one = [100.0] * 20 + [100.0 + 8.0 * k for k in range(1, 11)] + [180.0] * 10
+    return one * cycles
+
+
 def test_a_rise_under_way_is_ordered_for_where_it_will_be_a_lead_ahead() -> None:
-    # issue 48's hour: flat, then +8 req/s a minute; four minutes in, the order covers the
-    # load a lead ahead (capped at 2x until the history has shown enough leads), where it used
-    # to cover the recent max plus four damped slopes
-    d = _rise_plan([100.0] * 10 + [108.0, 116.0, 124.0, 132.0], 140.0)
-    lead_rate = 140.0 + 8.0 * lead_intervals(_cfg())
+    # a history of ramps like this one teaches how far a rise goes over a lead; four
+    # intervals into a new one, the order covers the load a lead ahead (bounded by that
+    # quantile), where the damped trend covered the recent max plus at most four slopes
+    past = _ramps(8)
+    lead = lead_intervals(_cfg())
+    ratios = lead_ratios([*past, 100.0], lead=lead, window=5, stride=lead)
+    bound = float(np.quantile(ratios, 0.9))
+    assert bound > 1.3
+    d = _rise_plan([*past, *([100.0] * 20), 108.0, 116.0, 124.0, 132.0], 140.0)
+    lead_rate = min(140.0 + 8.0 * lead, 140.0 * bound)
+    damped = 140.0 + 8.0 * 4
+    assert _prefill_for(lead_rate) > _prefill_for(damped)
     assert max(p for p, _ in d.plan) >= _prefill_for(lead_rate)
     assert "a lead (11 intervals: warm-up + one) ahead" in d.explanation
     assert "rising: the ramp carried to the lead" in d.explanation
+
+
+def test_until_the_risk_is_learned_a_ramp_is_extrapolated_damped() -> None:
+    # 14 intervals of history hold no lead to learn from: the damped trend, not a 2x guess
+    # (issue 48's nine-minute rise is over before capacity ordered for it serves)
+    d = _rise_plan([100.0] * 10 + [108.0, 116.0, 124.0, 132.0], 140.0)
+    assert max(p for p, _ in d.plan) <= _prefill_for(140.0 + 8.0 * 4)
+    assert "too few to learn the risk from" in d.explanation
 
 
 def test_a_learned_quantile_bounds_how_far_a_ramp_is_carried() -> None:
