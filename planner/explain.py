@@ -182,11 +182,12 @@ def _risk_clauses(risk: tuple[LeadRisk, LeadRisk] | None) -> list[str]:
         if r.quantile <= 0 or r.at_lead_rps <= r.base_rps * 1.005:
             continue
         why = []
-        if r.at_lead_rps > r.base_rps * r.margin * 1.005:
-            why.append(f"rising: the ramp carried to the lead, at most x{r.bound:.2f}" if r.learned
-                       else "rising: the ramp extrapolated, damped")
-        if r.margin > 1.0 + 1e-9:
+        if r.carried:
+            why.append(f"rising: the ramp carried to the lead, at most x{r.bound:.2f}")
+        elif r.margin > 1.0 + 1e-9:
             why.append(f"x{r.margin:.2f} for what the forecast missed")
+        else:
+            why.append("rising: the ramp extrapolated, damped")
         learned = (f"p{100 * r.quantile:g} of {r.samples} past leads" if r.learned
                    else f"{r.samples} past lead(s), too few to learn the risk from")
         parts.append(f"{name} sized for {r.at_lead_rps:.1f} req/s a lead ({r.lead} intervals: warm-up + "

@@ -44,6 +44,8 @@ class LeadRisk:
     bound: float = 1.0
     #: the quantile of what the forecast missed at the lead: multiplies the forecast
     margin: float = 1.0
+    #: whether a ramp under way, carried to the lead, sized it (above the margin's forecast)
+    carried: bool = False
     #: the recent max rate (req/s of the planned shape)
     base_rps: float = 0.0
     #: the rate sized for at the lead

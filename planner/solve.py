@@ -469,10 +469,11 @@ def _lead_forecast(
       instead, issue 48's nine-minute rise (shorter than the lead) bought 30 prefills for a
       load that 20 served by the time they landed, 146.7 GPU-hours against 128.8 for the same
       96.43% (the rise's misses fall before anything ordered then can serve).
-    - margin: the ``quantile`` of what that forecast missed at the lead over the history
+    - margin: the ``quantile`` of what the damped trend missed at the lead over the history
       (:func:`forecast.rise_margin`), ramped in over the lead:
-      rate_k * (1 + (m - 1) * min(k, L) / L). Releases are gated by the same forecast: the
-      programme keeps what any interval of the horizon needs, the lead's included.
+      rate_k * (1 + (m - 1) * min(k, L) / L); the carried ramp is a floor under it, not
+      multiplied by it. Releases are gated by the same forecast: the programme keeps what
+      any interval of the horizon needs, the lead's included.
 
     ``quantile`` 0 is the plain forecast (no bound, no margin, the damped trend)."""
     lead = lead_intervals(cfg)
@@ -486,20 +487,27 @@ def _lead_forecast(
     ratios = lead_ratios(history, lead=lead, window=cfg.forecast_window, stride=stride)
     learned = len(ratios) >= cfg.rise_min_samples
     bound = min(max(float(np.quantile(ratios, quantile)), 1.0), cfg.max_rise_margin) if learned else 1.0
-    carried = trend and learned
-    rates = forecast(seen, H, method=cfg.forecast_method, window=cfg.forecast_window,
-                     lead=lead if carried else 0, cap=bound)
+    rates = forecast(seen, H, method=cfg.forecast_method, window=cfg.forecast_window)
     assert rates is not None
     margin = rise_margin(
         history, lead=lead, window=cfg.forecast_window, quantile=quantile,
         max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
-        method="trend" if trend else "recent-max", stride=stride, cap=bound if carried else None,
+        method="trend" if trend else "recent-max", stride=stride,
     )
+    rates = [r * (1.0 + (margin - 1.0) * min(k, lead) / lead) for k, r in enumerate(rates)]
+    carried = False
+    if trend and learned:
+        # the ramp under way, carried to the lead: a floor, not a second margin (the margin
+        # already prices a rise starting within the lead; multiplied, the two ordered 2.7x)
+        ramp = forecast(seen, H, method="trend", window=cfg.forecast_window, lead=lead, cap=bound)
+        assert ramp is not None
+        carried = ramp[min(lead, H) - 1] > rates[min(lead, H) - 1] * 1.005
+        rates = [max(r, x) for r, x in zip(rates, ramp, strict=True)]
     known = [x for x in seen[-cfg.forecast_window :] if x is not None]
-    base = max(known) if known else 0.0
-    risk = LeadRisk(quantile=quantile, lead=lead, samples=len(ratios), learned=learned, bound=bound, margin=margin,
-                    base_rps=base, at_lead_rps=rates[min(lead, H) - 1] * margin)
-    return [r * (1.0 + (margin - 1.0) * min(k, lead) / lead) for k, r in enumerate(rates)], risk
+    risk = LeadRisk(quantile=quantile, lead=lead, samples=len(ratios), learned=learned, bound=bound,
+                    margin=margin, carried=carried, base_rps=max(known) if known else 0.0,
+                    at_lead_rps=rates[min(lead, H) - 1])
+    return rates, risk
 
 
 def _per_request_work(cfg: PlannerConfig, load: Load) -> tuple[float, float]:

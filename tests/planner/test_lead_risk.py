@@ -98,7 +98,19 @@ def test_a_rise_under_way_is_ordered_for_where_it_will_be_a_lead_ahead() -> None
     assert _prefill_for(lead_rate) > _prefill_for(damped)
     assert max(p for p, _ in d.plan) >= _prefill_for(lead_rate)
     assert "a lead (11 intervals: warm-up + one) ahead" in d.explanation
-    assert "rising: the ramp carried to the lead" in d.explanation
+    assert "p90 of 30 past leads" in d.explanation
+
+
+def test_the_explanation_says_a_ramp_was_carried_to_the_lead() -> None:
+    from pdscale.planner.explain import _risk_clauses
+    from pdscale.planner.forecast import LeadRisk
+
+    carried = LeadRisk(quantile=0.9, lead=11, samples=30, learned=True, bound=1.4, margin=1.1,
+                       carried=True, base_rps=140.0, at_lead_rps=196.0)
+    (text,) = _risk_clauses((carried, LeadRisk(quantile=0.95, lead=11)))
+    assert text == ("prefill sized for 196.0 req/s a lead (11 intervals: warm-up + one) ahead, "
+                    "recent max 140.0 (rising: the ramp carried to the lead, at most x1.40; p90 "
+                    "of 30 past leads)")
 
 
 def test_until_the_risk_is_learned_a_ramp_is_extrapolated_damped() -> None:
