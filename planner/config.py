@@ -104,7 +104,8 @@ class PlannerConfig:
     #: (bench/policy_bench.py). A shape that turns shorter follows the window, and the
     #: scale-down window holds what the longer needed. None: the window alone
     length_jump_ratio: float | None = 1.5
-    #: size capacity for this quantile of the rate rises seen at the warm-up lead (0 = off)
+    #: size capacity for this quantile of the rate rises seen over the lead, warm-up plus one
+    #: interval (0 = off): ``spec.planner.loadPercentile`` / 100 (``solve._lead_forecast``)
     rise_quantile: float = 0.9
     #: the same for decode (None = ``rise_quantile``), higher: a decode fleet short by a
     #: fraction slows every running sequence past the TPOT target until new nodes land, while
