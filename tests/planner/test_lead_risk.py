@@ -143,3 +143,25 @@ def test_decode_covers_half_the_risk() -> None:
     assert decode_quantile(0.9) == 0.95
     assert decode_quantile(0.8) == 0.9
     assert decode_quantile(0.0) == 0.0
+
+
+def test_dominated_needs_both_less_attainment_and_more_gpu_hours() -> None:
+    from pdscale.planner.replay.run import dominated
+
+    best = {"slo_attainment": 0.9909, "gpu_hours": 106.9}
+    # issue 48's surge row: 2.66 points behind on 20% more GPU-hours
+    assert dominated({"slo_attainment": 0.9643, "gpu_hours": 128.8}, best)
+    assert not dominated({"slo_attainment": 0.9643, "gpu_hours": 108.9}, best)  # within 2%
+    assert not dominated({"slo_attainment": 0.9860, "gpu_hours": 200.0}, best)  # within 0.5 pp
+
+
+def test_the_sweep_flag_reads_percentiles() -> None:
+    import argparse
+
+    import pytest
+
+    from pdscale.replay import _percentiles
+
+    assert _percentiles("0,75,90") == (0, 75, 90)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\[0, 99\]"):
+        _percentiles("100")
