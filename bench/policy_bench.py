@@ -262,6 +262,9 @@ def main() -> None:
                     help="the planner reads Prometheus S seconds after its last scrape of the "
                          "engines (every 5 s): 0 reads right after it (default); a live tick "
                          "falls 2.5 s after it on average (SimConfig.scrape_lag_seconds)")
+    ap.add_argument("--load-percentiles", default=None, metavar="P,P",
+                    help="also run pdscale at each spec.planner.loadPercentile (rows "
+                         "pdscale@pP): the trade curve beside the default's row")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     args = ap.parse_args()
@@ -313,9 +316,19 @@ def main() -> None:
                       f"time /{c['time_scale']:g}, TTFT SLO {c['ttft']} s"
                       + (f", after {len(history)} interval(s) of history" if history else ""))
         reps = {}
-        for pol in args.policies.split(",") if args.policies else c.get("policies", POLICIES):
+        policies = args.policies.split(",") if args.policies else c.get("policies", POLICIES)
+        curve = [f"pdscale@p{p}" for p in args.load_percentiles.split(",")] if args.load_percentiles else []
+        for pol in [*policies, *curve]:
             t = time.perf_counter()
-            rep = trimmed(run_policy(setup, pol, history=history))
+            if pol.startswith("pdscale@p"):
+                at = configure(case_spec, spec_source=f"file {PDCLUSTER.name}",
+                               overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes,
+                                          "--load-percentile": int(pol.removeprefix("pdscale@p"))})
+                rep = trimmed(run_policy(replace(setup, planner=at.config if deployed else replace(
+                    at.config, prefill_queue="pooled")), "pdscale", history=history))
+                rep["policy"] = pol
+            else:
+                rep = trimmed(run_policy(setup, pol, history=history))
             reps[pol] = rep
             peak = rep["peak_instances"]
             console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "

@@ -91,6 +91,9 @@ SPEC_FLAGS: tuple[SpecFlag, ...] = (
              "seconds from instance start to serving, both roles (spec.*.warmupSeconds)"),
     SpecFlag("--decode-drain", (("decode", "pre_stop_drain_seconds"),), int, int,
              "seconds a removed decode instance drains (spec.decode.preStopDrainSeconds)"),
+    SpecFlag("--load-percentile", (("planner", "load_percentile"),), int, int,
+             "percentile of the load one lead ahead capacity is sized and released for, 0-99 "
+             "(spec.planner.loadPercentile)"),
     SpecFlag("--min-prefill", (("prefill", "min_replicas"),), int, int, "spec.prefill.minReplicas"),
     SpecFlag("--max-prefill", (("prefill", "max_replicas"),), int, int, "spec.prefill.maxReplicas"),
     SpecFlag("--min-decode", (("decode", "min_replicas"),), int, int, "spec.decode.minReplicas"),
@@ -100,6 +103,16 @@ SPEC_FLAGS: tuple[SpecFlag, ...] = (
 
 class ConfigurationError(ValueError):
     """A spec field, flag or profile the planner cannot run with; the message names it."""
+
+
+def _percentiles(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected percentiles such as 0,75,90,95, got {text!r}") from None
+    if not values or any(not 0 <= v <= 99 for v in values):
+        raise argparse.ArgumentTypeError(f"each percentile must be in [0, 99], got {text!r}")
+    return values
 
 
 def parse_fleet_speed(text: str) -> tuple[float, float]:
@@ -353,6 +366,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "TPOT target (--max-running-requests sized to the SLO) and the rest "
                              "wait; shed: and drops what would wait past the TTFT target, and the "
                              "planner drops its decode hedge (default: off)")
+    parser.add_argument("--sweep-load-percentile", type=_percentiles, default=None, metavar="P,P",
+                        help="replay pdscale at each spec.planner.loadPercentile and print the "
+                             "trade curve (attainment vs GPU-hours) beside static:best, oracle and "
+                             "oracle:now on the same fleet (instead of --policy)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
     parser.add_argument("--plot", help="write a PNG of load, x, y and attainment per interval")
 
@@ -385,9 +402,12 @@ def run(args: argparse.Namespace) -> int:
     if args.simulate:
         console.print("[red]error:[/red] --simulate replays a range read with --prometheus")
         return 2
-    if not (args.trace or args.synthetic) or not args.policy:
-        console.print("[red]error:[/red] --trace (or --synthetic) and --policy are needed (or --prometheus)")
+    if not (args.trace or args.synthetic) or not (args.policy or args.sweep_load_percentile):
+        console.print("[red]error:[/red] --trace (or --synthetic) and --policy (or "
+                      "--sweep-load-percentile) are needed (or --prometheus)")
         return 2
+    if args.sweep_load_percentile:
+        return run_sweep(args)
     return run_trace(args)
 
 
@@ -488,22 +508,18 @@ def _on_trace_clock(configured: Configured, trace_start: str | None) -> Configur
         configured.config, clock_origin_unix_seconds=origin))
 
 
-def run_trace(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
+def _prepared(args: argparse.Namespace, console: Any, trace: Any = None) -> Any:
+    """(configured, trace, fleet model, setup to score, history) for the command line, or the
+    exit code after printing why not. ``trace``: the one already read (a sweep reads it once)."""
     from pdscale.operator.render.engines import decode_batch_cap
-    from pdscale.planner.replay.run import run_policy
     from pdscale.planner.replay.traces import TraceError
 
-    console = Console(stderr=True)
     if (refused := _flags_refused(args)) is not None:
         console.print(f"[red]error:[/red] {refused}")
         return 2
     try:
         configured = configuration_from(args)
-        trace = _trace_from(args)
+        trace = _trace_from(args) if trace is None else trace
     except (ConfigurationError, TraceError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -518,13 +534,90 @@ def run_trace(args: argparse.Namespace) -> int:
         console.print(f"schedules: {len(config.schedules)} window(s) read on the trace's clock, its "
                       f"first second at {start.isoformat()} (--trace-start)")
     try:
-        truth = fleet_model(config, profile_path=args.fleet_profile, speed=args.fleet_speed,
+        truth = fleet_model(configured.config, profile_path=args.fleet_profile, speed=args.fleet_speed,
                             decode_batch_cap=decode_batch_cap(configured.spec))
     except ConfigurationError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     setup = fleet_setup(args, trace, configured, truth)
     setup, history = _start(args, setup, console)
+    return configured, trace, truth, setup, history
+
+
+#: the baselines a sweep prints beside the trade curve: the best fixed fleet in hindsight, the
+#: planner with the future known, and with each interval known once it ends
+SWEEP_BASELINES = ("static:best", "oracle", "oracle:now")
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """``--sweep-load-percentile``: pdscale at each percentile, then :data:`SWEEP_BASELINES`,
+    on one fleet and one start (``run_policy``, as ``--policy`` runs each), as one table: the
+    trade curve of attainment against GPU-hours, and whether static:best dominates each point
+    (:func:`pdscale.planner.replay.run.dominated`)."""
+    import copy
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdscale.planner.replay.run import dominated, run_policy
+
+    console = Console(stderr=True)
+    rows: list[dict[str, Any]] = []
+    trace = None
+    baselines: Any = None
+    for percentile in args.sweep_load_percentile:
+        point = copy.copy(args)
+        point.load_percentile = percentile
+        prepared = _prepared(point, console, trace)
+        if isinstance(prepared, int):
+            return prepared
+        _, trace, _, setup, history = prepared
+        baselines = baselines or prepared
+        console.print(f"replay pdscale at loadPercentile {percentile}")
+        report = run_policy(setup, "pdscale", history=history)
+        rows.append({"policy": "pdscale", "load_percentile": percentile, **_curve_point(report)})
+    assert baselines is not None
+    _, trace, _, setup, history = baselines
+    for policy in SWEEP_BASELINES:
+        console.print(f"replay {policy}")
+        report = run_policy(setup, policy, history=history)
+        rows.append({"policy": report.get("policy", policy), "load_percentile": None,
+                     **_curve_point(report)})
+    best = next(r for r in rows if r["policy"].startswith("static"))
+    table = Table(title=f"trade curve on {trace.name}: attainment vs GPU-hours")
+    for column in ("policy", "loadPercentile", "attainment", "GPU-h", "role changes",
+                   "dominated by static:best"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        r["dominated_by_static_best"] = (r["policy"] == "pdscale" and dominated(r, best))
+        table.add_row(r["policy"], "" if r["load_percentile"] is None else str(r["load_percentile"]),
+                      f"{100 * r['slo_attainment']:.2f}%", f"{r['gpu_hours']:.1f}",
+                      str(r["role_changes"]), "yes" if r["dominated_by_static_best"] else "")
+    Console().print(table)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps({"trace": trace.name, "rows": rows}, indent=1))
+        console.print(f"wrote {args.json_out}")
+    return 0
+
+
+def _curve_point(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: report[k] for k in ("slo_attainment", "gpu_hours", "role_changes")}
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from pdscale.planner.replay.run import run_policy
+
+    console = Console(stderr=True)
+    prepared = _prepared(args, console)
+    if isinstance(prepared, int):
+        return prepared
+    configured, trace, truth, setup, history = prepared
+    config = configured.config
     console.print(
         f"{trace.name}: {len(trace):,} requests over {trace.duration_seconds / 60:.0f} min "
         f"(rate x{args.rate_scale:g}, time /{args.time_scale:g}), profile {config.model.profile.name}"

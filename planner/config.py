@@ -105,7 +105,8 @@ class PlannerConfig:
     #: (bench/policy_bench.py). A shape that turns shorter follows the window, and the
     #: scale-down window holds what the longer needed. None: the window alone
     length_jump_ratio: float | None = 1.5
-    #: size capacity for this quantile of the rate rises seen at the warm-up lead (0 = off)
+    #: size capacity for this quantile of the rate rises seen over the lead, warm-up plus one
+    #: interval (0 = off): ``spec.planner.loadPercentile`` / 100 (``solve._lead_forecast``)
     rise_quantile: float = 0.9
     #: the same for decode (None = ``rise_quantile``), higher: a decode fleet short by a
     #: fraction slows every running sequence past the TPOT target until new nodes land, while
@@ -301,6 +302,14 @@ def _check_schedules(cfg: PlannerConfig) -> None:
                 raise ValueError(f"{owner}[{s.name!r}].min_{role} ({low}) exceeds max_{role} ({high})")
 
 
+def decode_quantile(quantile: float) -> float:
+    """Decode's rise quantile for prefill's ``quantile``: half the risk (0.9 -> 0.95; 0 stays
+    off). A decode fleet short by a fraction slows every running sequence past the TPOT
+    target until new nodes land; a prefill fleet short by a fraction loses that fraction
+    (``PlannerConfig.decode_rise_quantile``)."""
+    return 1.0 - (1.0 - quantile) / 2.0 if quantile > 0 else 0.0
+
+
 # -- the one builder -------------------------------------------------------------------------
 def build_config(
     *,
@@ -318,6 +327,7 @@ def build_config(
     horizon_intervals: int | None = None,
     count_prefill_backlog: bool = False,
     length_window: int = PlannerConfig.length_window,
+    rise_quantile: float = PlannerConfig.rise_quantile,
     decode_rise_quantile: float | None = PlannerConfig.decode_rise_quantile,
     prefill_queue: str = PlannerConfig.prefill_queue,
     nodes_per_instance: tuple[int, int] = (1, 1),
@@ -342,7 +352,8 @@ def build_config(
     ``node_budget`` counts nodes shared by both roles (warming and draining included);
     ``min_*``/``max_*`` bound each role's instances; ``stabilization_window_seconds`` None is
     HPA's 300 s plus the warm-up; ``decode_drain_seconds`` None is estimated from the load;
-    ``length_window`` (intervals) smooths lengths and hit rate; ``decode_rise_quantile`` None
+    ``length_window`` (intervals) smooths lengths and hit rate; ``rise_quantile`` the risk
+    over the lead prefill is sized for (:func:`decode_quantile` gives decode's); ``decode_rise_quantile`` None
     sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
     (``PlannerConfig.prefill_queue``); ``nodes_per_instance`` the (prefill, decode) nodes one
     instance spans, each counted against ``node_budget``; ``schedules`` the windows of
@@ -376,6 +387,7 @@ def build_config(
         decode_drain_seconds=decode_drain_seconds,
         backlog_seconds=float(interval_seconds) + warmup if count_prefill_backlog else None,
         length_window=length_window,
+        rise_quantile=rise_quantile,
         decode_rise_quantile=decode_rise_quantile,
         prefill_queue=prefill_queue,
         nodes_per_instance=nodes_per_instance,

@@ -9,6 +9,7 @@ import numpy as np
 
 from .config import PlannerConfig
 from .decision import Decision
+from .forecast import LeadRisk
 from .history import History
 from .model import Load
 from .needs import _Needs
@@ -45,6 +46,7 @@ def _clamp(p: int, d: int, cfg: PlannerConfig) -> tuple[int, int, list[str]]:
 def _decision(
     cfg: PlannerConfig, now: float, load: Load, future: list[Load], needs: _Needs,
     timing: _Timing, floor: np.ndarray, outcome: _Outcome, how: str,
+    risk: tuple[LeadRisk, LeadRisk] | None = None,
 ) -> Decision:
     """The decision for the interval at ``now``: the first interval's counts, the predicted
     latencies of what serves then, the horizon's cost and plan, and why."""
@@ -57,7 +59,7 @@ def _decision(
         predicted_ttft_seconds=model.predicted_ttft_seconds(future[0], int(serve[0, 0]), cfg.slo.percentile),
         predicted_tpot_seconds=model.predicted_tpot_seconds(future[0], int(serve[1, 0])),
         cost_gpu_hours=outcome.cost_gpu_hours,
-        explanation=_explain(cfg, load, future, needs, timing, floor, outcome),
+        explanation=_explain(cfg, load, future, needs, timing, floor, outcome, risk),
         switch_to_prefill=outcome.switched[0],
         switch_to_decode=outcome.switched[1],
         shortfall=shortfall,
@@ -133,11 +135,12 @@ def _committed_or(obs: Observation, role: Role, default: int) -> int:
 
 def _explain(
     cfg: PlannerConfig, load: Load, future: list[Load], needs: _Needs, timing: _Timing,
-    floor: np.ndarray, outcome: _Outcome,
+    floor: np.ndarray, outcome: _Outcome, risk: tuple[LeadRisk, LeadRisk] | None = None,
 ) -> str:
     """A few clauses a user can check: load, what bound the counts, what was traded."""
     return "; ".join([
         *_load_clauses(cfg, load, future, needs, outcome, timing.interval),
+        *_risk_clauses(risk),
         *_action_clauses(needs, timing, outcome),
         *_schedule_clauses(cfg, needs, timing),
         *_limit_clauses(cfg, needs, timing, floor, outcome),
@@ -212,6 +215,28 @@ def _load_clauses(
     ratio = [float(outcome.serve[r, 0] / max(need[r, 0], 1e-9)) for r in (0, 1)]
     bound = _ROLES[int(np.argmin(ratio))]
     parts.append(f"bound by {bound} ({'TTFT' if bound == 'prefill' else 'TPOT'} at the utilisation cap)")
+    return parts
+
+
+def _risk_clauses(risk: tuple[LeadRisk, LeadRisk] | None) -> list[str]:
+    """How each role's forecast was raised for the risk over the lead, where it was: the rate
+    sized for when capacity ordered now serves, against the recent max, and why (a ramp carried
+    to the lead, the margin for what the forecast has missed)."""
+    parts = []
+    for name, r in zip(_ROLES, risk or (), strict=False):
+        if r.quantile <= 0 or r.at_lead_rps <= r.base_rps * 1.005:
+            continue
+        why = []
+        if r.carried:
+            why.append(f"rising: the ramp carried to the lead, at most x{r.bound:.2f}")
+        elif r.margin > 1.0 + 1e-9:
+            why.append(f"x{r.margin:.2f} for what the forecast missed")
+        else:
+            why.append("rising: the ramp extrapolated, damped")
+        learned = (f"p{100 * r.quantile:g} of {r.samples} past leads" if r.learned
+                   else f"{r.samples} past lead(s), too few to learn the risk from")
+        parts.append(f"{name} sized for {r.at_lead_rps:.1f} req/s a lead ({r.lead} intervals: warm-up + "
+                     f"one) ahead, recent max {r.base_rps:.1f} ({', '.join(why)}; {learned})")
     return parts
 
 

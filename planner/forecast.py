@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,32 @@ TREND_DAMPING = 0.8
 TREND_MAX_JUMP_SHARE = 0.7
 
 
+@dataclass(frozen=True)
+class LeadRisk:
+    """How one role's forecast was priced against the risk of the lead (capacity ordered now
+    serves ``lead`` intervals later), for the decision's explanation."""
+
+    #: the risk quantile sized for (0: off, the plain forecast)
+    quantile: float
+    #: intervals from ordering to serving: warm-up + one interval
+    lead: int
+    #: independent leads the history holds (load changes over the lead seen so far)
+    samples: int = 0
+    #: whether they were enough to learn from (else the bound is ``max_rise_margin`` and the
+    #: margin the prior)
+    learned: bool = False
+    #: the quantile of load(t + lead) / recent max(t): how far a ramp is carried
+    bound: float = 1.0
+    #: the quantile of what the forecast missed at the lead: multiplies the forecast
+    margin: float = 1.0
+    #: whether a ramp under way, carried to the lead, sized it (above the margin's forecast)
+    carried: bool = False
+    #: the recent max rate (req/s of the planned shape)
+    base_rps: float = 0.0
+    #: the rate sized for at the lead
+    at_lead_rps: float = 0.0
+
+
 def _known(history: Sequence[float | None]) -> list[float]:
     return [x for x in history if x is not None and math.isfinite(x)]
 
@@ -39,6 +66,8 @@ def forecast(
     beta: float = 0.2,
     damping: float = 0.9,
     period: int = 0,
+    lead: int = 0,
+    cap: float = math.inf,
 ) -> list[float] | None:
     """Predict the next ``horizon`` values of a series; ``None`` when nothing is known.
 
@@ -50,7 +79,9 @@ def forecast(
         ``holt`` (level + damped trend, ``alpha``/``beta``/``damping``);
         ``seasonal-naive`` (value one ``period`` ago, falls back to ``holt`` when the history
         is shorter); ``recent-max`` (max of the last ``window``: conservative); ``trend``
-        (``recent-max`` plus a bounded, damped trend: :func:`bounded_trend`).
+        (``recent-max`` plus a bounded, damped trend: :func:`bounded_trend`; with ``lead`` > 0
+        the rising slope carried to ``lead`` intervals ahead, at most ``cap`` times the recent
+        max: :func:`ramp_projection`).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -64,6 +95,8 @@ def forecast(
         return [sum(tail) / len(tail)] * horizon
     if method == "recent-max":
         return [max(xs[-window:])] * horizon
+    if method == "trend" and lead > 0:
+        return ramp_projection(xs, horizon, lead=lead, window=window, cap=cap)
     if method == "trend":
         return bounded_trend(xs, horizon, window=window)
     if method == "ewma":
@@ -127,6 +160,67 @@ def bounded_trend(
     return out
 
 
+def ramp_projection(
+    xs: Sequence[float], horizon: int, *, lead: int, window: int = 5, cap: float = 2.0,
+    min_t: float = TREND_MIN_T,
+) -> list[float]:
+    """``recent-max`` over ``window`` plus the window's significant rising slope carried to
+    ``lead`` intervals ahead, then held: value at step h = max(last window) + slope * min(h, lead),
+    never above ``cap`` times the recent max.
+
+    Capacity ordered now serves a lead (warm-up + interval) later: during a ramp it is
+    ordered for where the ramp will be then, not one interval's step at a time (issue 48's
+    hour: 9 -> 12 -> 13 -> 14 -> 18 prefills, each landing ten minutes after its minute).
+    ``cap`` bounds the projection by the rises the history has shown over the lead (the
+    planner passes the risk quantile of :func:`lead_ratios`): a slope measured over five
+    intervals is noisy, and a ramp is not carried past what the load has done before. The
+    slope test (:func:`significant_slope`) keeps steps and steady noise flat, and the slope
+    is the last ``window`` intervals' only: the projection is gone soon after a ramp ends."""
+    tail = list(xs[-window:])
+    base = max(tail)
+    slope = significant_slope(tail, min_t=min_t)
+    top = base * max(cap, 1.0)
+    return [min(base + slope * min(h, lead), top) for h in range(1, horizon + 1)]
+
+
+def lead_ratios(
+    history: Sequence[float | None],
+    *,
+    lead: int,
+    window: int = 5,
+    method: str = "recent-max",
+    stride: int = 1,
+    cap: float | None = None,
+) -> np.ndarray:
+    """The observed distribution of load changes over ``lead`` intervals: for each past
+    origin t, actual(t + lead) / forecast(t), the forecast being the max of
+    history[t - window + 1 .. t] (``recent-max``), plus its damped significant slope
+    (``trend``), or plus that slope carried to the lead and at most ``cap`` times the recent
+    max (``trend`` with ``cap``: :func:`ramp_projection`). Origins with an unknown value or a
+    zero forecast are skipped; ``stride`` > 1 keeps every ``stride``-th origin (the latest
+    included). Oldest origin first."""
+    xs = np.asarray([np.nan if x is None else x for x in history], dtype=float)
+    if lead <= 0 or len(xs) - lead - window + 1 <= 0:
+        return np.zeros(0)
+    windows = np.lib.stride_tricks.sliding_window_view(xs[: len(xs) - lead], window)
+    base = np.nanmax(np.where(np.isnan(windows), -np.inf, windows), axis=1)
+    if method == "trend" and window >= 3:
+        # the margin covers what the forecast in use misses: with a trend, a ramp already
+        # extrapolated is no reason to raise every later forecast for it again
+        slopes = _significant_slopes(windows)
+        if cap is None:
+            base = base + slopes * sum(TREND_DAMPING**h for h in range(1, lead + 1))
+        else:
+            base = np.minimum(base + slopes * lead, base * max(cap, 1.0))
+    actual = xs[window - 1 + lead :]
+    ok = np.isfinite(base) & np.isfinite(actual) & (base > 0)
+    if stride > 1:
+        keep = np.zeros(ok.shape, dtype=bool)
+        keep[len(ok) - 1 :: -stride] = True
+        ok &= keep
+    return np.asarray(actual[ok] / base[ok])
+
+
 def rise_margin(
     history: Sequence[float | None],
     *,
@@ -138,11 +232,12 @@ def rise_margin(
     prior: float = 1.0,
     method: str = "recent-max",
     stride: int = 1,
+    cap: float | None = None,
 ) -> float:
-    """How much the rate has risen above a ``recent-max`` (or ``trend``: ``method``) forecast
-    ``lead`` intervals later.
+    """How much the rate has risen above a ``recent-max`` (or ``trend``: ``method``, with
+    ``cap`` the ramp projection's bound) forecast ``lead`` intervals later.
 
-    The ``quantile`` of actual(t + lead) / max(history[t - window + 1 .. t]) over the past:
+    The ``quantile`` of actual(t + lead) / forecast(t) over the past (:func:`lead_ratios`):
     multiplying the forecast by it covers that share of the ramps seen so far (an empirical,
     self-calibrating prediction interval). ``prior`` until ``min_samples`` origins exist; never above
     ``max_margin`` (an idle-to-busy jump after an empty minute is not a ramp to plan for).
@@ -152,27 +247,12 @@ def rise_margin(
     would count as ``lead`` samples, and an hour holding a single step would plan for a second
     one of the same size at every forecast after it. With ``stride = lead`` the samples are
     independent warm-ups, and ``min_samples`` counts warm-ups."""
-    xs = np.asarray([np.nan if x is None else x for x in history], dtype=float)
-    n = len(xs) - lead - window + 1
     if lead <= 0:
         return 1.0
-    if n < min_samples:
+    ratios = lead_ratios(history, lead=lead, window=window, method=method, stride=stride, cap=cap)
+    if len(ratios) < min_samples:
         return prior
-    windows = np.lib.stride_tricks.sliding_window_view(xs[: len(xs) - lead], window)
-    base = np.nanmax(np.where(np.isnan(windows), -np.inf, windows), axis=1)
-    if method == "trend" and window >= 3:
-        # the margin covers what the forecast in use misses: with a trend, a ramp already
-        # extrapolated is no reason to raise every later forecast for it again
-        base = base + _significant_slopes(windows) * sum(TREND_DAMPING**h for h in range(1, lead + 1))
-    actual = xs[window - 1 + lead :]
-    ok = np.isfinite(base) & np.isfinite(actual) & (base > 0)
-    if stride > 1:
-        keep = np.zeros(ok.shape, dtype=bool)
-        keep[len(ok) - 1 :: -stride] = True
-        ok &= keep
-    if ok.sum() < min_samples:
-        return prior
-    q = float(np.quantile(actual[ok] / base[ok], quantile))
+    q = float(np.quantile(ratios, quantile))
     return min(max(q, 1.0), max_margin)
 
 

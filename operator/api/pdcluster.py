@@ -745,6 +745,16 @@ class PlannerSpec(_Model):
         "warmupSeconds (a released node is back no sooner than one warm-up after the load "
         "returns).",
     )
+    load_percentile: int = Field(
+        default=90, ge=0, le=99,
+        description="Capacity is sized, and released, for this percentile of the load one lead "
+        "ahead (the slower role's warmupSeconds plus intervalSeconds: when a node ordered now "
+        "serves, or one released now could be back), learned from the load's own changes over "
+        "that lead (a rise under way is carried to it, at most as far as this percentile of "
+        "past rises). Decode covers half the risk (90 -> 95: a short decode fleet slows every "
+        "running request). Higher buys attainment on rises with GPU-hours; 0 plans for the "
+        "forecast alone. See docs/risk.md.",
+    )
     profile: str | None = Field(
         default=None,
         min_length=1,

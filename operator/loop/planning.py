@@ -17,14 +17,14 @@ from pdscale.operator.api import multinode
 from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
 from pdscale.operator.api.tenant_policy import TenantPolicy, prometheus_refusal
 from pdscale.operator.render import engines, router
-from pdscale.planner.config import PlannerConfig, build_config
+from pdscale.planner.config import PlannerConfig, build_config, decode_quantile
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
 from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.schedule import ScheduledFloor
-from pdscale.planner.solve import History
+from pdscale.planner.solve import History, lead_intervals
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
 #: the scale-down window spans more intervals (see history_keep). About 200 bytes each.
@@ -33,8 +33,14 @@ HISTORY_KEEP = 64
 
 def history_keep(config: PlannerConfig) -> int:
     """Intervals the planner's memory must keep to restart with its whole scale-down window
-    (at 10 s intervals the default 900 s window is 90 of them)."""
-    return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1)
+    (at 10 s intervals the default 900 s window is 90 of them) and what the risk over the
+    lead is learned from (``rise_min_samples`` leads one lead apart, and the forecast window
+    before them: 126 intervals at 60 s with a 600 s warm-up, about 25 kB): a restarted
+    operator prices the next warm-up from the load it saw before, not from nothing."""
+    lead = lead_intervals(config)
+    risk = lead * (config.rise_min_samples + 1) + config.forecast_window
+    return max(HISTORY_KEEP, math.ceil(config.stabilization_seconds / config.interval_seconds) + 1,
+               min(risk, config.rise_history_intervals))
 
 
 #: intervals over which lengths and the prefix hit rate are averaged (see planner_config).
@@ -57,6 +63,7 @@ PLANNER_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
     ("planner", "interval_seconds"),
     ("planner", "node_budget"),
     ("planner", "stabilization_window_seconds"),
+    ("planner", "load_percentile"),
     ("planner", "profile"),
     ("prefill", "min_replicas"),
     ("prefill", "max_replicas"),
@@ -95,7 +102,8 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
     - Lengths are smoothed over 3 intervals: a change of load shape (chat -> long documents)
       must reach the split within a few intervals. Measured on the demo's phases: 15 kept
       prefill at 1-2 for 4 intervals of long documents.
-    - Decode covers the 0.95 quantile of rate rises, prefill the 0.9 (``PlannerConfig``).
+    - Prefill is sized for ``loadPercentile`` of the load one lead ahead, decode for half the
+      risk (90: prefill 0.9, decode 0.95; ``config.decode_quantile``).
     - The prefill TTFT queue is one pool behind a router that sends each request where it is
       served soonest, and a queue per instance behind one that picks at random
       (``router.prefill_choice``: sglang-router 0.3.2, the default, does so in PD mode).
@@ -130,7 +138,8 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         horizon_intervals=None,
         count_prefill_backlog=True,
         length_window=LENGTH_WINDOW_INTERVALS,
-        decode_rise_quantile=0.95,
+        rise_quantile=p.load_percentile / 100.0,
+        decode_rise_quantile=decode_quantile(p.load_percentile / 100.0),
         prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
         nodes_per_instance=(kp, kd),
         schedules=scheduled_floors(spec),

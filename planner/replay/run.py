@@ -591,3 +591,17 @@ def summarize(setup: ReplaySetup, policy: str, r: SimResult) -> dict[str, Any]:
         ],
         "per_interval": per_interval,
     }
+
+
+#: issue 48's rule for "dominated" (:func:`dominated`): attainment points behind, and share
+#: of GPU-hours over
+DOMINATED_POINTS = 0.5
+DOMINATED_COST = 0.02
+
+
+def dominated(row: dict[str, Any], by: dict[str, Any]) -> bool:
+    """Whether ``by`` dominates ``row`` (summaries with ``slo_attainment`` as a share and
+    ``gpu_hours``): ``row`` meets more than :data:`DOMINATED_POINTS` points less *and* spends
+    more than :data:`DOMINATED_COST` more GPU-hours."""
+    return bool(100.0 * (by["slo_attainment"] - row["slo_attainment"]) > DOMINATED_POINTS
+                and row["gpu_hours"] > (1.0 + DOMINATED_COST) * by["gpu_hours"])

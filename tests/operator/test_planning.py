@@ -26,7 +26,7 @@ from pdscale.planner.model import Calibration, Load
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
-from pdscale.planner.solve import History, plan, step
+from pdscale.planner.solve import History, lead_intervals, plan, step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,10 +147,10 @@ def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
     keep = history_keep(cfg)
     assert keep * cfg.interval_seconds > cfg.stabilization_seconds
     h = History()
-    for k in range(200):
+    for k in range(keep + 10):
         h = h.record(Load(float(k), 2000, 500, 0.6), decision())
     back, _ = history_from_json(history_to_json(h, 0.0, keep))
-    assert len(back.loads) == len(back.decisions) == keep and back.loads[-1].rate_rps == 199
+    assert len(back.loads) == len(back.decisions) == keep and back.loads[-1].rate_rps == keep + 9
     # a memory written before the burst peak was kept
     old = '{"version":1,"lastPlanAtSeconds":5,"loads":[[1,2,3,0.5]],"decisions":[]}'
     assert history_from_json(old)[0].loads == (Load(1, 2, 3, 0.5),)
@@ -158,6 +158,15 @@ def test_history_keeps_the_whole_scale_down_window_and_reads_older_memories():
     # and one written before the prompts' spread was: every prompt priced at the mean
     older = '{"version":1,"lastPlanAtSeconds":5,"loads":[[1,2,3,0.5,7]],"decisions":[]}'
     assert history_from_json(older)[0].loads == (Load(1, 2, 3, 0.5, peak_rate_rps=7.0),)
+
+
+def test_history_keeps_what_the_risk_over_the_lead_is_learned_from():
+    # 60 s intervals, 600 s warm-up: a lead of 11 intervals; 10 leads one lead apart and the
+    # forecast window before them, so that a restarted operator has learned the risk already
+    # (the memory kept 64 intervals: under six leads, nothing learned after a restart)
+    cfg = planner_config(sample_spec())
+    lead = lead_intervals(cfg)
+    assert history_keep(cfg) >= lead * (cfg.rise_min_samples + 1) + cfg.forecast_window
 
 
 def test_unreadable_history_is_forgotten_not_fatal():
