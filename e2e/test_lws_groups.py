@@ -6,12 +6,16 @@ LWS's environment); the router lists the groups' leaders only; a worker not Read
 group out of the router, and a worker pod deleted does too (RecreateGroupOnPodRestart) until
 the group is whole again.
 
-The planner is Off here: the Auto 1 -> 3 decode groups run is not part of this test.
+Last, the planner in Auto: decode raised to 3 groups by its floor, then let down to 1 under a
+light load through the router, drained from the highest group down (LWS removes those first)
+with no request failed, group 0 never leaving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +26,7 @@ from kubernetes import client
 
 from pdscale.testbed.demo import GROUP, PLURAL, VERSION, load_pdcluster, router_url
 from pdscale.testbed.fixtures import wait_for
+from pdscale.testbed.loadgen import Phase, plan_requests, run_load
 from pdscale.testbed.nodes import api_client
 from pdscale.testbed.stack import Stack
 
@@ -89,7 +94,8 @@ def _is_ready(pdc: dict) -> bool:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     workdir = tmp_path_factory.mktemp("multinode")
-    nodes = sum(NODES[r] * GROUPS[r] for r in NODES) + 2  # 10 for the groups, 2 spare
+    # 10 for the groups, 4 more for the third decode group of the Auto test, 2 spare
+    nodes = sum(NODES[r] * GROUPS[r] for r in NODES) + NODES["decode"] + 2
     with Stack(workdir=workdir / "stack", nodes=nodes, lws=True, progress=False,
                release_namespace="pdscale-lws") as stack:
         assert stack.kubeconfig is not None and stack.prometheus is not None
@@ -226,3 +232,50 @@ def test_a_worker_pod_deleted_takes_its_group_out_until_it_is_whole(world: World
     # the other decode group stayed listed throughout? at least it is listed now
     assert len([u for (role, _), u in _leader_urls(world).items() if role == "decode"
                 and u in world.listed()]) == GROUPS["decode"]
+
+
+def test_auto_moves_decode_groups_up_and_down_from_the_top_with_no_failed_request(world: World):
+    def patch(planner: dict, decode: dict) -> None:
+        world.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, NAME, {
+            "spec": {"planner": planner, "decode": decode}})
+
+    def groups_ready(n: int) -> bool:
+        live = world.group_set("decode")
+        return (live["spec"]["replicas"] == n and (live.get("status") or {}).get("readyReplicas") == n
+                and world.pdc()["status"]["decode"]["readyReplicas"] == n)
+
+    # up: Auto with a floor of 3 decode groups (more instances are applied at once)
+    patch({"mode": "Auto", "intervalSeconds": 10, "stabilizationWindowSeconds": 0},
+          {"minReplicas": 3, "replicas": 3})
+    wait_for(lambda: groups_ready(3), timeout_seconds=300, interval_seconds=2,
+             what="3 decode groups Ready under Auto")
+    wait_for(lambda: len(world.listed()) == GROUPS["prefill"] + 3, timeout_seconds=60,
+             what="the router listing 3 decode leaders")
+    first = {p.metadata.labels[GROUP_INDEX]: p.metadata.uid for p in world.pods("decode")
+             if p.metadata.labels[WORKER_INDEX] == "0"}
+
+    # down: the floor back to 1 under a light load; the planner's target drops to 1 and the
+    # loop drains groups 2 then 1 (LWS removes the highest first), each out of the router
+    # before it goes
+    specs = plan_requests([Phase("light", 120.0, 2.0, 200, 20)], seed=7)
+    records: list = []
+    sender = threading.Thread(target=lambda: records.extend(asyncio.run(
+        run_load(world.router, specs, max_seconds=120.0))))
+    sender.start()
+    try:
+        time.sleep(5)
+        patch({}, {"minReplicas": 1, "replicas": 1})
+        wait_for(lambda: groups_ready(1), timeout_seconds=240, interval_seconds=2,
+                 what="decode back to 1 group under Auto")
+    finally:
+        sender.join()
+    failed = [r for r in records if not r.ok]
+    assert records and not failed, f"{len(failed)} of {len(records)} failed: {failed[:1]}"
+    left = {p.metadata.labels[GROUP_INDEX]: p.metadata.uid for p in world.pods("decode")
+            if p.metadata.labels[WORKER_INDEX] == "0"}
+    assert left == {"0": first["0"]}  # group 0 served throughout; the top groups went
+    events = world.core.list_namespaced_event(
+        NS, field_selector=f"involvedObject.kind=PDCluster,involvedObject.name={NAME}").items
+    drained = " ".join(e.message or "" for e in events if "drain" in (e.reason or "").lower())
+    assert f"{NAME}-decode-2" in drained and f"{NAME}-decode-1" in drained, drained
+    print(f"{len(records)} requests through the scale-down, 0 failed")

@@ -53,6 +53,7 @@ from .fleet import (
     DRAINED_DELETION_COST,
     DRAINING_DELETION_COST,
     PodView,
+    plan_group_actions,
     plan_role_actions,
     pod_view,
 )
@@ -288,28 +289,22 @@ class Drains:
         """One level-based step of every role to its target (``fleet.plan_role_actions``)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        groups = [role.value for role in Role if multinode.is_group(spec, role.value)]
-        if groups:
-            # LWS removes the groups of highest index on a scale-down (StatefulSet order) and
-            # ignores pod-deletion-cost: the drain below picks the least loaded pod instead,
-            # so it would drain one group and LWS remove another, with its requests. Until the
-            # drain picks the highest-index leaders, Auto does not move a PDCluster with a
-            # role of several nodes per instance (issue 44); the replicas stay the spec's.
-            log.info("planner %s/%s: %s instances span several nodes; Auto does not scale "
-                     "them yet (the replicas stay the spec's)", ns, name, " and ".join(groups))
-            return
-        deployments = {role: self.kube.get("Deployment", ns, names.child_name(name, role)) for role in Role}
+        # A role of several nodes per instance is a LeaderWorkerSet of groups, the others
+        # Deployments: the replicas to move are that child's
+        kinds = {role: lws.KIND if multinode.is_group(spec, role.value) else "Deployment"
+                 for role in Role}
+        deployments = {role: self.kube.get(kinds[role], ns, names.child_name(name, role)) for role in Role}
         missing = [names.child_name(name, role) for role, d in deployments.items() if d is None]
         if missing:
             # The reconcile creates them; until then there are no replicas to move.
-            log.info("planner %s/%s: Deployments %s not there yet; nothing to move", ns, name, missing)
+            log.info("planner %s/%s: %s not there yet; nothing to move", ns, name, missing)
             return
         foreign = [names.child_name(name, role) for role, d in deployments.items()
                    if d is not None and not is_ours(d, str(meta.get("uid") or ""))]
         if foreign:
             # Another object of that name (the reconcile reports the conflict): its pods are
             # not ours to drain, whatever labels they carry.
-            log.warning("planner %s/%s: Deployments %s are not controlled by this PDCluster; "
+            log.warning("planner %s/%s: %s are not controlled by this PDCluster; "
                         "nothing is moved", ns, name, foreign)
             return
         replicas: dict[str, int] = {}
@@ -329,8 +324,11 @@ class Drains:
                 views = self._await_prefill(ns, spec, views, pods[Role.PREFILL], now)
             if role is Role.PREFILL:
                 views = self._await_handoffs(ns, spec, views, loads, pods[Role.DECODE], now)
-            actions = plan_role_actions(role, targets[role], views, current, now_seconds=now,
-                                        drain_timeout_seconds=drain_timeout_seconds(spec, role))
+            # LWS removes the highest groups first, whatever their load or deletion cost:
+            # groups drain from the top (fleet.plan_group_actions)
+            plan = plan_group_actions if kinds[role] == lws.KIND else plan_role_actions
+            actions = plan(role, targets[role], views, current, now_seconds=now,
+                           drain_timeout_seconds=drain_timeout_seconds(spec, role))
             for pod in actions.undrain:
                 self.kube.patch_pod(ns, pod, drain_marks(None))
             if actions.start_drain:

@@ -35,6 +35,7 @@ from typing import Any
 from pdscale.operator.api.clock import epoch_seconds
 from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
 from pdscale.operator.clients.routersync import WorkerSpec
+from pdscale.operator.render import lws
 from pdscale.planner.observe import RoleState, Warming
 
 #: deletion cost of a pod being drained: lower than any default (0) so the ReplicaSet picks it
@@ -71,6 +72,9 @@ class PodView:
     handoff_wait: str | None = None
     #: its deletion cost is ``DRAINED_DELETION_COST``: the drain is over, the pod is next to go
     drained: bool = False
+    #: an LWS group's leader: the group's index (LWS removes the highest first); None for a
+    #: Deployment's pod
+    group_index: int | None = None
 
     @property
     def draining(self) -> bool:
@@ -132,7 +136,13 @@ def pod_view(pod: Mapping[str, Any], role: str) -> PodView:
         draining_since_seconds=drain_started_at(draining),
         drained=draining is not None
         and annotations.get(DELETION_COST_ANNOTATION) == str(DRAINED_DELETION_COST),
+        group_index=_group_index(meta),
     )
+
+
+def _group_index(meta: Mapping[str, Any]) -> int | None:
+    text = str((meta.get("labels") or {}).get(lws.LABEL_GROUP_INDEX, ""))
+    return int(text) if text.isdigit() else None
 
 
 def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: float, *,
@@ -296,6 +306,77 @@ def plan_role_actions(
         undrain=tuple(undrain),
         start_drain=tuple(start),
         mark_drained=tuple(mark),
+        finish_drain=tuple(finish),
+        replicas=new_replicas if new_replicas != replicas else None,
+        waiting=tuple(waiting),
+    )
+
+
+def plan_group_actions(
+    role: str,
+    target: int,
+    leaders: Sequence[PodView],
+    replicas: int,
+    *,
+    now_seconds: float,
+    drain_timeout_seconds: float,
+) -> RoleActions:
+    """One level-based step of moving a role of LeaderWorkerSet groups to ``target`` instances.
+
+    ``replicas`` is the LWS's ``spec.replicas`` (groups); ``leaders`` the groups' leaders
+    (``lws.instances``), each with its ``group_index``. LWS keeps groups 0..replicas-1 and
+    removes the highest indices first, whatever their load (StatefulSet order; no deletion
+    cost), so this drains only from the top: the draining groups are always the highest
+    indices, a drain cancelled goes lowest first (the rest stay on top), and the replicas drop
+    only over the top groups that hold nothing (drained, still warming, or never created)."""
+    by_index = {p.group_index: p for p in leaders
+                if not p.deleting and p.group_index is not None and p.group_index < replicas}
+    draining = sorted((i for i, p in by_index.items() if p.draining))
+    committed = replicas - len(draining)  # a group not listed yet is warming
+    undrain: list[str] = []
+    start: list[str] = []
+    cut: set[int] = set()
+    waiting: list[str] = []
+    new_replicas = replicas
+    if target > committed:
+        for i in draining:  # lowest first: the ones left draining stay on top
+            if committed >= target:
+                break
+            undrain.append(by_index[i].name)
+            committed += 1
+        new_replicas = replicas + max(0, target - committed)
+    elif target < committed:
+        excess = committed - target
+        for i in range(replicas - 1, -1, -1):
+            if excess == 0:
+                break
+            p = by_index.get(i)
+            if p is not None and p.draining:
+                continue
+            if p is None or not p.ready:
+                cut.add(i)  # holds no request: goes without a drain
+            else:
+                start.append(p.name)
+            excess -= 1
+    finish: list[str] = []
+    undrained = set(undrain)
+    for i in range(replicas - 1, -1, -1):  # the top groups that hold nothing go
+        p = by_index.get(i)
+        if i in cut:
+            new_replicas -= 1
+            continue
+        if p is None or not p.draining or p.name in undrained or p.name in start:
+            break
+        hold = drain_hold(p, now_seconds, drain_timeout_seconds)
+        if hold is not None:
+            waiting.append(hold)
+            break
+        finish.append(p.name)
+        new_replicas -= 1
+    return RoleActions(
+        role=role,
+        undrain=tuple(undrain),
+        start_drain=tuple(start),
         finish_drain=tuple(finish),
         replicas=new_replicas if new_replicas != replicas else None,
         waiting=tuple(waiting),

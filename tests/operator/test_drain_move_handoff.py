@@ -9,6 +9,7 @@ from __future__ import annotations
 from test_planner_loop import NOW, NS, FakeKube, FakeWorkers, _pod, _spec_doc
 
 from pdscale.operator.api import names
+from pdscale.operator.api.names import DRAINING_ANNOTATION
 from pdscale.operator.api.pdcluster import PDClusterSpec
 from pdscale.operator.clients.engine_probe import EngineLoad, LoadSource
 from pdscale.operator.clients.vllm_discovery import (
@@ -19,6 +20,7 @@ from pdscale.operator.clients.vllm_discovery import (
 from pdscale.operator.loop.drain import Drains, get_load_wait_seconds
 from pdscale.operator.loop.fleet import pod_view
 from pdscale.operator.loop.telemetry import Reporter
+from pdscale.operator.render import lws
 from pdscale.planner.observe import Role
 
 
@@ -105,22 +107,35 @@ def test_an_sglang_prefill_counted_by_v1_loads_is_removed_once_idle():
     assert planner["replicas"]["prefill"] == 1 and planner["waiting"] == []
 
 
-def test_auto_does_not_move_a_role_of_several_nodes_per_instance():
-    # LWS removes the highest-index groups on a scale-down, whatever the drain picked: until the
-    # drain picks those, Auto leaves such a PDCluster's replicas and pods alone
+def test_auto_drains_a_role_of_groups_from_its_highest_index():
+    # LWS removes the highest-index groups on a scale-down, whatever the drain picked: the
+    # move drains those, not the least loaded (fleet.plan_group_actions), on the LWS's replicas
     kube, _, spec = _setup("sglang-glm-4p8d.yaml")
     doc = kube.objects[("PDCluster", NS, "demo")]
     doc["spec"]["decode"]["nodesPerInstance"] = 2
     doc["spec"]["parallelism"]["decode"] = {"tensorParallelSize": 16}
     spec = PDClusterSpec.model_validate(doc["spec"])
+    del kube.objects[("Deployment", NS, "demo-decode")]  # a role of groups has none
+    kube.objects[("LeaderWorkerSet", NS, "demo-decode")] = {
+        "kind": "LeaderWorkerSet", "metadata": {"name": "demo-decode", "namespace": NS,
+                                                "ownerReferences": [{"controller": True, "uid": "uid-1"}]},
+        "spec": {"replicas": 3}}
+    kube.pods = [p for p in kube.pods if p["metadata"]["labels"][names.LABEL_ROLE] != "decode"]
+    for index in range(3):
+        pod = _pod(f"demo-decode-{index}", "decode", f"10.0.1.{index + 1}")
+        pod["metadata"]["labels"].update({lws.LABEL_GROUP_INDEX: str(index),
+                                          lws.LABEL_WORKER_INDEX: "0"})
+        kube.pods.append(pod)
+    in_flight = {"10.0.1.1": 0, "10.0.1.2": 4, "10.0.1.3": 7}  # group 0 the least loaded
     drains = Drains(kube, Reporter(kube), vllm_totals=lambda ip, port: None,
-                    in_flight=lambda ip, port: EngineLoad(0, LoadSource.V1_LOADS))
-    writes = kube.writes
+                    in_flight=lambda ip, port: EngineLoad(in_flight.get(ip, 0), LoadSource.V1_LOADS))
     body = kube.get("PDCluster", NS, "demo")
     pods = {role: [pod_view(p, role) for p in kube.list_pods(NS, names.selector_labels("demo", role))]
             for role in Role}
     drains.begin_tick()
-    drains.move(body, spec, pods, FakeWorkers(), set(), {Role.PREFILL: 1, Role.DECODE: 3}, NOW)
+    drains.move(body, spec, pods, FakeWorkers(), set(), {Role.PREFILL: 1, Role.DECODE: 1}, NOW)
     drains.end_tick()
-    assert kube.writes == writes
-    assert "planner" not in (kube.get("PDCluster", NS, "demo").get("status") or {})
+    draining = sorted(name for name, patch in kube.pod_patches
+                      if DRAINING_ANNOTATION in patch["metadata"]["annotations"]
+                      and name.startswith("demo-decode"))
+    assert draining == ["demo-decode-1", "demo-decode-2"]
