@@ -26,7 +26,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from pdscale.operator.api import names, tenant_policy
+from pdscale.operator.api import multinode, names, tenant_policy
 from pdscale.operator.api.clock import now_rfc3339
 from pdscale.operator.api.names import Owner
 from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode
@@ -255,7 +255,8 @@ class PlannerLoop:
         mode = spec.planner.mode
         due = None
         if mode is not PlannerMode.OFF:
-            self.report.ready(ns, name, pods)
+            self.report.ready(ns, name, pods, {role: multinode.nodes_per_instance(spec, role.value)
+                                               for role in Role})
             # plan (and report the decision)
             decision, due = self._plan_if_due(body, spec, pods, now)
             # act

@@ -29,6 +29,9 @@ _labels = ("namespace", "pdcluster", "role")
 RECOMMENDED = Gauge("pdscale_planner_recommended_replicas", "Instances the planner decided on", _labels)
 TARGET = Gauge("pdscale_planner_target_replicas", "Instances the operator is moving to (Auto)", _labels)
 READY = Gauge("pdscale_ready_replicas", "Ready, non-draining instances", _labels)
+NODES_PER_INSTANCE = Gauge("pdscale_nodes_per_instance",
+                           "Nodes one instance of the role spans (its LeaderWorkerSet group's "
+                           "size; 1 for a Deployment's pod): instances x this = nodes", _labels)
 PREDICTED_TTFT = Gauge("pdscale_planner_predicted_ttft_seconds", "Predicted TTFT at the SLO percentile", _labels[:2])
 PREDICTED_TPOT = Gauge("pdscale_planner_predicted_tpot_seconds", "Predicted TPOT", _labels[:2])
 OBSERVED_TTFT = Gauge("pdscale_planner_observed_ttft_seconds", "Observed TTFT at the SLO percentile", _labels[:2])
@@ -126,9 +129,11 @@ class Reporter:
         #: (namespace, PDCluster, role) -> warming slots exported at the last decision
         self.warming_slots: dict[tuple[str, str, str], int] = {}
 
-    def ready(self, namespace: str, name: str, pods: Mapping[Role, Sequence[PodView]]) -> None:
+    def ready(self, namespace: str, name: str, pods: Mapping[Role, Sequence[PodView]],
+              nodes_per_instance: Mapping[Role, int]) -> None:
         for role in Role:
             READY.labels(namespace, name, role).set(sum(1 for p in pods[role] if p.serving))
+            NODES_PER_INSTANCE.labels(namespace, name, role).set(nodes_per_instance[role])
 
     def target(self, namespace: str, name: str, role: Role, count: int) -> None:
         TARGET.labels(namespace, name, role).set(count)

@@ -427,3 +427,17 @@ def test_with_watch_namespaces_the_operator_cannot_write_outside_them(cluster, a
     finally:
         helm("uninstall", release, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig))
         core.delete_namespace(other)
+
+
+def test_every_pdscale_metric_the_dashboard_queries_is_one_the_operator_exports():
+    import importlib
+
+    from prometheus_client import REGISTRY
+
+    importlib.import_module("pdscale.operator.handlers")  # registers the operator's collectors
+    exported = {name for name in REGISTRY._names_to_collectors if name.startswith("pdscale_")}
+    dashboard = json.loads((CHART / "dashboards" / "pdscale.json").read_text())
+    queried = {m for panel in dashboard["panels"] for target in panel["targets"]
+               for m in re.findall(r"\bpdscale_[a-z_]+", target["expr"])}
+    assert "pdscale_nodes_per_instance" in queried  # the nodes panel: instances x group size
+    assert queried <= exported, queried - exported

@@ -81,3 +81,16 @@ def test_a_scale_up_adds_groups_and_a_steady_target_changes_nothing():
 def test_a_timed_out_drain_goes_even_with_a_request_in_flight():
     groups = [leader(0), leader(1, draining=NOW - TIMEOUT - 1, in_flight=4)]
     assert step(1, groups, 2).replicas == 1
+
+
+def test_the_nodes_per_instance_gauge_follows_the_roles():
+    from prometheus_client import REGISTRY
+
+    from pdscale.operator.loop.telemetry import Reporter
+    from pdscale.planner.observe import Role
+
+    Reporter(kube=None).ready("ns", "groups", {Role.PREFILL: [], Role.DECODE: [leader(0)]},
+                              {Role.PREFILL: 1, Role.DECODE: 4})
+    value = REGISTRY.get_sample_value("pdscale_nodes_per_instance",
+                                      {"namespace": "ns", "pdcluster": "groups", "role": "decode"})
+    assert value == 4
