@@ -285,11 +285,8 @@ def configure(
 STACK_NAMES = ("deployed", "ideal-router", "article")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("-f", "--filename", dest="spec_file", metavar="PDCLUSTER.yaml",
-                        help="the PDCluster whose planner to replay (default: the CRD's defaults)")
-    parser.add_argument("--trace", help="Mooncake .jsonl, Azure CSV or rate-series CSV")
+def _add_prometheus_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of a replay from Prometheus (``--prometheus``) and its ``--simulate``."""
     parser.add_argument("--prometheus", metavar="URL",
                         help="instead of a trace: re-run the planner on what it read from this "
                              "Prometheus over --start..--end, next to the live decisions; with "
@@ -307,6 +304,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pdcluster", metavar="NS/NAME", help="the PDCluster replayed (--prometheus)")
     parser.add_argument("--start", help="--prometheus: range start, Unix seconds or RFC 3339")
     parser.add_argument("--end", help="--prometheus: range end, Unix seconds or RFC 3339")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("-f", "--filename", dest="spec_file", metavar="PDCLUSTER.yaml",
+                        help="the PDCluster whose planner to replay (default: the CRD's defaults)")
+    parser.add_argument("--trace", help="Mooncake .jsonl, Azure CSV or rate-series CSV")
+    _add_prometheus_arguments(parser)
     parser.add_argument("--synthetic", metavar="SHAPE", choices=["steady", "ramp", "step", "spike", "surge"],
                         help="instead of --trace, a load shape (planner/replay/workloads.py): "
                              "steady hour, 30 min at --base-rps then +50%% ramp, 2x step, 2.5x "

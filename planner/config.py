@@ -311,6 +311,19 @@ def decode_quantile(quantile: float) -> float:
 
 
 # -- the one builder -------------------------------------------------------------------------
+def _with_warmup(model: PerformanceModel, warmup_seconds: float | None) -> PerformanceModel:
+    """``model`` whose profile's new-node and role-switch warm-ups are ``warmup_seconds``
+    (None: as the profile says). model_copy does not validate: build_config checks it."""
+    if warmup_seconds is None:
+        return model
+    profile = model.profile.model_copy(update={
+        "warmup": model.profile.warmup.model_copy(update={
+            "new_node_seconds": warmup_seconds, "role_switch_seconds": warmup_seconds,
+        })
+    })
+    return replace(model, profile=profile)
+
+
 def build_config(
     *,
     model: PerformanceModel,
@@ -353,20 +366,13 @@ def build_config(
     ``min_*``/``max_*`` bound each role's instances; ``stabilization_window_seconds`` None is
     HPA's 300 s plus the warm-up; ``decode_drain_seconds`` None is estimated from the load;
     ``length_window`` (intervals) smooths lengths and hit rate; ``rise_quantile`` the risk
-    over the lead prefill is sized for (:func:`decode_quantile` gives decode's); ``decode_rise_quantile`` None
-    sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
+    over the lead prefill is sized for (:func:`decode_quantile` gives decode's);
+    ``decode_rise_quantile`` None sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
     (``PlannerConfig.prefill_queue``); ``nodes_per_instance`` the (prefill, decode) nodes one
     instance spans, each counted against ``node_budget``; ``schedules`` the windows of
     minimum instances (``PlannerConfig.schedules``). Raises ValueError naming a bad
     argument."""
-    if warmup_seconds is not None:
-        # (model_copy does not validate: the value is checked below)
-        profile = model.profile.model_copy(update={
-            "warmup": model.profile.warmup.model_copy(update={
-                "new_node_seconds": warmup_seconds, "role_switch_seconds": warmup_seconds,
-            })
-        })
-        model = replace(model, profile=profile)
+    model = _with_warmup(model, warmup_seconds)
     warmup = model.profile.warmup.new_node_seconds
     _check_real("build_config", "warmup_seconds", warmup, 0.0, True, _INF, False)
     _check_real("build_config", "interval_seconds", interval_seconds, 0.0, False, _INF, False)
