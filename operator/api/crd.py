@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -259,21 +260,23 @@ def status_schema() -> dict[str, Any]:
     }
 
 
-def build_crd() -> dict[str, Any]:
-    """The complete CRD manifest (apiextensions.k8s.io/v1)."""
-    ready = '.status.conditions[?(@.type=="Ready")].status'
+def _crd(name: str, *, kind: str, plural: str, singular: str, short_names: Sequence[str],
+         columns: list[dict[str, Any]], description: str, spec: dict[str, Any],
+         status: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced CRD of ours (apiextensions.k8s.io/v1): one served and stored version with
+    a status subresource, in the pdscale category."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
+        "metadata": {"name": name},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": ["pdscale"],
             },
             "scope": "Namespaced",
@@ -283,41 +286,18 @@ def build_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind"},
-                        {"name": "P-Ready", "type": "integer",
-                         "jsonPath": ".status.prefill.readyReplicas"},
-                        {"name": "P-Desired", "type": "integer",
-                         "jsonPath": ".status.prefill.desiredReplicas"},
-                        {"name": "D-Ready", "type": "integer",
-                         "jsonPath": ".status.decode.readyReplicas"},
-                        {"name": "D-Desired", "type": "integer",
-                         "jsonPath": ".status.decode.desiredReplicas"},
-                        # instances of several nodes (LeaderWorkerSet groups): nodes each
-                        {"name": "P-Nodes/Inst", "type": "integer",
-                         "jsonPath": ".spec.prefill.nodesPerInstance", "priority": 1},
-                        {"name": "D-Nodes/Inst", "type": "integer",
-                         "jsonPath": ".spec.decode.nodesPerInstance", "priority": 1},
-                        {"name": "Planner", "type": "string", "jsonPath": ".spec.planner.mode"},
-                        {"name": "Refused/min", "type": "integer",
-                         "jsonPath": ".status.planner.refusedRequestsPerMinute"},
-                        {"name": "Decision", "type": "string",
-                         "jsonPath": ".status.planner.lastDecision", "priority": 1},
-                        {"name": "Ready", "type": "string", "jsonPath": ready},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
+                    "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "PDCluster: one model served by prefill and decode "
-                            "fleets on whole GPU nodes, behind a P/D router.",
+                            "description": description,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": spec_schema(),
-                                "status": status_schema(),
+                                "spec": spec,
+                                "status": status,
                             },
                         }
                     },
@@ -325,6 +305,39 @@ def build_crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+def build_crd() -> dict[str, Any]:
+    """The complete CRD manifest (apiextensions.k8s.io/v1)."""
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return _crd(
+        CRD_NAME, kind=KIND, plural=PLURAL, singular=SINGULAR, short_names=SHORT_NAMES,
+        columns=[
+            {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind"},
+            {"name": "P-Ready", "type": "integer",
+             "jsonPath": ".status.prefill.readyReplicas"},
+            {"name": "P-Desired", "type": "integer",
+             "jsonPath": ".status.prefill.desiredReplicas"},
+            {"name": "D-Ready", "type": "integer",
+             "jsonPath": ".status.decode.readyReplicas"},
+            {"name": "D-Desired", "type": "integer",
+             "jsonPath": ".status.decode.desiredReplicas"},
+            # instances of several nodes (LeaderWorkerSet groups): nodes each
+            {"name": "P-Nodes/Inst", "type": "integer",
+             "jsonPath": ".spec.prefill.nodesPerInstance", "priority": 1},
+            {"name": "D-Nodes/Inst", "type": "integer",
+             "jsonPath": ".spec.decode.nodesPerInstance", "priority": 1},
+            {"name": "Planner", "type": "string", "jsonPath": ".spec.planner.mode"},
+            {"name": "Refused/min", "type": "integer",
+             "jsonPath": ".status.planner.refusedRequestsPerMinute"},
+            {"name": "Decision", "type": "string",
+             "jsonPath": ".status.planner.lastDecision", "priority": 1},
+            {"name": "Ready", "type": "string", "jsonPath": ready},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        description="PDCluster: one model served by prefill and decode fleets on whole GPU "
+        "nodes, behind a P/D router.",
+        spec=spec_schema(), status=status_schema())
 
 
 def _pool_status_schema() -> dict[str, Any]:
@@ -370,52 +383,18 @@ def build_pool_crd() -> dict[str, Any]:
     assert isinstance(model_rules, dict)
     rules = copy.deepcopy(model_rules.get("x-kubernetes-validations", []))
     schema = spec_schema(PDPoolSpec, rules)  # type: ignore[arg-type]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": POOL_CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": POOL_KIND,
-                "listKind": f"{POOL_KIND}List",
-                "plural": POOL_PLURAL,
-                "singular": POOL_SINGULAR,
-                "shortNames": list(POOL_SHORT_NAMES),
-                "categories": ["pdscale"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
-                        {"name": "Granted", "type": "integer", "jsonPath": ".status.grantedNodes"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "PDPool: whole GPU nodes shared by several "
-                            "PDClusters under one joint plan; the admin's object (membership, "
-                            "priorities and guarantees are decided here, never by a PDCluster).",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": schema,
-                                "status": _pool_status_schema(),
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _crd(
+        POOL_CRD_NAME, kind=POOL_KIND, plural=POOL_PLURAL, singular=POOL_SINGULAR,
+        short_names=POOL_SHORT_NAMES,
+        columns=[
+            {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
+            {"name": "Granted", "type": "integer", "jsonPath": ".status.grantedNodes"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        description="PDPool: whole GPU nodes shared by several PDClusters under one joint "
+        "plan; the admin's object (membership, priorities and guarantees are decided here, "
+        "never by a PDCluster).",
+        spec=schema, status=_pool_status_schema())
 
 
 #: the generated CRDs by file name under crds/ (and the chart's crds/)
