@@ -10,8 +10,9 @@ bound to the pod's IP:
 - router pods: the real router (``sglang-router`` or ``smg``, or ``vllm-router`` for vLLM), started with
   the arguments the operator rendered into the pod.
 
-A pod that is deleted gets SIGTERM, and its engine drains before it exits, as a real pod's
-would; once the process has exited, the fleet removes the pod, as a kubelet does once its
+A pod that is deleted first runs its preStop sleep, still serving at its address, then gets
+SIGTERM, and its engine drains before it exits, as a real pod's would (``sigterm_at``); once the
+process has exited, the fleet removes the pod, as a kubelet does once its
 containers have stopped (kwok-pod-delete.yaml keeps a pod the fleet runs a process for,
 ``PROCESS_ANNOTATION``, until then or its grace period's end, and removes any other at once).
 Prometheus (when given) scrapes every engine, labelled with namespace, pdcluster and role, as a
@@ -51,6 +52,20 @@ PROCESS_ANNOTATION = "pdscale.io/simulated-process"
 #: set by LWS's pod webhook on every pod of a group, "0" on the leader: an instance of several
 #: nodes is served by its leader alone (rank 0 runs the HTTP API; vLLM's others are headless)
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def sigterm_at(pod: client.V1Pod) -> float:
+    """The Unix time a kubelet signals the engine of a deleted ``pod``: after the container's
+    preStop sleep, counted from the deletion, and no later than the end of its grace period.
+
+    The pod keeps its IP and serves meanwhile. That window is what lets the operator drop a
+    pod the Deployment controller deletes (a rollout) from the router before the address can be
+    given to another pod; terminating at once made the address free within a second."""
+    deadline = pod.metadata.deletion_timestamp.timestamp()
+    grace = pod.metadata.deletion_grace_period_seconds or 0
+    lifecycle = pod.spec.containers[0].lifecycle if pod.spec and pod.spec.containers else None
+    sleep = lifecycle.pre_stop.sleep if lifecycle and lifecycle.pre_stop else None
+    return min(deadline - grace + (sleep.seconds if sleep else 0), deadline)
 
 
 def engine_ready_at(pod: client.V1Pod, now: float | None = None) -> float:
@@ -143,6 +158,9 @@ class SimFleet:
                 continue
             current = self.running.get(key)
             if pod.metadata.deletion_timestamp is not None:
+                if current is not None and time.time() < sigterm_at(pod):
+                    seen.add(key)  # the preStop sleep: still serving at its address
+                    continue
                 if current is not None:
                     self._terminate(current)
                 if current is None or current.process.poll() is not None:

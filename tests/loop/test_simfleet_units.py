@@ -87,3 +87,54 @@ def test_a_deleted_pod_is_removed_once_its_engine_has_exited_as_a_kubelet_does(t
     fleet.sync()
     assert ("draining", 0, "uid-draining") in fleet.core.deleted and "ns/draining" not in fleet.running
     assert engine.signals == [signal.SIGTERM]  # signalled once
+
+
+def test_a_deleted_pod_serves_through_its_prestop_sleep_before_its_engine_is_signalled():
+    """A kubelet runs the preStop hook before SIGTERM: the pod keeps its address and serves
+    for the sleep (so the operator can drop a pod a rollout deletes from the router before the
+    address is free for another pod), and never past its grace period's end."""
+    from datetime import timedelta
+
+    from pdscale.testbed.simfleet import sigterm_at
+
+    def deleting(sleep_seconds: int | None, grace_seconds: int) -> client.V1Pod:
+        deleted = datetime(2026, 12, 6, 9, 0, 0, tzinfo=UTC)
+        pre_stop = None if sleep_seconds is None else client.V1LifecycleHandler(
+            sleep=client.V1SleepAction(seconds=sleep_seconds))
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name="p", deletion_timestamp=deleted + timedelta(seconds=grace_seconds),
+                deletion_grace_period_seconds=grace_seconds),
+            spec=client.V1PodSpec(containers=[client.V1Container(
+                name="engine", lifecycle=client.V1Lifecycle(pre_stop=pre_stop))]))
+
+    at = datetime(2026, 12, 6, 9, 0, 0, tzinfo=UTC).timestamp()
+    assert sigterm_at(deleting(30, 60)) == at + 30
+    assert sigterm_at(deleting(None, 60)) == at  # no hook: signalled at once
+    assert sigterm_at(deleting(90, 60)) == at + 60  # the grace period ends the sleep
+    assert sigterm_at(deleting(30, 0)) == at  # a forced deletion waits for nothing
+
+
+def test_the_fleet_does_not_signal_an_engine_during_its_prestop_sleep(tmp_path):
+    from datetime import timedelta
+
+    from pdscale.testbed.simfleet import LABEL_ROLE, Running, SimFleet
+
+    now = datetime.now(UTC)
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="old", namespace="ns", uid="uid-old",
+                                     labels={LABEL_ROLE: "decode"},
+                                     deletion_timestamp=now + timedelta(seconds=55),
+                                     deletion_grace_period_seconds=60),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="engine", lifecycle=client.V1Lifecycle(
+            pre_stop=client.V1LifecycleHandler(sleep=client.V1SleepAction(seconds=30))))]),
+        status=client.V1PodStatus(pod_ip="127.1.0.3"))
+    fleet = SimFleet(kubeconfig=tmp_path / "k", workdir=tmp_path, namespaces=["ns"])
+    fleet.core = _Core([pod])
+    engine = _Process(None)
+    fleet.running["ns/old"] = Running("old", "decode", "127.1.0.3", engine, tmp_path / "l")
+    fleet.sync()  # 5 s into its 30 s sleep: still serving, kept, not removed
+    assert engine.signals == [] and fleet.core.deleted == [] and "ns/old" in fleet.running
+    pod.metadata.deletion_timestamp = now + timedelta(seconds=25)  # 35 s in: the sleep is over
+    fleet.sync()
+    assert engine.signals and fleet.core.deleted == []  # draining, not yet removed
