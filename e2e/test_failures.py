@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import threading
 import time
 import urllib.request
@@ -184,17 +183,19 @@ def test_operator_killed_mid_drain_restarts_and_finishes_it_only_once_idle(world
 
     wait_for(removed, timeout_seconds=120, interval_seconds=0.5, what=f"{name} removed after its drain")
     assert any((n or 0) > 0 for _, n in readings), "the drain ended before the restart saw work"
-    # What the engine held when its pod was deleted, in its own words: the fleet sends it
-    # SIGTERM on deletion and it logs "draining: N in flight". (The readings above are 0.5 s
-    # apart: the last one may predate a request finishing just before the operator's check.)
-    engine_log = w.stack.workdir / "fleet" / f"{NS}.{name}.log"
+    # What the engine held when its pod was deleted: the simulated kubelet reads its load when
+    # it first sees the deletion (SIGTERM comes only after the preStop sleep). (The readings
+    # above are 0.5 s apart: the last one may predate a request finishing just before the
+    # operator's check.)
+    fleet, key = w.stack.fleet, f"{NS}/{name}"
+    assert fleet is not None
 
-    def at_sigterm() -> int | None:
-        found = re.findall(r"draining: (\d+) in flight", engine_log.read_text(errors="replace"))
-        return int(found[0]) if found else None
+    def at_deletion() -> int | None:
+        return fleet.in_flight_at_deletion.get(key)
 
-    wait_for(lambda: at_sigterm() is not None, timeout_seconds=30, what=f"{name}'s engine told to stop")
-    held = at_sigterm()
+    wait_for(lambda: at_deletion() is not None, timeout_seconds=30,
+             what=f"{name}'s engine read at its deletion")
+    held = at_deletion()
     assert held == 0, f"{name} removed while its engine held {held} requests; readings {readings[-5:]}"
     finished = [e for e in w.events("DrainFinished") if name in e.message]
     assert finished and finished[0].first_timestamp.timestamp() >= killed_at - 1

@@ -13,7 +13,6 @@ About four minutes.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 
@@ -74,16 +73,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         stack.remove_pdcluster(NS, NAME)
 
 
-def engine_log(w: World, pod: str) -> str:
-    path = w.stack.workdir / "fleet" / f"{NS}.{pod}.log"
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def held_at_sigterm(w: World, pod: str) -> int | None:
-    """What an engine held when its pod was deleted, in its own words: the fleet sends it
-    SIGTERM on deletion and it logs "draining: N in flight"."""
-    found = re.findall(r"draining: (\d+) in flight", engine_log(w, pod))
-    return int(found[0]) if found else None
+def held_at_deletion(w: World, pod: str) -> int | None:
+    """What an engine held when its pod was deleted: the simulated kubelet reads its load when
+    it first sees the deletion (SIGTERM comes only after the preStop sleep)."""
+    return w.stack.fleet.in_flight_at_deletion.get(f"{NS}/{pod}") if w.stack.fleet else None
 
 
 def test_leader_killed_mid_drain_the_follower_finishes_it_only_once_idle(world: World):
@@ -126,9 +119,9 @@ def test_leader_killed_mid_drain_the_follower_finishes_it_only_once_idle(world: 
 
     wait_for(removed, timeout_seconds=120, interval_seconds=0.5, what=f"{name} removed after its drain")
     assert any((n or 0) > 0 for _, n in readings), "the drain ended before the new leader saw work"
-    wait_for(lambda: held_at_sigterm(w, name) is not None, timeout_seconds=30,
-             what=f"{name}'s engine told to stop")
-    held = held_at_sigterm(w, name)
+    wait_for(lambda: held_at_deletion(w, name) is not None, timeout_seconds=30,
+             what=f"{name}'s engine read at its deletion")
+    held = held_at_deletion(w, name)
     assert held == 0, f"{name} removed while its engine held {held} requests; readings {readings[-5:]}"
     finished = [e for e in w.events("DrainFinished") if name in e.message]
     assert finished and finished[0].first_timestamp.timestamp() >= killed_at - 1
@@ -182,13 +175,13 @@ def test_pdcluster_deleted_with_requests_in_flight_waits_for_them(world: World):
     released = time.time()
     assert any(work > 0 and present for _, work, present in readings), \
         f"the deletion did not wait for in-flight work: {readings[:5]}"
-    # Garbage collection removes every child; each engine was idle when told to stop.
+    # Garbage collection removes every child; each engine was idle when its pod was deleted.
     wait_for(lambda: not any(w.pods(role) for role in ("prefill", "decode", "router")),
              timeout_seconds=90, what="every pod of the PDCluster gone")
     for name in engines:
-        wait_for(lambda n=name: held_at_sigterm(w, n) is not None, timeout_seconds=30,
-                 what=f"{name}'s engine told to stop")
-        assert held_at_sigterm(w, name) == 0, f"{name} stopped holding work"
+        wait_for(lambda n=name: held_at_deletion(w, n) is not None, timeout_seconds=30,
+                 what=f"{name}'s engine read at its deletion")
+        assert held_at_deletion(w, name) == 0, f"{name} deleted holding work"
     assert not w.apps.list_namespaced_deployment(
         NS, label_selector=f"app.kubernetes.io/instance={NAME}").items
     loader.join(timeout=120)

@@ -25,12 +25,14 @@ a pod's death is a process's death.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,18 @@ PROCESS_ANNOTATION = "pdscale.io/simulated-process"
 #: set by LWS's pod webhook on every pod of a group, "0" on the leader: an instance of several
 #: nodes is served by its leader alone (rank 0 runs the HTTP API; vLLM's others are headless)
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def engine_in_flight(r: Running) -> int | None:
+    """Requests an SGLang engine holds, from its ``/get_load`` (None: no answer, or not one)."""
+    if r.role == "router" or not r.port:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{r.ip}:{r.port}/get_load", timeout=2) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    return sum(int(e.get("num_reqs", 0)) for e in (data if isinstance(data, list) else [data]))
 
 
 def sigterm_at(pod: client.V1Pod) -> float:
@@ -104,6 +118,10 @@ class SimFleet:
     profile: str | None = None
     poll_seconds: float = 0.5
     running: dict[str, Running] = field(default_factory=dict)
+    #: "namespace/pod" -> requests its engine held when the fleet first saw the pod deleted
+    #: (None: the engine did not say), what a test asks of a drain now that SIGTERM waits out
+    #: the preStop sleep
+    in_flight_at_deletion: dict[str, int | None] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -158,6 +176,8 @@ class SimFleet:
                 continue
             current = self.running.get(key)
             if pod.metadata.deletion_timestamp is not None:
+                if current is not None and key not in self.in_flight_at_deletion:
+                    self.in_flight_at_deletion[key] = engine_in_flight(current)
                 if current is not None and time.time() < sigterm_at(pod):
                     seen.add(key)  # the preStop sleep: still serving at its address
                     continue
