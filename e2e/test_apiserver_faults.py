@@ -55,6 +55,10 @@ class Sample:
     #: Ready, non-draining engine pods read just before and just after the router
     before: set[str]
     after: set[str]
+    #: Ready pods marked draining at either read: the operator marks a pod first and drops
+    #: it from the router next, so the router may still list it for that moment (harmless:
+    #: the pod serves until it is idle)
+    draining: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -75,26 +79,31 @@ class World:
         with urllib.request.urlopen(f"{self.router}/workers", timeout=5) as r:
             return {w["url"].rstrip("/") for w in json.loads(r.read())["workers"]}
 
-    def serving(self) -> set[str]:
+    def serving(self) -> tuple[set[str], set[str]]:
+        """Ready engine pods not being deleted: (not draining, draining)."""
         pods = self.core.list_namespaced_pod(
             NS, label_selector=f"app.kubernetes.io/instance={NAME}", _request_timeout=5).items
-        return {f"http://{p.status.pod_ip}:8000" for p in pods
-                if (p.metadata.labels or {}).get("pdscale.io/role") in ("prefill", "decode")
-                and p.status.pod_ip and p.metadata.deletion_timestamp is None
-                and not (p.metadata.annotations or {}).get(DRAINING)
-                and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
+        ready = [p for p in pods
+                 if (p.metadata.labels or {}).get("pdscale.io/role") in ("prefill", "decode")
+                 and p.status.pod_ip and p.metadata.deletion_timestamp is None
+                 and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+        split: tuple[set[str], set[str]] = (set(), set())
+        for p in ready:
+            split[bool((p.metadata.annotations or {}).get(DRAINING))].add(f"http://{p.status.pod_ip}:8000")
+        return split
 
     def sample_forever(self) -> None:
         """A sample a second while the API server answers (none while it does not)."""
         while not self.stop.is_set():
             try:
-                before = self.serving()
+                before, draining_before = self.serving()
                 listed = self.listed()
-                after = self.serving()
+                after, draining_after = self.serving()
             except Exception:  # the API server is down or paused: no sample
                 pass
             else:
-                self.samples.append(Sample(time.time(), listed, before, after))
+                self.samples.append(Sample(time.time(), listed, before, after,
+                                           draining_before | draining_after))
             self.stop.wait(1.0)
 
     def send_steady_load(self) -> threading.Thread:
@@ -204,9 +213,11 @@ def _run_through(w: World, fault: Callable[[], None]) -> None:
     checked = [s for s in w.samples if s.t >= resumed]
     assert len(checked) >= 5, f"only {len(checked)} samples after recovery"
     for s in checked:
-        # equal, up to the moment between reads: nothing listed that was not serving at one of
-        # the two reads around it, nothing serving at both reads missing from the list
-        stray, missing = s.listed - (s.before | s.after), (s.before & s.after) - s.listed
+        # equal, up to the moment between reads: nothing listed that was not serving (or just
+        # marked draining) at one of the two reads around it, nothing serving at both reads
+        # missing from the list
+        stray = s.listed - (s.before | s.after | s.draining)
+        missing = (s.before & s.after) - s.listed
         assert not stray and not missing, (
             f"at {s.t - resumed:.0f}s after recovery the router listed {sorted(s.listed)}; "
             f"not serving: {sorted(stray)}, serving but not listed: {sorted(missing)}")
