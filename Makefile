@@ -20,10 +20,19 @@ lint: setup
 # Lint, types, layering and every test tier (pure, control plane, Prometheus, e2e), the real
 # Dynamo planner's and aiperf's included: their venvs are built here (minutes, once), and the
 # tests that drive them fail rather than skip when they are missing. The 30 slowest phases
-# (setup, call, teardown) close the report: where CI's time goes, run after run.
+# (setup, call, teardown) close each report: where CI's time goes, run after run.
+# tests/ runs one test at a time (its pure tier is CPU-bound). e2e/ runs two modules at once
+# (pytest-xdist, a module per worker): each module has its own control plane, Prometheus and
+# fleet, and spends its time waiting on load phases played in real time (a fraction of a core
+# each: docs/develop/index.md, Test tiers), so two side by side keep the slack they have alone. Both tiers run
+# even when the first fails, so that one report says everything that failed.
+E2E_WORKERS ?= 2
 test: lint dynamo-venv aiperf-venv
-	PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
-	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh) $(VENV)/bin/pytest --durations=30
+	export PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
+	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh); \
+	$(VENV)/bin/pytest tests --durations=30; tiers=$$?; \
+	$(VENV)/bin/pytest e2e -n $(E2E_WORKERS) --dist loadfile --durations=30 || tiers=1; \
+	exit $$tiers
 
 # The pure tier alone: no control plane, no Prometheus, no live engines (tests/ minus the
 # cluster, prometheus and slow markers). The check to run while editing.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import random
@@ -24,11 +25,13 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 HELP = "start, stop or inspect the local control plane"  # the line `pdscale --help` shows
 
@@ -68,6 +71,27 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def claim_pod_cidr(lock_dir: Path | None = None) -> tuple[str, TextIO]:
+    """A /16 of the loopback range (127.X.0.1/16, X in 2..254) that no other live cluster on
+    this machine holds, and the open lock file that holds it (an exclusive ``flock``, released
+    when the file is closed or its process dies). Drawn at random, then the next free one: two
+    clusters started at once (pytest-xdist workers, two helpers' runs) never share a range,
+    where a random draw alone collides once in 253 pairs."""
+    lock_dir = lock_dir or Path(tempfile.gettempdir()) / "pdscale-pod-cidrs"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    first = random.randint(2, 254)
+    for k in range(253):
+        octet = 2 + (first - 2 + k) % 253
+        handle = open(lock_dir / f"127.{octet}.lock", "w")  # noqa: SIM115 (held until stop)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return f"127.{octet}.0.1/16", handle
+    raise ClusterError(f"every pod range 127.2-254.0.0/16 is held by a live cluster ({lock_dir})")
+
+
 @dataclass
 class Component:
     name: str
@@ -88,9 +112,11 @@ class LocalCluster:
     ports: dict[str, int] = field(default_factory=dict)
     admin_token: str = ""
     start_timeout_seconds: float = START_TIMEOUT_SECONDS
-    #: the pods' addresses, a /16 of the loopback range drawn per cluster: two clusters on
-    #: one machine (two test runs at once) must not give two routers the same address
-    pod_cidr: str = field(default_factory=lambda: f"127.{random.randint(2, 254)}.0.1/16")
+    #: the pods' addresses, a /16 of the loopback range: two clusters on one machine (two
+    #: test runs, or the e2e tier's parallel workers) must not give two routers the same
+    #: address, so ``start`` claims a free one (see ``claim_pod_cidr``) unless one is given
+    pod_cidr: str = ""
+    _pod_cidr_claim: TextIO | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Components run with their own working directory: every path handed to them is
@@ -125,6 +151,8 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
         try:
+            if not self.pod_cidr:
+                self.pod_cidr, self._pod_cidr_claim = claim_pod_cidr()
             say("generating certificates and tokens")
             self._make_pki()
             self.ports = {
@@ -373,6 +401,10 @@ class LocalCluster:
                 c.process.kill()
                 c.process.wait()
         self.components.clear()
+        if self._pod_cidr_claim is not None:  # the range is free again once kwok is gone
+            self._pod_cidr_claim.close()
+            self._pod_cidr_claim = None
+            self.pod_cidr = ""
         with contextlib.suppress(FileNotFoundError):
             (self.workdir / "state.json").unlink()
 

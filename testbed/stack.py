@@ -204,13 +204,19 @@ class Stack:
         return holder
     def remove_pdcluster(self, namespace: str, name: str, timeout_seconds: float = 120) -> None:
         """Delete a PDCluster and wait for its pods to go (garbage collection through the
-        owner references): on a shared cluster (KUBECONFIG) the next user starts clean."""
+        owner references): on a shared cluster (KUBECONFIG) the next user starts clean.
+        Nothing to do on the stack's own local control plane, which ``stop`` removes whole
+        with everything in it: no one uses it next, and waiting there for the pods' drains
+        and preStop hooks cost each e2e module's teardown tens of seconds that checked
+        nothing."""
         import time
 
         from kubernetes import client
 
         from .nodes import api_client
 
+        if self.local is not None:
+            return
         assert self.kubeconfig is not None
         api = api_client(self.kubeconfig)
         with contextlib.suppress(client.ApiException):
