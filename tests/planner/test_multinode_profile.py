@@ -61,3 +61,47 @@ def test_the_bench_shape_is_a_spec_the_checklist_accepts_with_its_profile():
     assert bench.shape_profile((1, 1)) is None
     with pytest.raises(SystemExit, match="no shipped profile"):
         bench.shape_profile((3, 3))
+
+
+# -- a profile states its shape, and the planner holds a spec of another ------------------------
+def _spec(nodes: tuple[int, int], profile: str | None):
+    from pdscale.replay import read_spec
+
+    bench = _bench()
+    spec = bench.with_shape(read_spec(str(bench.PDCLUSTER)), nodes) if nodes != (1, 1) else \
+        read_spec(str(bench.PDCLUSTER))
+    return spec.model_copy(update={"planner": spec.planner.model_copy(update={"profile": profile})})
+
+
+def test_a_one_node_profile_is_refused_for_groups_and_a_group_profile_for_one_node():
+    from pdscale.planner.profile import ProfileError
+
+    assert (NODE.nodes_per_instance.prefill, NODE.nodes_per_instance.decode) == (1, 1)
+    assert (GROUP.nodes_per_instance.prefill, GROUP.nodes_per_instance.decode) == (2, 4)
+    with pytest.raises(ProfileError, match=r"1 prefill / 1 decode nodes.*"
+                                           r"spec.prefill.nodesPerInstance is 2 and "
+                                           r"spec.decode.nodesPerInstance is 4"):
+        planner_config(_spec((2, 4), None))  # the default profile, one node per instance
+    with pytest.raises(ProfileError, match="2 prefill / 4 decode nodes"):
+        planner_config(_spec((1, 1), GROUP.name))
+    assert planner_config(_spec((2, 4), GROUP.name)).nodes_per_instance == (2, 4)
+    # a profile that states no shape is not checked (demo-sim, a ConfigMap's without the key)
+    assert planner_config(_spec((2, 4), "demo-sim")).nodes_per_instance == (2, 4)
+
+
+def test_the_operator_holds_the_planner_with_the_shape_problem():
+    from pdscale.operator.loop.profile_source import ProfileSources
+
+    resolved = ProfileSources(kube=None).resolve("ns", _spec((2, 4), None))
+    assert resolved.profile is None and "spec.decode.nodesPerInstance is 4" in resolved.problem
+    assert ProfileSources(kube=None).resolve("ns", _spec((2, 4), GROUP.name)).profile == GROUP
+
+
+@pytest.mark.parametrize("example", ["sglang-deepseek-multinode.yaml", "vllm-deepseek-multinode.yaml"])
+def test_the_multinode_examples_plan_with_the_group_profile(example):
+    import yaml
+
+    from pdscale.operator.render.checklist import validate
+
+    spec, _ = validate(yaml.safe_load((ROOT / "examples" / example).read_text())["spec"])
+    assert planner_config(spec).model.profile.name == GROUP.name
