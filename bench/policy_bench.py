@@ -52,8 +52,16 @@ Writes out/policy_bench.json (``policy_bench_STACK.json`` for another stack,
 ``..._admission_MODE.json`` with ``--decode-admission``)
 and prints the table with ratios against oracle and static:best.
 
+``--nodes-per-instance P,D`` runs the same PDCluster with instances of several nodes
+(LeaderWorkerSet groups, docs/multinode.md): prefill P and decode D nodes per instance, the
+parallelism as wide as those nodes (TP = DP = EP = 8 x nodes, DP-attention) and, for 2,4, the
+profile of that shape (planner/profiles/deepseek-fp8-8xh200-sglang-p2n-d4n.yaml: one group's
+capacity). The node budget counts nodes, GPU-hours are nodes x 8 x hours, and the JSON is
+``policy_bench_nodesP-D.json``.
+
     .venv/bin/python bench/policy_bench.py [--only mooncake,azure,servegen,steady] [--stack ideal-router]
     .venv/bin/python bench/policy_bench.py --only heldout-mid-d1,heldout-small-d11
+    .venv/bin/python bench/policy_bench.py --only mooncake --nodes-per-instance 2,4
 """
 
 from __future__ import annotations
@@ -68,7 +76,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.operator.api.pdcluster import RouterAdmission, SGLangGateway
+from pdscale.operator.api.pdcluster import PDClusterSpec, RouterAdmission, SGLangGateway
+from pdscale.operator.render.checklist import validate
+from pdscale.planner.profile import Profile, load_profile
 from pdscale.planner.replay.run import STACKS, START_FROM, ReplaySetup, run_policy, start_from
 from pdscale.planner.replay.simulate import DECODE_ADMISSIONS
 from pdscale.planner.replay.traces import (
@@ -87,6 +97,8 @@ SHARED = Path("/work/shared/traces")
 PDCLUSTER = Path(__file__).with_name("policy_bench_pdcluster.yaml")
 OUT = Path(__file__).parents[1] / "out"
 MOONCAKE = SHARED / "mooncake/conversation_trace.jsonl"
+#: the shipped profile of an instance shape (prefill, decode nodes per instance)
+SHAPE_PROFILES = {(1, 1): None, (2, 4): "deepseek-fp8-8xh200-sglang-p2n-d4n"}
 POLICIES = ["pdscale", "oracle", "static:best", "reactive", "sla-interp"]
 #: every trace is scaled so that even static:best needs at least this many instances
 MIN_PEAK_INSTANCES = 16
@@ -116,6 +128,33 @@ def cases() -> dict[str, dict[str, Any]]:
     }
 
 
+def with_shape(spec: PDClusterSpec, nodes: tuple[int, int]) -> PDClusterSpec:
+    """``spec`` with prefill and decode instances of ``nodes`` whole nodes each, the layout as
+    wide as their GPUs (what the checklist requires: TP x PP = nodes x gpusPerNode with
+    DP-attention), as examples/sglang-deepseek-multinode.yaml deploys them."""
+    update: dict[str, Any] = {}
+    layouts: dict[str, Any] = {}
+    for role, n in zip(("prefill", "decode"), nodes, strict=True):
+        width = n * spec.placement.gpus_per_node
+        layouts[role] = getattr(spec.parallelism, role).model_copy(update={
+            "tensor_parallel_size": width, "data_parallel_size": width,
+            "expert_parallel_size": width, "data_parallel_attention": True})
+        update[role] = getattr(spec, role).model_copy(update={"nodes_per_instance": n})
+    update["parallelism"] = spec.parallelism.model_copy(update=layouts)
+    shaped = spec.model_copy(update=update)
+    validate(shaped.model_dump(by_alias=True, exclude_none=True))  # refuses what cannot run
+    return shaped
+
+
+def shape_profile(nodes: tuple[int, int]) -> Profile | None:
+    """The shipped profile of that instance shape (None: the spec's own, for one node)."""
+    if nodes not in SHAPE_PROFILES:
+        raise SystemExit(f"--nodes-per-instance {nodes[0]},{nodes[1]}: no shipped profile of "
+                         f"that shape (have {', '.join(f'{p},{d}' for p, d in SHAPE_PROFILES)})")
+    name = SHAPE_PROFILES[nodes]
+    return None if name is None else load_profile(name)
+
+
 def one_day(c: dict[str, Any]) -> Trace:
     """Day ``c['day']`` of a multi-day rate series at real time, its busiest window scaled to
     ``c['peak_rps']``; sets ``c['rate_scale']`` to the factor used (printed with the row)."""
@@ -140,12 +179,15 @@ def one_day(c: dict[str, Any]) -> Trace:
                                  name=f"{Path(c['path']).stem}-day{c['day']}@peak{c['peak_rps']:g}rps")
 
 
-def trimmed(rep: dict[str, Any]) -> dict[str, Any]:
-    """A replay report without its per-interval series, with its peak instance count."""
+def trimmed(rep: dict[str, Any], nodes: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+    """A replay report without its per-interval series, with its peak instance count and the
+    peak of the nodes those instances span (``nodes``: per prefill, per decode instance)."""
     rep.pop("per_interval", None)
     rep.pop("explanations", None)
     rep["peak_instances"] = max(
         (d["provisioned_prefill"] + d["provisioned_decode"] for d in rep["decisions"]), default=0)
+    rep["peak_nodes"] = max((d["provisioned_prefill"] * nodes[0] + d["provisioned_decode"] * nodes[1]
+                             for d in rep["decisions"]), default=0)
     return rep
 
 
@@ -169,7 +211,7 @@ def matched(setup: ReplaySetup, base: str, gpu_hours: float, console: Console,
                 lo, best, best_scale = mid, rep, mid
             else:
                 hi = mid
-    best = trimmed(best)
+    best = trimmed(best, setup.planner.nodes_per_instance)
     best["policy"] = f"{base}@matched(u x{best_scale:.2f})"
     best["utilization_scale"] = round(best_scale, 4)
     console.print(f"  {best['policy']:>22}: attainment {best['slo_attainment']:.4f}, "
@@ -267,7 +309,16 @@ def main() -> None:
                          "pdscale@pP): the trade curve beside the default's row")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
+    ap.add_argument("--nodes-per-instance", default="1,1", metavar="P,D",
+                    help="prefill and decode nodes per instance (LeaderWorkerSet groups), with "
+                         "the shipped profile of that shape; the budget counts nodes, GPU-hours "
+                         "are per node (default 1,1)")
     args = ap.parse_args()
+    shape = tuple(int(x) for x in args.nodes_per_instance.split(","))
+    if len(shape) != 2 or min(shape) < 1:
+        ap.error("--nodes-per-instance: two integers >= 1, prefill,decode")
+    nodes_per_instance = (shape[0], shape[1])
+    profile = shape_profile(nodes_per_instance)
     if (args.smg_admission is not None or args.old_default) and args.stack != "deployed":
         ap.error("--smg-admission and --old-default are the deployed stack's router; the what-if "
                  "stacks have their own")
@@ -275,6 +326,8 @@ def main() -> None:
         ap.error("--smg-admission and --old-default name two routers; take one")
     console = Console(width=170)
     spec = read_spec(str(PDCLUSTER))
+    if nodes_per_instance != (1, 1):
+        spec = with_shape(spec, nodes_per_instance)
     if args.old_default:
         spec = spec.model_copy(update={"router": spec.router.model_copy(update={
             "gateway": SGLangGateway.SGLANG_ROUTER, "admission": None})})
@@ -300,7 +353,8 @@ def main() -> None:
                 "admission": RouterAdmission(prefill_inflight_per_worker=args.smg_admission,
                                              queue_timeout_seconds=max(1, int(c["ttft"])))})})
         configured = configure(case_spec, spec_source=f"file {PDCLUSTER.name}",
-                               overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes})
+                               overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes},
+                               profile=profile, profile_source="--nodes-per-instance")
         # the deployed stack routes as the PDCluster renders its router; what-ifs their own way
         deployed = args.stack == "deployed"
         stack = {**STACKS[args.stack], **(routing(configured.spec) if deployed else {})}
@@ -323,16 +377,19 @@ def main() -> None:
             if pol.startswith("pdscale@p"):
                 at = configure(case_spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes,
-                                          "--load-percentile": int(pol.removeprefix("pdscale@p"))})
+                                          "--load-percentile": int(pol.removeprefix("pdscale@p"))},
+                               profile=profile, profile_source="--nodes-per-instance")
                 rep = trimmed(run_policy(replace(setup, planner=at.config if deployed else replace(
-                    at.config, prefill_queue="pooled")), "pdscale", history=history))
+                    at.config, prefill_queue="pooled")), "pdscale", history=history),
+                    nodes_per_instance)
                 rep["policy"] = pol
             else:
-                rep = trimmed(run_policy(setup, pol, history=history))
+                rep = trimmed(run_policy(setup, pol, history=history), nodes_per_instance)
             reps[pol] = rep
             peak = rep["peak_instances"]
             console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "
-                          f"{rep['gpu_hours']:.1f} GPU-h, peak {peak} instances, "
+                          f"{rep['gpu_hours']:.1f} GPU-h, peak {peak} instances "
+                          f"({rep['peak_nodes']} nodes), "
                           f"role changes {rep['role_changes']} ({time.perf_counter() - t:.0f} s)")
             if pol == "static:best" and peak < MIN_PEAK_INSTANCES:
                 console.print(f"  [red]WARNING: static:best needs only {peak} instances "
@@ -343,13 +400,17 @@ def main() -> None:
                     rep = matched(setup, base, reps["pdscale"]["gpu_hours"], console, history)
                     reps[rep["policy"]] = rep
         results[name] = {"scale": {k: c[k] for k in ("rate_scale", "time_scale")},
+                         "nodes_per_instance": list(nodes_per_instance),
                          "ttft_slo_seconds": c["ttft"], "requests": len(setup.trace), "trace": trace.name,
                          "start_from": args.start_from, "scrape_lag_seconds": args.scrape_lag_seconds,
                          "history_intervals": len(history) if history is not None else 0,
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "configuration": configured.as_json(),
                          "policies": reps}
-    table = Table(title=f"policies side by side, stack {args.stack} (node budget {setup.nodes}, "
+    shape_title = ("" if nodes_per_instance == (1, 1) else
+                   f"instances of {nodes_per_instance[0]} prefill / {nodes_per_instance[1]} decode "
+                   f"nodes, GPU-hours per node, ")
+    table = Table(title=f"policies side by side, stack {args.stack} ({shape_title}node budget {setup.nodes}, "
                         f"TPOT SLO 50 ms, {setup.engine} prefill, {setup.router} prefill routing, "
                         f"{setup.decode_router} decode routing, "
                         + ("early rejection" if setup.early_rejection
@@ -367,7 +428,7 @@ def main() -> None:
     pct = f"p{100 * setup.slo.percentile:g}"
     for col in ("trace (scale)", "policy", "attain.", "missed: rej/TTFT/TPOT/both", f"TTFT {pct}",
                 f"TPOT {pct}", "GPU-h",
-                "vs oracle", "vs static:best", "peak", "role chg"):
+                "vs oracle", "vs static:best", "peak", "peak nodes", "role chg"):
         table.add_column(col, justify="right")
     for name, r in results.items():
         reps = r["policies"]
@@ -382,7 +443,7 @@ def main() -> None:
                 str(rep["tpot_at_percentile"]), f"{rep['gpu_hours']:.1f}",
                 f"{rep['gpu_hours'] / oracle:.2f}x" if oracle else "-",
                 f"{rep['gpu_hours'] / best:.2f}x" if best else "-",
-                str(rep["peak_instances"]), str(rep["role_changes"]),
+                str(rep["peak_instances"]), str(rep["peak_nodes"]), str(rep["role_changes"]),
             )
     console.print(table)
     checks = targets(results)
@@ -393,7 +454,8 @@ def main() -> None:
     stem = "policy_bench" + ("" if args.stack == "deployed" else f"_{args.stack}") + (
         "" if args.smg_admission is None else "_smg_admission") + (
         "_old_default" if args.old_default else "") + (
-        f"_lag{args.scrape_lag_seconds:g}" if args.scrape_lag_seconds else "")
+        f"_lag{args.scrape_lag_seconds:g}" if args.scrape_lag_seconds else "") + (
+        "" if nodes_per_instance == (1, 1) else f"_nodes{nodes_per_instance[0]}-{nodes_per_instance[1]}")
     path = OUT / (f"{stem}.json" if args.decode_admission == "off"
                   else f"{stem}_admission_{args.decode_admission}.json")
     old = json.loads(path.read_text()) if path.exists() else {}

@@ -84,11 +84,21 @@ class WarmupProfile(_Strict):
     role_switch_seconds: float = Field(ge=0)
 
 
+class InstanceShape(_Strict):
+    """The whole nodes one instance of each role spans in the deployment a profile describes."""
+
+    prefill: int = Field(ge=1, le=32)
+    decode: int = Field(ge=1, le=32)
+
+
 class Profile(_Strict):
     """Validated performance profile (see ``profiles/*.yaml`` for the meaning of each field)."""
 
     name: str
     gpus_per_instance: int = Field(gt=0)
+    #: the instance shape the capacities are one instance of (nodes per prefill and per decode
+    #: instance); the planner refuses a spec of another shape. None: not stated, not checked
+    nodes_per_instance: InstanceShape | None = None
     prefill: PrefillProfile
     decode: DecodeProfile
     kv_transfer: KvTransferProfile
@@ -96,6 +106,21 @@ class Profile(_Strict):
     #: where the numbers came from (``pdscale profile fit`` writes the tool, date, points and
     #: residuals here); for people and status, never read by the planner
     provenance: dict[str, Any] | None = None
+
+
+def shape_problem(profile: Profile, nodes_per_instance: tuple[int, int]) -> str | None:
+    """Why ``profile`` cannot plan instances of ``nodes_per_instance`` (prefill, decode nodes
+    each), or None. Its capacities are one instance of the shape it states: read as another
+    shape's, a group of 4 nodes would be planned as one node's capacity, or the reverse. A
+    profile that states no shape is not checked."""
+    shape = profile.nodes_per_instance
+    if shape is None or (shape.prefill, shape.decode) == tuple(nodes_per_instance):
+        return None
+    kp, kd = nodes_per_instance
+    return (f"profile {profile.name!r} describes instances of {shape.prefill} prefill / "
+            f"{shape.decode} decode nodes (its nodes_per_instance), but "
+            f"spec.prefill.nodesPerInstance is {kp} and spec.decode.nodesPerInstance is {kd}: "
+            f"give a profile of that shape (spec.planner.profile)")
 
 
 def _describe(exc: ValidationError, source: str) -> str:

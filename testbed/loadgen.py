@@ -24,6 +24,7 @@ import math
 import random
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -254,22 +255,38 @@ async def run_load(
     max_concurrency: int = 512,
     timeout_seconds: float = 120.0,
     max_seconds: float = 600.0,
+    stop: threading.Event | None = None,
 ) -> list[RequestRecord]:
     """Send ``specs`` open-loop at their times; at most ``max_concurrency`` in flight (later
-    ones wait, and their TTFT includes that wait), nothing sent after ``max_seconds``."""
+    ones wait, and their TTFT includes that wait), nothing sent after ``max_seconds`` or once
+    ``stop`` is set (a test ends a phase on a condition, not a clock); what was sent is
+    awaited either way."""
     base_url = require_loopback(base_url)
     gate = asyncio.Semaphore(max_concurrency)
     async with ClientSession(connector=TCPConnector(limit=0)) as session:
         start = time.monotonic()
+        stopped = asyncio.Event()
+
+        async def watch() -> None:  # the thread's event, seen by this loop within 0.2 s
+            while stop is not None and not stop.is_set():
+                await asyncio.sleep(0.2)
+            stopped.set()
 
         async def one(spec: RequestSpec) -> RequestRecord | None:
-            await asyncio.sleep(max(spec.at_seconds - (time.monotonic() - start), 0.0))
-            if time.monotonic() - start > max_seconds:
+            delay = max(spec.at_seconds - (time.monotonic() - start), 0.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopped.wait(), delay)  # wakes early once stopped
+            if time.monotonic() - start > max_seconds or stopped.is_set():
                 return None
             async with gate:
                 return await send_one(session, base_url, api, spec, model, start, timeout_seconds)
 
-        results = await asyncio.gather(*(one(s) for s in specs))
+        watcher = asyncio.create_task(watch()) if stop is not None else None
+        try:
+            results = await asyncio.gather(*(one(s) for s in specs))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
     return [r for r in results if r is not None]
 
 

@@ -213,13 +213,29 @@ def _condition_schema() -> dict[str, Any]:
 
 
 def _role_status_schema(role: str) -> dict[str, Any]:
+    if role == "router":
+        return {
+            "type": "object",
+            "description": "The router Deployment's counts.",
+            "properties": {
+                "desiredReplicas": {"type": "integer", "description": "spec replicas."},
+                "readyReplicas": {"type": "integer", "description": "Pods that pass readiness."},
+                "updatedReplicas": {"type": "integer", "description": "Pods on the current spec."},
+            },
+        }
     return {
         "type": "object",
-        "description": f"The {role} Deployment's counts.",
+        "description": f"The {role} instances (a Deployment's pods, or a LeaderWorkerSet's "
+        "groups when an instance spans several nodes) and their nodes.",
         "properties": {
-            "desiredReplicas": {"type": "integer", "description": "spec replicas."},
-            "readyReplicas": {"type": "integer", "description": "Pods that pass readiness."},
-            "updatedReplicas": {"type": "integer", "description": "Pods on the current spec."},
+            "desiredReplicas": {"type": "integer", "description": "Instances applied (replicas)."},
+            "readyReplicas": {"type": "integer",
+                              "description": "Instances that serve (a group: every pod Ready)."},
+            "updatedReplicas": {"type": "integer", "description": "Instances on the current spec."},
+            "nodesPerInstance": {"type": "integer",
+                                 "description": "Nodes one instance spans (the live group size)."},
+            "desiredNodes": {"type": "integer", "description": "desiredReplicas x nodesPerInstance."},
+            "readyNodes": {"type": "integer", "description": "readyReplicas x nodesPerInstance."},
         },
     }
 
@@ -327,6 +343,10 @@ def build_crd() -> dict[str, Any]:
              "jsonPath": ".spec.prefill.nodesPerInstance", "priority": 1},
             {"name": "D-Nodes/Inst", "type": "integer",
              "jsonPath": ".spec.decode.nodesPerInstance", "priority": 1},
+            {"name": "P-Nodes", "type": "integer",
+             "jsonPath": ".status.prefill.readyNodes", "priority": 1},
+            {"name": "D-Nodes", "type": "integer",
+             "jsonPath": ".status.decode.readyNodes", "priority": 1},
             {"name": "Planner", "type": "string", "jsonPath": ".spec.planner.mode"},
             {"name": "Refused/min", "type": "integer",
              "jsonPath": ".status.planner.refusedRequestsPerMinute"},

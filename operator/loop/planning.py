@@ -21,7 +21,13 @@ from pdscale.planner.config import PlannerConfig, build_config, decode_quantile
 from pdscale.planner.decision import Decision
 from pdscale.planner.model import Calibration, Load, PerformanceModel, Slo
 from pdscale.planner.observe import Reading
-from pdscale.planner.profile import Profile, ProfileError, capped_profile, shipped_profile
+from pdscale.planner.profile import (
+    Profile,
+    ProfileError,
+    capped_profile,
+    shape_problem,
+    shipped_profile,
+)
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.schedule import ScheduledFloor
 from pdscale.planner.solve import History, lead_intervals
@@ -115,10 +121,14 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         raise ProfileError(f"spec.planner.profileConfigMap: the profile is in ConfigMap "
                            f"{p.profile_config_map.name!r}; pass it (the operator reads it; "
                            f"pdscale profile export writes it to a file for --profile)")
-    # the engines' batch cap is the deployment's: decode instances carry no more than it
-    capped = capped_profile(profile or shipped_profile(p.profile), engines.decode_batch_cap(spec))
+    base = profile or shipped_profile(p.profile)
     kp, kd = (multinode.nodes_per_instance(spec, "prefill"),
               multinode.nodes_per_instance(spec, "decode"))
+    problem = shape_problem(base, (kp, kd))
+    if problem is not None:
+        raise ProfileError(problem)
+    # the engines' batch cap is the deployment's: decode instances carry no more than it
+    capped = capped_profile(base, engines.decode_batch_cap(spec))
     return build_config(
         model=PerformanceModel(capped),
         slo=Slo(

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pdscale.operator.api import multinode
 from pdscale.operator.api.clock import now_rfc3339
 from pdscale.operator.api.pdcluster import PDClusterSpec, ProfileConfigMapRef
 from pdscale.operator.clients.kube import Kube
@@ -30,6 +31,7 @@ from pdscale.planner.profile import (
     Profile,
     ProfileError,
     parse_profile_text,
+    shape_problem,
     shipped_profile,
 )
 
@@ -104,6 +106,18 @@ class ProfileSources:
         self.parsed: dict[tuple[str, str, str], tuple[str, ResolvedProfile]] = {}
 
     def resolve(self, namespace: str, spec: PDClusterSpec) -> ResolvedProfile:
+        """The spec's profile, or why there is none it can plan with (a ConfigMap's problem,
+        or a profile stating another instance shape than the spec's nodesPerInstance)."""
+        resolved = self._resolve(namespace, spec)
+        if resolved.profile is not None:
+            shape = (multinode.nodes_per_instance(spec, "prefill"),
+                     multinode.nodes_per_instance(spec, "decode"))
+            problem = shape_problem(resolved.profile, shape)
+            if problem is not None:
+                return ResolvedProfile(None, resolved.source, problem)
+        return resolved
+
+    def _resolve(self, namespace: str, spec: PDClusterSpec) -> ResolvedProfile:
         ref = spec.planner.profile_config_map
         if ref is None:
             try:

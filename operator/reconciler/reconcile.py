@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from pdscale.operator.api import tenant_policy
+from pdscale.operator.api import multinode, tenant_policy
 from pdscale.operator.api.clock import epoch_seconds
 from pdscale.operator.api.names import (
     ANNOTATION_APPLIED_HASH,
@@ -191,6 +191,8 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
 
     if spec is not None and derived is not None:
         obs.derived = derived.as_status()
+        obs.nodes_per_instance = {role: multinode.nodes_per_instance(spec, role)
+                                  for role in st.ENGINE_ROLES}
         replicas = planned_replicas(spec, previous)
         for desired in build_children(owner, spec, derived, replicas, network.configured()):
             kind, name = desired["kind"], desired["metadata"]["name"]

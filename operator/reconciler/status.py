@@ -18,7 +18,8 @@ from pdscale.planner.profile import Profile
 from . import conditions as c
 
 # what status reports on: the two engine roles and the router
-COMPONENTS = (Role.PREFILL.value, Role.DECODE.value, "router")
+ENGINE_ROLES = (Role.PREFILL.value, Role.DECODE.value)
+COMPONENTS = (*ENGINE_ROLES, "router")
 
 
 @dataclass
@@ -35,6 +36,8 @@ class ChildrenView:
     unready: list[UnreadyPod] = field(default_factory=list)
     #: children the API server refused to apply, one line each (``reconcile.refusal``)
     refused: list[str] = field(default_factory=list)
+    #: role -> the spec's nodes per instance (a role whose child is not there yet)
+    nodes_per_instance: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ def unready_message(pod: UnreadyPod) -> str:
 
 
 def role_counts(deployment: dict[str, Any] | None) -> dict[str, int]:
+    """A child's counts: instances (a Deployment's pods, a LeaderWorkerSet's groups)."""
     if deployment is None:
         return {"desiredReplicas": 0, "readyReplicas": 0, "updatedReplicas": 0}
     st = deployment.get("status") or {}
@@ -89,6 +93,23 @@ def role_counts(deployment: dict[str, Any] | None) -> dict[str, int]:
         "readyReplicas": int(st.get("readyReplicas", 0)),
         "updatedReplicas": int(st.get("updatedReplicas", 0)),
     }
+
+
+def node_counts(deployment: dict[str, Any] | None, counts: dict[str, int],
+                spec_nodes: int = 1) -> dict[str, int]:
+    """An engine role's nodes beside its instances: each of a Deployment's pods is one node,
+    each of a LeaderWorkerSet's groups ``leaderWorkerTemplate.size`` nodes (the live set's:
+    what runs; ``spec_nodes`` only while there is no child yet). Ready nodes are those of
+    whole ready groups: a group with a pod down serves nothing (RecreateGroupOnPodRestart)."""
+    if deployment is None:
+        size = spec_nodes
+    elif deployment.get("kind") == "LeaderWorkerSet":
+        value = ((deployment.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size", 1)
+        size = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    else:
+        size = 1
+    return {"nodesPerInstance": size, "desiredNodes": counts["desiredReplicas"] * size,
+            "readyNodes": counts["readyReplicas"] * size}
 
 
 def _rolled_out(deployment: dict[str, Any] | None) -> bool:
@@ -124,6 +145,8 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
     """The whole status object. `previous` is the current status (for transition times)."""
     gen = obs.generation
     counts = {role: role_counts(obs.deployments.get(role)) for role in COMPONENTS}
+    nodes = {role: node_counts(obs.deployments.get(role), counts[role],
+                               obs.nodes_per_instance.get(role, 1)) for role in ENGINE_ROLES}
     valid = not obs.problems
     conds = [
         c.condition(c.SPEC_VALID, valid, c.SPEC_ACCEPTED if valid else c.SPEC_INVALID,
@@ -191,6 +214,8 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
         "conditions": c.merge((previous or {}).get("conditions"), conds, now),
         **counts,
     }
+    for role in ENGINE_ROLES:
+        status[role] = {**counts[role], **nodes[role]}
     if obs.derived is not None:
         status["derived"] = obs.derived
     elif previous and "derived" in previous:

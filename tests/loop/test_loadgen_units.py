@@ -76,3 +76,22 @@ def test_cli_refuses_a_non_loopback_target_before_sending(capsys):
 
     assert main(["--url", "http://10.1.2.3:30000", "--phase-seconds", "1"]) == 2
     assert "loopback" in capsys.readouterr().err
+
+
+def test_a_stopped_load_sends_nothing_more_and_returns_without_waiting_for_its_plan():
+    import asyncio
+    import threading
+    import time
+
+    from pdscale.testbed.loadgen import RequestSpec, run_load
+
+    # a plan reaching 100 s ahead, to a loopback port nobody listens on: a request sent would
+    # come back as a failed record, so an empty result means none was sent
+    specs = [RequestSpec(index=i, phase="p", at_seconds=100.0 + i, prompt="a b", input_tokens=2,
+                         output_tokens=2, prefix_group=None) for i in range(3)]
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    records = asyncio.run(run_load("http://127.0.0.1:9", specs, stop=stop))
+    assert records == []
+    assert time.monotonic() - started < 50  # not the plan's 100 s

@@ -381,7 +381,9 @@ def test_the_operator_applies_the_groups_and_counts_ready_groups_as_instances():
     assert sets[f"{name}-decode"]["spec"]["leaderWorkerTemplate"]["size"] == 4
     status = kube.objects[("PDCluster", "serving", name)]["status"]
     assert c.find(status["conditions"], c.READY)["status"] == "False"
-    assert status["decode"] == {"desiredReplicas": 3, "readyReplicas": 0, "updatedReplicas": 0}
+    # instances and the nodes they span (nodesPerInstance from the live LWS's group size)
+    assert status["decode"] == {"desiredReplicas": 3, "readyReplicas": 0, "updatedReplicas": 0,
+                                "nodesPerInstance": 4, "desiredNodes": 12, "readyNodes": 0}
 
     # LWS reports whole groups; the router's Deployment is rolled out: every role ready
     for role, groups in (("prefill", 2), ("decode", 3)):
@@ -399,6 +401,9 @@ def test_the_operator_applies_the_groups_and_counts_ready_groups_as_instances():
     assert c.find(status["conditions"], c.READY)["status"] == "True"
     assert {role: status[role]["readyReplicas"] for role in ("prefill", "decode", "router")} == {
         "prefill": 2, "decode": 3, "router": 1}
+    assert {role: status[role]["readyNodes"] for role in ("prefill", "decode")} == {
+        "prefill": 4, "decode": 12}
+    assert "readyNodes" not in status["router"]  # the router is no instance of nodes
     # the applied sets are in sync: nothing applied again
     assert {k: o["metadata"]["resourceVersion"] for k, o in kube.objects.items()
             if k[0] != "PDCluster"} == versions
@@ -409,7 +414,8 @@ def test_a_group_set_is_rolled_out_when_its_groups_are_ready():
     from pdscale.operator.reconciler.status import ChildrenView, compute
 
     def group_set(ready: int) -> dict:
-        return {"kind": "LeaderWorkerSet", "metadata": {"generation": 1}, "spec": {"replicas": 3},
+        return {"kind": "LeaderWorkerSet", "metadata": {"generation": 1},
+                "spec": {"replicas": 3, "leaderWorkerTemplate": {"size": 2}},
                 "status": {"replicas": 3, "updatedReplicas": 3, "readyReplicas": ready}}
 
     def deployment() -> dict:
@@ -423,6 +429,9 @@ def test_a_group_set_is_rolled_out_when_its_groups_are_ready():
         status = compute(view, None, "2026-11-30T12:00:00Z")
         assert c.find(status["conditions"], c.READY)["status"] == expected, ready
         assert status["prefill"]["readyReplicas"] == ready  # groups, i.e. instances
+        # nodes: the live set's group size per instance
+        assert (status["prefill"]["nodesPerInstance"], status["prefill"]["desiredNodes"],
+                status["prefill"]["readyNodes"]) == (2, 6, 2 * ready)
 
 
 def test_the_groups_service_publishes_pods_before_they_are_ready():
@@ -438,3 +447,18 @@ def test_the_groups_service_publishes_pods_before_they_are_ready():
         assert service["spec"]["selector"].items() <= labels.items()
     # a one-node role's Service is as before
     assert "publishNotReadyAddresses" not in services["dsv3-wide-ep-router"]["spec"]
+
+
+def test_status_counts_nodes_from_the_spec_until_the_set_exists():
+    from pdscale.operator.reconciler.status import ChildrenView, compute
+
+    view = ChildrenView(generation=1, deployments={"prefill": None, "decode": None, "router": None},
+                        nodes_per_instance={"prefill": 2, "decode": 4})
+    status = compute(view, None, "2026-11-30T12:00:00Z")
+    assert [status[r]["nodesPerInstance"] for r in ("prefill", "decode")] == [2, 4]
+    assert [status[r]["readyNodes"] for r in ("prefill", "decode")] == [0, 0]
+    # a Deployment's pod is one node, whatever the view says
+    deployment = {"kind": "Deployment", "metadata": {"generation": 1}, "spec": {"replicas": 3},
+                  "status": {"readyReplicas": 3}}
+    view.deployments["prefill"] = deployment
+    assert compute(view, None, "2026-11-30T12:00:00Z")["prefill"]["readyNodes"] == 3

@@ -111,8 +111,10 @@ def test_sample_becomes_a_ready_fleet_pinned_to_h200(k, run_operator):
         wait_for(lambda: k.children("glm53") == expected_children(doc, k.ns), what="all children")
         ready = wait_for(lambda: k.ready("glm53"), timeout_seconds=120, what="Ready")
         status = k.get("glm53")["status"]
-        assert status["prefill"] == {"desiredReplicas": 4, "readyReplicas": 4, "updatedReplicas": 4}
-        assert status["decode"] == {"desiredReplicas": 8, "readyReplicas": 8, "updatedReplicas": 8}
+        assert status["prefill"] == {"desiredReplicas": 4, "readyReplicas": 4, "updatedReplicas": 4,
+                                     "nodesPerInstance": 1, "desiredNodes": 4, "readyNodes": 4}
+        assert status["decode"] == {"desiredReplicas": 8, "readyReplicas": 8, "updatedReplicas": 8,
+                                    "nodesPerInstance": 1, "desiredNodes": 8, "readyNodes": 8}
         assert status["observedGeneration"] == k.get("glm53")["metadata"]["generation"]
         assert ready["reason"] == "AllReplicasReady"
         assert status["derived"]["waitingTimeoutSeconds"] == 787

@@ -120,7 +120,8 @@ def test_status_counts_and_conditions_follow_the_deployments():
     reconcile(kube, _body(kube), NOW)
     status = _body(kube)["status"]
     assert status["observedGeneration"] == 1
-    assert status["prefill"] == {"desiredReplicas": 4, "readyReplicas": 0, "updatedReplicas": 0}
+    assert status["prefill"] == {"desiredReplicas": 4, "readyReplicas": 0, "updatedReplicas": 0,
+                                 "nodesPerInstance": 1, "desiredNodes": 4, "readyNodes": 0}
     ready = c.find(status["conditions"], c.READY)
     assert (ready["status"], ready["reason"]) == ("False", c.WAITING_FOR_REPLICAS)
     assert c.find(status["conditions"], c.PROGRESSING)["status"] == "True"
@@ -128,7 +129,8 @@ def test_status_counts_and_conditions_follow_the_deployments():
     kube.make_ready()
     out = reconcile(kube, _body(kube), LATER)
     status = _body(kube)["status"]
-    assert status["decode"] == {"desiredReplicas": 8, "readyReplicas": 8, "updatedReplicas": 8}
+    assert status["decode"] == {"desiredReplicas": 8, "readyReplicas": 8, "updatedReplicas": 8,
+                                "nodesPerInstance": 1, "desiredNodes": 8, "readyNodes": 8}
     ready = c.find(status["conditions"], c.READY)
     assert (ready["status"], ready["reason"], ready["lastTransitionTime"]) == ("True", c.ALL_READY, LATER)
     assert c.find(status["conditions"], c.SPEC_VALID)["lastTransitionTime"] == NOW  # unchanged
