@@ -366,7 +366,8 @@ def trim_to_budget(target: tuple[int, int], budget_nodes: int, split: tuple[int,
 
 def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes: int, *,
                  nodes_per_instance: tuple[int, int] = (1, 1),
-                 switches: tuple[int, int] = (0, 0)) -> tuple[tuple[int, int], tuple[int, int]]:
+                 switches: tuple[int, int] = (0, 0),
+                 role_switch: bool = True) -> tuple[tuple[int, int], tuple[int, int]]:
     """A member's target and switches with its additions cut so that what it holds once the
     command is applied (every instance kept, added or still draining out of a role: the
     larger of target and current per role, a switch counted once) stays within
@@ -374,14 +375,19 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
     is not free for the other until it has drained: added at once, it would hold a node the
     pool does not have (on a cluster, a pod Pending for want of a node). Where the roles'
     instances span the same nodes, such an addition becomes a role switch of the node given
-    up (reused once drained); else it comes at a later interval, after the drain."""
+    up (reused once drained); else it comes at a later interval, after the drain.
+
+    ``role_switch=False``: the fleet cannot reuse a draining node for the other role (the
+    operator scales each role's Deployment: the new pod is created at once, and would wait
+    for the node): no switch is counted, an addition waits for the drain."""
     kp, kd = nodes_per_instance
     p, d = target
-    sp, sd = switches
+    sp, sd = switches if role_switch else (0, 0)
+    same_shape = kp == kd and role_switch
 
     def held() -> int:
-        switched = sp * kp if kp == kd else 0
-        switched += sd * kd if kp == kd else 0
+        switched = sp * kp if same_shape else 0
+        switched += sd * kd if same_shape else 0
         return max(p, current[0]) * kp + max(d, current[1]) * kd - switched
 
     bound = max(budget_nodes, current[0] * kp + current[1] * kd)
@@ -391,9 +397,9 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
             break
         # an addition beside a removal of the other role becomes a role switch (the node is
         # reused once drained: no more nodes held) where the shapes match; else it waits
-        if kp == kd and grow_d and current[0] - p > sd and d - current[1] > sd:
+        if same_shape and grow_d and current[0] - p > sd and d - current[1] > sd:
             sd += 1
-        elif kp == kd and not grow_d and current[1] - d > sp and p - current[0] > sp:
+        elif same_shape and not grow_d and current[1] - d > sp and p - current[0] > sp:
             sp += 1
         elif grow_d:
             d -= 1
@@ -447,7 +453,8 @@ def member_need(name: str, obs: Observation, *, config: PlannerConfig, history: 
 
 
 def member_command(probe: MemberProbe, decision: PoolDecision, *, config: PlannerConfig,
-                   history: History, stepper: Stepper) -> tuple[Decision, History, int]:
+                   history: History, stepper: Stepper,
+                   role_switch: bool = True) -> tuple[Decision, History, int]:
     """A member's command within its grant (pure): (the command, the memory its planner
     leaves, its budget this interval in nodes).
 
@@ -469,7 +476,7 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
         base, memory = alone, probe.alone_history
         (p, d), (sp, sd) = admit_within(
             (alone.prefill, alone.decode), now, budget, nodes_per_instance=(kp, kd),
-            switches=(alone.switch_to_prefill, alone.switch_to_decode))
+            switches=(alone.switch_to_prefill, alone.switch_to_decode), role_switch=role_switch)
     else:
         within, memory = stepper(replace(config, nodes=budget + probe.need.draining_nodes),
                                  history)
@@ -477,7 +484,8 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
         p, d = trim_to_budget((alone.prefill, alone.decode), max(budget, 0), within.desired,
                               nodes_per_instance=(kp, kd),
                               minimum=(config.min_prefill, config.min_decode))
-        (p, d), (sp, sd) = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd))
+        (p, d), (sp, sd) = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd),
+                                        role_switch=role_switch)
     command = replace(base, prefill=p, decode=d, switch_to_prefill=sp, switch_to_decode=sd,
                       explanation=f"{base.explanation}; pool: {grant.reason}")
     return command, memory, budget

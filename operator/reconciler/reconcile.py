@@ -28,6 +28,7 @@ from pdscale.operator.api.names import (
     child_name,
 )
 from pdscale.operator.api.pdcluster import GROUP, KIND, VERSION, PDClusterSpec
+from pdscale.operator.api.pdpool import pool_refusal
 from pdscale.operator.clients.kube import Kube
 from pdscale.operator.render import lws, network
 from pdscale.operator.render.builders import (
@@ -233,6 +234,13 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
                 obs.deployments[role] = live
     out.conflicts = obs.conflicts
     out.refused = obs.refused
+    if spec is not None and (ref := spec.planner.pool) is not None:
+        obs.pool = f"{ref.namespace or owner.namespace}/{ref.name}"
+        # never read a pool of another namespace: the refusal needs only its name
+        pool = (kube.get("PDPool", owner.namespace, ref.name)
+                if ref.namespace in (None, owner.namespace) else None)
+        obs.pool_refusal = pool_refusal(owner.namespace, owner.name, ref,
+                                        spec.placement.gpu_product, pool)
     if spec is not None:
         pods = kube.list_pods(owner.namespace, {LABEL_INSTANCE: base_name(owner.name),
                                                 LABEL_MANAGED_BY: MANAGER})
@@ -264,6 +272,8 @@ def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list
         elif cond["type"] == c.CHILDREN_APPLIED and cond["reason"] == c.APPLY_REFUSED:
             # once per refusal (the message is the server's, the same on every retry)
             events.append(Event("Warning", c.EVENT_APPLY_REFUSED, cond["message"]))
+        elif cond["type"] == c.POOL_MEMBER and cond["status"] == "False":
+            events.append(Event("Warning", c.EVENT_POOL_REFUSED, cond["message"]))
         elif cond["type"] == c.DEGRADED and cond["status"] == "True":
             reason = c.EVENT_NAME_CONFLICT if cond["reason"] == c.NAME_CONFLICT else cond["reason"]
             events.append(Event("Warning", reason, cond["message"]))
@@ -276,13 +286,15 @@ def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list
 
 
 def post_event(kube: Kube, body: dict[str, Any], event: Event, now: str) -> None:
-    """A core/v1 Event on the PDCluster (what `kubectl describe pdc` lists)."""
+    """A core/v1 Event on the PDCluster, or the object ``body`` is (a PDPool's carries its
+    kind): what `kubectl describe` lists."""
     meta = body["metadata"]
     manifest = {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
+        "involvedObject": {"apiVersion": body.get("apiVersion") or f"{GROUP}/{VERSION}",
+                           "kind": body.get("kind") or KIND, "name": meta["name"],
                            "namespace": meta["namespace"], "uid": meta["uid"],
                            "resourceVersion": meta.get("resourceVersion")},
         "type": event.type,
