@@ -71,7 +71,14 @@ class PoolLoop:
     def tick(self, bodies: Mapping[str, dict[str, Any]], pods_of: PodsOf, now: float) -> set[str]:
         """Plan every pool with a member due; the ``namespace/name`` of every member (their
         ticks then follow the pool's command, not their own plan)."""
-        pools = self.kube.list_pdpools()
+        try:
+            pools = self.kube.list_pdpools()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            # the PDPool CRD is not installed (an older chart): no pool, every PDCluster
+            # naming one holds (its PoolMember condition says no such PDPool)
+            pools = []
         found, _ = memberships(pools, bodies)
         members: set[str] = set()
         for ms in found:
