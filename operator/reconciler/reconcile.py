@@ -28,7 +28,7 @@ from pdscale.operator.api.names import (
     child_name,
 )
 from pdscale.operator.api.pdcluster import GROUP, KIND, VERSION, PDClusterSpec
-from pdscale.operator.api.pdpool import pool_refusal
+from pdscale.operator.api.pdpool import PDPoolSpec, pool_refusal
 from pdscale.operator.clients.kube import Kube
 from pdscale.operator.render import lws, network
 from pdscale.operator.render.builders import (
@@ -190,6 +190,8 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
         out.problems = obs.problems = [str(p) for p in exc.problems]
         spec = derived = None
 
+    if spec is not None:
+        spec = _in_pool(kube, spec, owner, obs)
     if spec is not None and derived is not None:
         obs.derived = derived.as_status()
         replicas = planned_replicas(spec, previous)
@@ -234,13 +236,6 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
                 obs.deployments[role] = live
     out.conflicts = obs.conflicts
     out.refused = obs.refused
-    if spec is not None and (ref := spec.planner.pool) is not None:
-        obs.pool = f"{ref.namespace or owner.namespace}/{ref.name}"
-        # never read a pool of another namespace: the refusal needs only its name
-        pool = (kube.get("PDPool", owner.namespace, ref.name)
-                if ref.namespace in (None, owner.namespace) else None)
-        obs.pool_refusal = pool_refusal(owner.namespace, owner.name, ref,
-                                        spec.placement.gpu_product, pool)
     if spec is not None:
         pods = kube.list_pods(owner.namespace, {LABEL_INSTANCE: base_name(owner.name),
                                                 LABEL_MANAGED_BY: MANAGER})
@@ -256,6 +251,30 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
         post_event(kube, body, event, now)
     out.writes = kube.writes - writes_before
     return out
+
+
+def _in_pool(kube: Kube, spec: PDClusterSpec, owner: Owner, obs: st.ChildrenView) -> PDClusterSpec:
+    """Whether the pool spec.planner.pool names admits this PDCluster (``obs.pool_refusal``,
+    reported as PoolMember); a member's engine pods are pinned to the pool's nodes: the
+    pool's nodeSelector over the spec's own (the admin's labels win: a member cannot place
+    engines outside the pool)."""
+    ref = spec.planner.pool
+    if ref is None:
+        return spec
+    obs.pool = f"{ref.namespace or owner.namespace}/{ref.name}"
+    # never read a pool of another namespace: the refusal needs only its name
+    pool = (kube.get("PDPool", owner.namespace, ref.name)
+            if ref.namespace in (None, owner.namespace) else None)
+    obs.pool_refusal = pool_refusal(owner.namespace, owner.name, ref, spec.placement.gpu_product,
+                                    pool)
+    if obs.pool_refusal is not None or pool is None:
+        return spec
+    labels = PDPoolSpec.model_validate(pool.get("spec") or {}).node_selector
+    if all(spec.placement.node_selector.get(k) == v for k, v in labels.items()):
+        return spec
+    placement = spec.placement.model_copy(
+        update={"node_selector": {**spec.placement.node_selector, **labels}})
+    return spec.model_copy(update={"placement": placement})
 
 
 def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list[Event]:
