@@ -51,6 +51,7 @@ KOPF_NEEDS: dict[Need, str] = {
                                     ("leaderworkerset.x-k8s.io", "leaderworkersets",
                                      "leaderworkerset_changed"),
                                     ("", "services", "service_changed"),
+                                    (GROUP, "pdpools", "pdpool_changed"),
                                     (*CRDS, "its resource observer"),
                                     (*NAMESPACES, "with watchNamespaces: its namespace observer")]
        for verb in ("list", "watch")},

@@ -97,5 +97,24 @@ def test_a_pool_plans_its_members_together_and_refuses_the_others(
             intruder = custom.get_namespaced_custom_object(GROUP, VERSION, namespace,
                                                            "pdclusters", "intruder")
             assert "lastDecision" not in ((intruder.get("status") or {}).get("planner") or {})
+
+            # the admin lists it: it joins at once (the PDPool's change reconciles the
+            # PDClusters naming it; the resync is minutes away), and the three members'
+            # minReplicas (6 nodes) no longer fit in 5: the pool says so and plans nothing
+            custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "pdpools", "shared", {
+                "spec": {"members": [{"name": "high", "priority": 100},
+                                     {"name": "low", "priority": 1}, {"name": "intruder"}]}})
+            wait_for(lambda: (c := _condition(custom, namespace, "intruder", "PoolMember"))
+                     and c["status"] == "True", timeout_seconds=30, what="intruder joined")
+
+            def not_planned():
+                body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "pdpools",
+                                                           "shared")
+                ready = next((c for c in (body.get("status") or {}).get("conditions") or []
+                              if c["type"] == "Ready"), None)
+                return ready if ready and ready["status"] == "False" else None
+
+            ready = wait_for(not_planned, timeout_seconds=60, what="the pool says it cannot plan")
+            assert "do not fit" in ready["message"] and ready["observedGeneration"] == 2
     finally:
         core.delete_namespace(other)
