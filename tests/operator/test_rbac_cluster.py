@@ -203,9 +203,15 @@ def test_with_watch_namespaces_the_chart_grants_what_the_operator_uses_there(
         settings.watching.server_timeout = 10
         with KopfRunner(["run", "--namespace", namespace, "--standalone", "-m",
                          "pdscale.operator.handlers"], settings=settings) as runner:
+            # in a PDPool that counts its nodes: the one cluster-scoped read of the loop
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "pdpools", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "PDPool",
+                "metadata": {"name": "watched-pool"},
+                "spec": {"nodeSelector": {"pdscale.io/pool": POOL}, "members": [{"name": "watched"}]}})
             custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, sample("demo-sim.yaml", "watched",
-                                                          **{"planner.mode": "Off"}))
+                                                          **{"planner.mode": "Off",
+                                                             "planner.pool": {"name": "watched-pool"}}))
 
             def ready():
                 body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "watched")
@@ -229,7 +235,7 @@ def test_with_watch_namespaces_the_chart_grants_what_the_operator_uses_there(
     used = {n for n, _, _ in made}
     assert used - granted == set(), "made, but not granted"
     assert _granted(rbac.watching_rules() + rbac.cluster_rules()) <= used
-    cluster_scoped = {rbac.NAMESPACES, rbac.CRDS}
+    cluster_scoped = {rbac.NAMESPACES, rbac.CRDS, rbac.NODES}
     outside = sorted({(n, ns) for n, _, ns in made
                       if (n.group, n.resource) not in cluster_scoped and ns != namespace})
     assert outside == [], f"requests outside the watched namespace: {outside}"
