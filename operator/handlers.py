@@ -42,6 +42,7 @@ from pdscale.operator.api import tenant_policy
 from pdscale.operator.api.clock import now_rfc3339
 from pdscale.operator.api.names import LABEL_MANAGED_BY, MANAGER
 from pdscale.operator.api.pdcluster import GROUP, KIND, PLURAL, VERSION
+from pdscale.operator.api.pdpool import POOL_PLURAL
 from pdscale.operator.clients.kube import Kube, api_client_from_environment
 from pdscale.operator.loop.drain import DeletionDrain, finalizer_added, patch_pdcluster
 from pdscale.operator.loop.planner_loop import PlannerLoop, run_forever, supervise
@@ -263,6 +264,22 @@ def pdcluster_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
         # Already reported (SpecValid=False, a Warning Event); retrying cannot help until
         # the spec changes, and the change will wake us.
         raise kopf.PermanentError("; ".join(outcome.problems))
+
+
+@kopf.on.event(GROUP, VERSION, POOL_PLURAL)
+def pdpool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A PDPool created, edited or deleted: reconcile the PDClusters of its namespace that
+    name it, so that their PoolMember condition and pinning follow the pool's members at once
+    (not at the next resync). The split itself is the planner loop's, which reads pools each
+    tick. On a cluster without the PDPool CRD kopf warns that the resource is unresolved."""
+    meta = body.get("metadata", {})
+    ns, name = meta.get("namespace"), meta.get("name")
+    for pdc in Kube(memo.api).list_pdclusters():
+        ref = ((pdc.get("spec") or {}).get("planner") or {}).get("pool") or {}
+        if pdc["metadata"]["namespace"] == ns and ref.get("name") == name \
+                and not pdc["metadata"].get("deletionTimestamp"):
+            with contextlib.suppress(kopf.TemporaryError):  # retried by the resync loop
+                _run(memo, pdc)
 
 
 def _owner_ref(body: kopf.Body) -> dict[str, Any] | None:

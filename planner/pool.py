@@ -37,8 +37,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+
+from .config import PlannerConfig
+from .decision import Decision
+from .history import History
+from .observe import Observation
+from .solve import current_load
 
 #: guarantee nodes, then the rest
 _GUARANTEE, _REST = 1, 0
@@ -360,7 +366,8 @@ def trim_to_budget(target: tuple[int, int], budget_nodes: int, split: tuple[int,
 
 def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes: int, *,
                  nodes_per_instance: tuple[int, int] = (1, 1),
-                 switches: tuple[int, int] = (0, 0)) -> tuple[tuple[int, int], tuple[int, int]]:
+                 switches: tuple[int, int] = (0, 0),
+                 role_switch: bool = True) -> tuple[tuple[int, int], tuple[int, int]]:
     """A member's target and switches with its additions cut so that what it holds once the
     command is applied (every instance kept, added or still draining out of a role: the
     larger of target and current per role, a switch counted once) stays within
@@ -368,14 +375,19 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
     is not free for the other until it has drained: added at once, it would hold a node the
     pool does not have (on a cluster, a pod Pending for want of a node). Where the roles'
     instances span the same nodes, such an addition becomes a role switch of the node given
-    up (reused once drained); else it comes at a later interval, after the drain."""
+    up (reused once drained); else it comes at a later interval, after the drain.
+
+    ``role_switch=False``: the fleet cannot reuse a draining node for the other role (the
+    operator scales each role's Deployment: the new pod is created at once, and would wait
+    for the node): no switch is counted, an addition waits for the drain."""
     kp, kd = nodes_per_instance
     p, d = target
-    sp, sd = switches
+    sp, sd = switches if role_switch else (0, 0)
+    same_shape = kp == kd and role_switch
 
     def held() -> int:
-        switched = sp * kp if kp == kd else 0
-        switched += sd * kd if kp == kd else 0
+        switched = sp * kp if same_shape else 0
+        switched += sd * kd if same_shape else 0
         return max(p, current[0]) * kp + max(d, current[1]) * kd - switched
 
     bound = max(budget_nodes, current[0] * kp + current[1] * kd)
@@ -385,9 +397,9 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
             break
         # an addition beside a removal of the other role becomes a role switch (the node is
         # reused once drained: no more nodes held) where the shapes match; else it waits
-        if kp == kd and grow_d and current[0] - p > sd and d - current[1] > sd:
+        if same_shape and grow_d and current[0] - p > sd and d - current[1] > sd:
             sd += 1
-        elif kp == kd and not grow_d and current[1] - d > sp and p - current[0] > sp:
+        elif same_shape and not grow_d and current[1] - d > sp and p - current[0] > sp:
             sp += 1
         elif grow_d:
             d -= 1
@@ -396,3 +408,84 @@ def admit_within(target: tuple[int, int], current: tuple[int, int], budget_nodes
             p -= 1
             sp = min(sp, max(0, p - current[0]))
     return (p, d), (sp, sd)
+
+
+#: one member's own planner run on a configuration and a memory (``solve.step`` on the
+#: member's observation at the tick's time; the replay's oracle also passes its known future)
+Stepper = Callable[[PlannerConfig, History], tuple[Decision, History]]
+
+
+@dataclass(frozen=True)
+class MemberProbe:
+    """What a member states before the joint grant: its need, and what its planner would
+    command alone within its cap (with the memory that plan leaves)."""
+
+    need: MemberNeed
+    alone: Decision
+    alone_history: History
+
+
+def member_need(name: str, obs: Observation, *, config: PlannerConfig, history: History,
+                stepper: Stepper, priority: int, guaranteed_nodes: int,
+                cap_nodes: int) -> MemberProbe:
+    """A member's need for the joint grant (pure): its own planner's command with no budget
+    but its cap (``cap_nodes``: its ``nodeBudget``, at most the pool), the nodes its load keeps
+    fully busy (the model's fluid demand), and what it holds (ready and warming) and drains.
+
+    The need is its command, the nodes its scale-down window holds included: stated apart,
+    below the others' margin, those nodes moved between members and cost more than they saved
+    (bench/pool_bench.py, equal priorities on 28 nodes: 0.927 attainment against 0.948)."""
+    kp, kd = config.nodes_per_instance
+    alone, alone_history = stepper(replace(config, nodes=cap_nodes), history)
+    load = current_load(obs, config.max_age_seconds)
+    fluid = config.model.fluid_demand(load, config.slo) if load is not None else (0.0, 0.0)
+    busy = tuple(f if math.isfinite(f) else 0.0 for f in fluid)
+    warm = config.model.profile.warmup.new_node_seconds
+    need = MemberNeed(
+        name, priority=priority, guaranteed_nodes=guaranteed_nodes,
+        need_nodes=(alone.prefill * kp, alone.decode * kd),
+        busy_nodes=(busy[0] * kp, busy[1] * kd),
+        current_nodes=((obs.prefill.ready + len(obs.prefill.warming)) * kp,
+                       (obs.decode.ready + len(obs.decode.warming)) * kd),
+        draining_nodes=obs.prefill.draining * kp + obs.decode.draining * kd,
+        warmup_seconds=(warm, warm), cap_nodes=cap_nodes)
+    return MemberProbe(need=need, alone=alone, alone_history=alone_history)
+
+
+def member_command(probe: MemberProbe, decision: PoolDecision, *, config: PlannerConfig,
+                   history: History, stepper: Stepper,
+                   role_switch: bool = True) -> tuple[Decision, History, int]:
+    """A member's command within its grant (pure): (the command, the memory its planner
+    leaves, its budget this interval in nodes).
+
+    Its budget is ``member_budgets``'. Where what it would command alone fits, that is the
+    command; else its planner plans again within the budget (from its memory before the
+    probe) for its own split of it, and the command is what it wanted alone, trimmed toward
+    that split (``trim_to_budget``). Either way its additions are cut to what it may hold
+    now (``admit_within``: a node another member or role gives up is not free until
+    drained). The command's explanation ends with the grant's reason; the memory's last
+    decision is the planner's own (the command is the pool's cut of it)."""
+    name = probe.need.name
+    kp, kd = config.nodes_per_instance
+    budget = member_budgets(decision, [probe.need])[name]
+    grant = decision.grant(name)
+    current = probe.need.current_nodes
+    now = (current[0] // kp, current[1] // kd)
+    alone = probe.alone
+    if alone.prefill * kp + alone.decode * kd <= budget:
+        base, memory = alone, probe.alone_history
+        (p, d), (sp, sd) = admit_within(
+            (alone.prefill, alone.decode), now, budget, nodes_per_instance=(kp, kd),
+            switches=(alone.switch_to_prefill, alone.switch_to_decode), role_switch=role_switch)
+    else:
+        within, memory = stepper(replace(config, nodes=budget + probe.need.draining_nodes),
+                                 history)
+        base = within
+        p, d = trim_to_budget((alone.prefill, alone.decode), max(budget, 0), within.desired,
+                              nodes_per_instance=(kp, kd),
+                              minimum=(config.min_prefill, config.min_decode))
+        (p, d), (sp, sd) = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd),
+                                        role_switch=role_switch)
+    command = replace(base, prefill=p, decode=d, switch_to_prefill=sp, switch_to_decode=sd,
+                      explanation=f"{base.explanation}; pool: {grant.reason}")
+    return command, memory, budget

@@ -613,6 +613,24 @@ class SLOSpec(_Model):
 PROFILE_CONFIGMAP_KEY = "profile.yaml"
 
 
+class PoolRef(_Model):
+    """The PDPool this PDCluster asks to plan in. Asking is not joining: the pool's author
+    (the admin) decides who is a member, at what priority and guarantee, in the PDPool's
+    ``members``; a PDCluster the pool does not list, or a pool of another namespace, is
+    refused (condition PoolMember=False naming the field) and its planner holds."""
+
+    name: str = Field(
+        min_length=1, max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="Name of the PDPool, in the PDCluster's namespace.",
+    )
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63,
+        description="Unset or the PDCluster's own namespace: a pool of another namespace is "
+        "refused (a tenant cannot claim another tenant's nodes).",
+    )
+
+
 class ProfileConfigMapRef(_Model):
     """A ConfigMap in the PDCluster's own namespace holding a profile YAML (what ``pdscale
     profile fit`` writes). Only the PDCluster's namespace: a tenant cannot point the operator
@@ -769,6 +787,12 @@ class PlannerSpec(_Model):
         description="A profile of your own (pdscale profile fit) in a ConfigMap of this "
         "namespace, instead of a shipped one. While it is missing or invalid the planner holds "
         "and says why in status.planner.profile.",
+    )
+    pool: PoolRef | None = Field(
+        default=None,
+        description="Plan within a PDPool's joint grant instead of alone: its replica targets "
+        "then come from the pool's plan each interval (nodeBudget stays its cap). The PDPool "
+        "must list this PDCluster among its members; see docs/pools.md.",
     )
     schedules: list[PlannerSchedule] = Field(
         default_factory=list, max_length=MAX_SCHEDULES,

@@ -2,9 +2,10 @@
 
 A PDPool is the cluster admin's object, not a PDCluster author's: it names its nodes, its
 members and each member's priority and guarantee. Membership is decided here (and by who may
-write PDPools: RBAC, and the tenant policy), never by a PDCluster: no field of a PDCluster
-asks to join a pool, so a tenant cannot claim nodes, a priority or a guarantee by writing
-its own spec. A member's ``planner.nodeBudget`` stays its own cap within the pool.
+write PDPools: RBAC), never by a PDCluster: a PDCluster's ``spec.planner.pool`` only asks
+to plan in a pool of its own namespace, and is refused (``pool_refusal``) unless the pool
+lists it, so a tenant cannot claim nodes, a priority or a guarantee by writing its own spec.
+A member's ``planner.nodeBudget`` stays its own cap within the pool.
 
 The CRD (``crds/pdpools.pdscale.io.yaml``) is generated from these classes by ``crd.py``, as
 the PDCluster's is.
@@ -12,9 +13,12 @@ the PDCluster's is.
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, model_validator
+from collections.abc import Mapping
+from typing import Any
 
-from .pdcluster import DEFAULT_GPU_PRODUCT, GPU_PRODUCT_LABEL, GROUP, VERSION, _Model
+from pydantic import ConfigDict, Field, ValidationError, model_validator
+
+from .pdcluster import DEFAULT_GPU_PRODUCT, GPU_PRODUCT_LABEL, GROUP, VERSION, PoolRef, _Model
 
 POOL_KIND = "PDPool"
 POOL_PLURAL = "pdpools"
@@ -111,5 +115,37 @@ class PDPoolSpec(_Model):
         return self
 
 
+def pool_refusal(namespace: str, name: str, ref: PoolRef | None, gpu_product: str,
+                 pool: Mapping[str, Any] | None) -> str | None:
+    """Why PDCluster ``namespace/name``, whose ``spec.planner.pool`` is ``ref``, may not plan in
+    the PDPool ``pool`` (its body as read, None when missing); None when it is a member (or
+    names no pool). The message begins with the field it concerns. Pure: the reconcile
+    reports it as a condition, the pool loop leaves the PDCluster out on it.
+
+    A PDCluster only asks; the pool's author decides: a pool of another namespace is refused
+    whatever it lists (a tenant cannot claim another tenant's nodes), and so is a pool that
+    does not list it."""
+    if ref is None:
+        return None
+    if ref.namespace is not None and ref.namespace != namespace:
+        return (f"spec.planner.pool.namespace: {ref.namespace!r} is not this PDCluster's "
+                f"namespace {namespace!r}; a PDCluster plans only in a PDPool of its own "
+                "namespace")
+    if pool is None:
+        return f"spec.planner.pool.name: no PDPool {ref.name!r} in namespace {namespace!r}"
+    try:
+        spec = PDPoolSpec.model_validate(pool.get("spec") or {})
+    except ValidationError as exc:
+        return (f"spec.planner.pool.name: PDPool {namespace}/{ref.name} is invalid "
+                f"({exc.errors()[0].get('msg', 'see its spec')})")
+    if name not in {m.name for m in spec.members}:
+        return (f"spec.planner.pool.name: PDPool {namespace}/{ref.name} does not list "
+                f"PDCluster {name!r} in its members (the pool's author decides who joins)")
+    if spec.gpu_product != gpu_product:
+        return (f"spec.placement.gpuProduct: {gpu_product!r} is not PDPool "
+                f"{namespace}/{ref.name}'s gpuProduct {spec.gpu_product!r}")
+    return None
+
+
 __all__ = ["GROUP", "POOL_KIND", "POOL_PLURAL", "POOL_SHORT_NAMES", "POOL_SINGULAR", "VERSION",
-           "PDPoolSpec", "PoolMember"]
+           "PDPoolSpec", "PoolMember", "pool_refusal"]

@@ -21,6 +21,7 @@ from urllib3.util.retry import Retry
 
 from pdscale.operator.api.names import MANAGER
 from pdscale.operator.api.pdcluster import GROUP, PLURAL, VERSION
+from pdscale.operator.api.pdpool import POOL_PLURAL
 
 
 @dataclass(frozen=True, order=True)
@@ -72,6 +73,13 @@ REQUESTS: dict[Need, str] = {
     Need(GROUP, PLURAL, "list"): "Kube.list_pdclusters: the resync, the planner loop",
     Need(GROUP, PLURAL, "patch"): "drain.patch_pdcluster: add and remove the finalizer",
     Need(GROUP, f"{PLURAL}/status", "patch"): "Kube.patch_status: conditions, planner status",
+    Need(GROUP, POOL_PLURAL, "get"): "Kube.get: reconcile reads the PDPool a PDCluster's "
+    "spec.planner.pool names (in its own namespace) to say whether it is a member",
+    Need(GROUP, POOL_PLURAL, "list"): "Kube.list_pdpools: the planner loop, once a tick",
+    Need(GROUP, f"{POOL_PLURAL}/status", "patch"): "Kube.patch_status: the pool's split, "
+    "conditions",
+    Need("", "nodes", "list"): "Kube.list_nodes: a PDPool without spec.nodes counts the nodes "
+    "its gpuProduct and nodeSelector match",
     Need("apps", "deployments", "get"): "Kube.get: reconcile reads each child; drains read replicas",
     Need("apps", "deployments", "list"): "Kube.list_deployments: the planner loop, once a tick "
     "(whose are the pods it selects by label)",
@@ -134,6 +142,7 @@ KINDS = {
     "LeaderWorkerSet": Kind("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     "PDCluster": Kind(f"{GROUP}/{VERSION}", PLURAL),
+    "PDPool": Kind(f"{GROUP}/{VERSION}", POOL_PLURAL),
 }
 
 
@@ -244,11 +253,12 @@ class Kube:
         return self._call("POST", KINDS[manifest["kind"]].path(meta["namespace"]), body=manifest,
                           query=[("fieldManager", MANAGER)], content_type="application/json")
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Merge-patch the PDCluster's status subresource."""
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any], *,
+                     kind: str = "PDCluster") -> dict[str, Any]:
+        """Merge-patch the status subresource of a PDCluster (or a PDPool)."""
         self.writes += 1
         return self._call(
-            "PATCH", KINDS["PDCluster"].path(namespace, name) + "/status",
+            "PATCH", KINDS[kind].path(namespace, name) + "/status",
             body={"status": status}, query=[("fieldManager", MANAGER)],
             content_type="application/merge-patch+json",
         )
@@ -287,6 +297,19 @@ class Kube:
         if watched is None:
             return _items(self._call("GET", f"/apis/{kind.api_version}/{kind.plural}", query=query))
         return [d for ns in watched for d in _items(self._call("GET", kind.path(ns), query=query))]
+
+    def list_pdpools(self) -> list[dict[str, Any]]:
+        """Every PDPool in the watched namespaces."""
+        kind = KINDS["PDPool"]
+        watched = watch_namespaces()
+        if watched is None:
+            return _items(self._call("GET", f"/apis/{kind.api_version}/{kind.plural}"))
+        return [b for ns in watched for b in _items(self._call("GET", kind.path(ns)))]
+
+    def list_nodes(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Nodes carrying ``labels`` (cluster-scoped)."""
+        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items()))]
+        return _items(self._call("GET", "/api/v1/nodes", query=query))
 
     def list_pdclusters(self) -> list[dict[str, Any]]:
         """Every PDCluster in the watched namespaces."""

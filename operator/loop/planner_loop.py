@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -38,8 +39,10 @@ from pdscale.operator.reconciler.status import overdue_pods, profile_status
 from pdscale.operator.render import lws
 from pdscale.operator.render.builders import unready_allowance_seconds
 from pdscale.operator.render.engines import NIXL_SIDE_CHANNEL_PORT
+from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
-from pdscale.planner.observe import Role
+from pdscale.planner.history import History
+from pdscale.planner.observe import Observation, Role
 from pdscale.planner.prometheus import (
     READ_BUDGET_SECONDS,
     MetricsSnapshot,
@@ -67,7 +70,8 @@ from .planning import (
     profile_identity,
     remembered_profile,
 )
-from .profile_source import ProfileSources, report_profile
+from .pools import PoolLoop
+from .profile_source import ProfileSources, ResolvedProfile, report_profile
 from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_after_seconds
 from .workerlist import WorkerLists, desired_workers
 
@@ -104,6 +108,12 @@ def pods_by_key(pods: list[dict[str, Any]]) -> PodsByKey:
     return out
 
 
+def member_pods(ns: str, instance: str, listed_pods: PodsByKey) -> dict[Role, list[PodView]]:
+    """One PDCluster's engine pods per role, from the tick's listing."""
+    return {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
+            for role in Role}
+
+
 def foreign_roles(ns: str, name: str, uid: str,
                   deployments: Mapping[tuple[str, str], dict[str, Any]]) -> frozenset[str]:
     """The roles whose Deployment (this PDCluster's child name) another object controls: their
@@ -123,6 +133,23 @@ def foreign_roles(ns: str, name: str, uid: str,
 def owner_of(body: dict[str, Any]) -> Owner:
     meta = body["metadata"]
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What one plan of one PDCluster starts from (``PlannerLoop._prepare``)."""
+
+    body: dict[str, Any]
+    spec: PDClusterSpec
+    history: History
+    slot: float
+    previous: Decision | None
+    resolved: ResolvedProfile
+    identity: str
+    config: PlannerConfig
+    snapshot: MetricsSnapshot
+    obs: Observation
+    started: float
 
 
 class PlannerLoop:
@@ -149,6 +176,8 @@ class PlannerLoop:
         #: never answers, the others always find a worker
         self.slow: set[str] = set()
         self.slow_workers = max(1, CONCURRENCY // 2)
+        #: the PDPools' joint plans (planned before their members' ticks)
+        self.pools = PoolLoop(self)
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, CONCURRENCY), thread_name_prefix="planner")
         self.lock = threading.Lock()
@@ -178,6 +207,9 @@ class PlannerLoop:
         self.drains.begin_tick()
         bodies = {f"{b['metadata']['namespace']}/{b['metadata']['name']}": b
                   for b in self.kube.list_pdclusters() if not b["metadata"].get("deletionTimestamp")}
+        # pools first: their members' ticks below move to the commands the pools saved
+        members = self.pools.tick(
+            bodies, lambda body: self._pods_of(body, pods, deployments), time.time())
         futures: dict[concurrent.futures.Future[float | None], str] = {}
         for key in sorted(bodies, key=lambda k: self.finished_at.get(k, 0.0)):
             with self.lock:
@@ -191,7 +223,7 @@ class PlannerLoop:
                     continue
                 self.running.add(key)
             futures[self.pool.submit(self._tick_one, key, bodies[key], pods,
-                                          deployments)] = key
+                                     deployments, key in members)] = key
         done, late = concurrent.futures.wait(
             futures, timeout=max(0.0, self.tick_deadline_seconds - (time.monotonic() - started)))
         for future in late:
@@ -209,13 +241,25 @@ class PlannerLoop:
         self.drains.end_tick()
         return min(dues) - time.time() if dues else None
 
+    @staticmethod
+    def _pods_of(body: dict[str, Any], listed: PodsByKey,
+                 deployments: Mapping[tuple[str, str], dict[str, Any]]) -> dict[Role, list[PodView]]:
+        """One PDCluster's engine pods per role as its tick reads them (none of a role whose
+        Deployment another object controls)."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        foreign = foreign_roles(ns, name, str(meta.get("uid") or ""), deployments)
+        return {role: [] if role in foreign else views
+                for role, views in member_pods(ns, names.base_name(name), listed).items()}
+
     def _tick_one(self, key: str, body: dict[str, Any], pods: PodsByKey,
-                  deployments: Mapping[tuple[str, str], dict[str, Any]]) -> float | None:
+                  deployments: Mapping[tuple[str, str], dict[str, Any]],
+                  pool_member: bool = False) -> float | None:
         """``tick`` in a worker: a failure is logged (one PDCluster's failure must not stop
         the others'), and the PDCluster is free to tick again when it ends."""
         started = time.monotonic()
         try:
-            return self.tick(body, time.time(), pods, deployments)
+            return self.tick(body, time.time(), pods, deployments, pool_member=pool_member)
         except ApiException as exc:
             log.warning("planner tick of %s failed: HTTP %s %s", key, exc.status, exc.reason)
         except Exception:
@@ -232,10 +276,14 @@ class PlannerLoop:
 
     # ------------------------------------------------------------------------------------
     def tick(self, body: dict[str, Any], now: float, listed_pods: PodsByKey,
-             deployments: Mapping[tuple[str, str], dict[str, Any]] | None = None) -> float | None:
+             deployments: Mapping[tuple[str, str], dict[str, Any]] | None = None, *,
+             pool_member: bool = False) -> float | None:
         """Read, plan when due, act, report; returns when this PDCluster's next plan is due
         (None: not known, the next fast tick tries). ``deployments``: the tick's listing by
-        (namespace, name); a role whose Deployment another PDCluster controls has no pods here."""
+        (namespace, name); a role whose Deployment another PDCluster controls has no pods here.
+        A PDCluster naming a pool does not plan alone: a member (``pool_member``) moves to
+        the command its pool saved in its memory (``pools.PoolLoop``), one refused holds
+        (its PoolMember condition says why)."""
         try:
             spec = PDClusterSpec.model_validate(body.get("spec") or {})
         except ValueError:
@@ -247,8 +295,7 @@ class PlannerLoop:
         listed_pods = {k: ([] if k[:2] == (ns, instance) and k[2] in foreign else v)
                        for k, v in listed_pods.items()}
         # read
-        pods = {role: [pod_view(p, role) for p in listed_pods.get((ns, instance, role), [])]
-                for role in Role}
+        pods = member_pods(ns, instance, listed_pods)
         workers = self.worker_lists.of(
             spec, [pod_view(p, "router") for p in listed_pods.get((ns, instance, "router"), [])])
         listed = workers.listed()
@@ -257,8 +304,13 @@ class PlannerLoop:
         if mode is not PlannerMode.OFF:
             self.report.ready(ns, name, pods, {role: multinode.nodes_per_instance(spec, role.value)
                                                for role in Role})
-            # plan (and report the decision)
-            decision, due = self._plan_if_due(body, spec, pods, now)
+            # plan (and report the decision); a pool's member was planned by its pool
+            if spec.planner.pool is None:
+                decision, due = self._plan_if_due(body, spec, pods, now)
+            elif pool_member:
+                decision, due = self._in_force(body, spec, now)
+            else:
+                decision, due = None, None
             # act
             if mode is PlannerMode.AUTO and decision is not None:
                 decision = clamp_decision(decision, spec)  # whatever its source
@@ -292,6 +344,28 @@ class PlannerLoop:
         """The decision in force: a new one when the schedule's next plan is due
         (``planning.plan_slot``), else the last one remembered (None before the first); and
         when the next plan falls due (None: unknown, as after a failure to plan)."""
+        prepared, decision, due = self._prepare(body, spec, pods, now)
+        if prepared is None:
+            return decision, due
+        decision, history = step(prepared.obs, config=prepared.config, history=prepared.history,
+                                 now=now)
+        return self._record(prepared, decision, history)
+
+    def _in_force(self, body: dict[str, Any], spec: PDClusterSpec, now: float
+                  ) -> tuple[Decision | None, float | None]:
+        """A pool member's decision in force: the last one its memory holds (its pool's
+        command), and when its next plan falls due."""
+        remembered = self._remembered(body, spec, now)
+        if remembered is None:
+            return None, None
+        history, last_plan, _ = remembered
+        decision = history.decisions[-1] if history.decisions else None
+        return decision, None if last_plan is None else last_plan + spec.planner.interval_seconds
+
+    def _remembered(self, body: dict[str, Any], spec: PDClusterSpec, now: float
+                    ) -> tuple[History, float | None, str | None] | None:
+        """(memory, its last plan's slot, the stored text) as the plan reads it; None when the
+        memory's name is someone else's object (reported)."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         try:
@@ -299,27 +373,42 @@ class PlannerLoop:
         except ForeignMemory as foreign:
             # someone else's object of the memory's name: never read, written or adopted
             self.report.memory_foreign(body, str(foreign))
-            return None, None
+            return None
         problem = None if stored is None else memory_problem(stored, now)
         if problem is not None:
             # start from an empty memory: one stabilization window of caution, not a stop
             self.report.memory_ignored(body, problem)
             stored = None
         history, last_plan = history_from_json(stored)
-        history = clamp_history(history, spec)  # stored data, held to today's bounds
+        return clamp_history(history, spec), last_plan, stored  # held to today's bounds
+
+    def _prepare(self, body: dict[str, Any], spec: PDClusterSpec,
+                 pods: Mapping[Role, list[PodView]], now: float, *, force: bool = False
+                 ) -> tuple[_Prepared | None, Decision | None, float | None]:
+        """Everything a plan at ``now`` starts from (memory, profile, configuration, the
+        metrics read into an observation), or (None, the decision in force, when the next
+        plan falls due) when none is due (``force``: a pool plans its members together, due
+        or not) or the profile cannot be used."""
+        remembered = self._remembered(body, spec, now)
+        if remembered is None:
+            return None, None, None
+        history, last_plan, stored = remembered
         decision = history.decisions[-1] if history.decisions else None
         interval = spec.planner.interval_seconds
         slot = plan_slot(last_plan, interval, now)
+        if slot is None and force:
+            slot = now
         if slot is None:
-            return decision, None if last_plan is None else last_plan + interval
-        previous = decision
+            return None, decision, None if last_plan is None else last_plan + interval
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
         # the profile first: one that cannot be used holds the planner (the decision in
         # force stays), says why, and is read again next tick
         resolved = self.profiles.resolve(ns, spec)
         if resolved.profile is None:
             report_profile(self.kube, body, profile_status(None, resolved.source, None,
                                                            resolved.problem), resolved)
-            return previous, None
+            return None, decision, None
         # what was learned against another profile is not carried over to this one
         identity = profile_identity(resolved.profile)
         history, reset = calibration_for_profile(history, remembered_profile(stored), identity)
@@ -334,15 +423,23 @@ class PlannerLoop:
             role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds, readings_seconds=window),
             role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds, readings_seconds=window),
         )
-        decision, history = step(obs, config=config, history=history, now=now)
-        if not self.memory.save(owner_of(body), history_to_json(history, slot, history_keep(config),
-                                                                profile=identity)):
-            return previous, None  # another writer's newer memory stands; the next tick plans on it
-        self.report.plan_seconds(ns, name, time.monotonic() - started)
-        self.report.decision(body, spec, decision, previous, snapshot, obs)
-        report_profile(self.kube, body, profile_status(resolved.profile, resolved.source,
-                                                       history.calibration), resolved)
-        return decision, slot + interval
+        return _Prepared(body, spec, history, slot, decision, resolved, identity, config,
+                         snapshot, obs, started), decision, None
+
+    def _record(self, p: _Prepared, decision: Decision, history: History
+                ) -> tuple[Decision | None, float | None]:
+        """Save the memory, report the decision; (the decision in force, when the next plan
+        falls due)."""
+        body = p.body
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if not self.memory.save(owner_of(body), history_to_json(
+                history, p.slot, history_keep(p.config), profile=p.identity)):
+            return p.previous, None  # another writer's newer memory stands; the next tick plans on it
+        self.report.plan_seconds(ns, name, time.monotonic() - p.started)
+        self.report.decision(body, p.spec, decision, p.previous, p.snapshot, p.obs)
+        report_profile(self.kube, body, profile_status(p.resolved.profile, p.resolved.source,
+                                                       history.calibration), p.resolved)
+        return decision, p.slot + p.spec.planner.interval_seconds
 
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
         return [pod_view(p, role)

@@ -60,6 +60,10 @@ DECISIONS = Counter("pdscale_planner_decisions_total", "Planner decisions by wha
 LOOP_ERRORS = Counter("pdscale_loop_errors_total",
                       "Failed ticks of the operator's background loops (each retried with backoff)",
                       ("loop",))
+POOL_NODES = Gauge("pdscale_pool_nodes", "Nodes in a PDPool (spec.nodes or counted)",
+                   ["namespace", "pool"])
+POOL_GRANTED = Gauge("pdscale_pool_granted_nodes", "Nodes the PDPool's last joint plan granted "
+                     "a member", ["namespace", "pool", "member"])
 LOOP_LAST_TICK = Gauge("pdscale_loop_last_tick_timestamp_seconds",
                        "When a background loop last finished a tick (succeeded or failed)", ("loop",))
 

@@ -12,7 +12,10 @@ DEGRADED = "Degraded"
 SPEC_VALID = "SpecValid"
 #: every child the spec asks for was accepted by the API server (False: one was refused)
 CHILDREN_APPLIED = "ChildrenApplied"
-TYPES = (SPEC_VALID, CHILDREN_APPLIED, READY, PROGRESSING, DEGRADED)
+#: only on a PDCluster naming a pool (spec.planner.pool): the pool lists it (False: refused,
+#: the message names the field; its planner holds)
+POOL_MEMBER = "PoolMember"
+TYPES = (SPEC_VALID, CHILDREN_APPLIED, READY, PROGRESSING, DEGRADED, POOL_MEMBER)
 
 # Reasons (CamelCase, stable: alerts and dashboards match on them).
 SPEC_ACCEPTED = "SpecAccepted"
@@ -32,6 +35,9 @@ APPLIED = "Applied"
 #: manifest cannot help, so it is said, not only retried
 APPLY_REFUSED = "ApplyRefused"
 
+POOL_JOINED = "PoolJoined"
+POOL_REFUSED = "PoolRefused"
+
 # Event reasons.
 EVENT_CREATED = "Created"
 EVENT_UPDATED = "Updated"
@@ -41,6 +47,7 @@ EVENT_SPEC_INVALID = SPEC_INVALID
 EVENT_READY = "Ready"
 EVENT_NOT_READY = "NotReady"
 EVENT_APPLY_REFUSED = APPLY_REFUSED
+EVENT_POOL_REFUSED = POOL_REFUSED
 #: a ConfigMap named like the planner memory is not controlled by the PDCluster: left alone
 EVENT_PLANNER_MEMORY_FOREIGN = "PlannerMemoryForeign"
 

@@ -28,6 +28,7 @@ from pdscale.operator.api.names import (
     child_name,
 )
 from pdscale.operator.api.pdcluster import GROUP, KIND, VERSION, PDClusterSpec
+from pdscale.operator.api.pdpool import PDPoolSpec, pool_refusal
 from pdscale.operator.clients.kube import Kube
 from pdscale.operator.render import lws, network
 from pdscale.operator.render.builders import (
@@ -189,6 +190,8 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
         out.problems = obs.problems = [str(p) for p in exc.problems]
         spec = derived = None
 
+    if spec is not None:
+        spec = _in_pool(kube, spec, owner, obs)
     if spec is not None and derived is not None:
         obs.derived = derived.as_status()
         obs.nodes_per_instance = {role: multinode.nodes_per_instance(spec, role)
@@ -252,6 +255,30 @@ def _reconcile(kube: Kube, body: dict[str, Any], owner: Owner, now: str) -> Outc
     return out
 
 
+def _in_pool(kube: Kube, spec: PDClusterSpec, owner: Owner, obs: st.ChildrenView) -> PDClusterSpec:
+    """Whether the pool spec.planner.pool names admits this PDCluster (``obs.pool_refusal``,
+    reported as PoolMember); a member's engine pods are pinned to the pool's nodes: the
+    pool's nodeSelector over the spec's own (the admin's labels win: a member cannot place
+    engines outside the pool)."""
+    ref = spec.planner.pool
+    if ref is None:
+        return spec
+    obs.pool = f"{ref.namespace or owner.namespace}/{ref.name}"
+    # never read a pool of another namespace: the refusal needs only its name
+    pool = (kube.get("PDPool", owner.namespace, ref.name)
+            if ref.namespace in (None, owner.namespace) else None)
+    obs.pool_refusal = pool_refusal(owner.namespace, owner.name, ref, spec.placement.gpu_product,
+                                    pool)
+    if obs.pool_refusal is not None or pool is None:
+        return spec
+    labels = PDPoolSpec.model_validate(pool.get("spec") or {}).node_selector
+    if all(spec.placement.node_selector.get(k) == v for k, v in labels.items()):
+        return spec
+    placement = spec.placement.model_copy(
+        update={"node_selector": {**spec.placement.node_selector, **labels}})
+    return spec.model_copy(update={"placement": placement})
+
+
 def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list[Event]:
     """Events for condition changes a user cares about (and not on every reconcile)."""
     events = []
@@ -266,6 +293,8 @@ def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list
         elif cond["type"] == c.CHILDREN_APPLIED and cond["reason"] == c.APPLY_REFUSED:
             # once per refusal (the message is the server's, the same on every retry)
             events.append(Event("Warning", c.EVENT_APPLY_REFUSED, cond["message"]))
+        elif cond["type"] == c.POOL_MEMBER and cond["status"] == "False":
+            events.append(Event("Warning", c.EVENT_POOL_REFUSED, cond["message"]))
         elif cond["type"] == c.DEGRADED and cond["status"] == "True":
             reason = c.EVENT_NAME_CONFLICT if cond["reason"] == c.NAME_CONFLICT else cond["reason"]
             events.append(Event("Warning", reason, cond["message"]))
@@ -278,13 +307,15 @@ def _condition_events(previous: dict[str, Any], current: dict[str, Any]) -> list
 
 
 def post_event(kube: Kube, body: dict[str, Any], event: Event, now: str) -> None:
-    """A core/v1 Event on the PDCluster (what `kubectl describe pdc` lists)."""
+    """A core/v1 Event on the PDCluster, or the object ``body`` is (a PDPool's carries its
+    kind): what `kubectl describe` lists."""
     meta = body["metadata"]
     manifest = {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"],
+        "involvedObject": {"apiVersion": body.get("apiVersion") or f"{GROUP}/{VERSION}",
+                           "kind": body.get("kind") or KIND, "name": meta["name"],
                            "namespace": meta["namespace"], "uid": meta["uid"],
                            "resourceVersion": meta.get("resourceVersion")},
         "type": event.type,

@@ -38,6 +38,10 @@ class ChildrenView:
     refused: list[str] = field(default_factory=list)
     #: role -> the spec's nodes per instance (a role whose child is not there yet)
     nodes_per_instance: dict[str, int] = field(default_factory=dict)
+    #: the PDPool spec.planner.pool names (None: it names none), and why it may not plan in
+    #: it (``pdpool.pool_refusal``; None: a member)
+    pool: str | None = None
+    pool_refusal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,16 @@ def _stalled(deployment: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _pool_condition(obs: ChildrenView) -> list[dict[str, Any]]:
+    """PoolMember, on a PDCluster naming a pool only."""
+    if obs.pool is None:
+        return []
+    return [c.condition(c.POOL_MEMBER, obs.pool_refusal is None,
+                        c.POOL_JOINED if obs.pool_refusal is None else c.POOL_REFUSED,
+                        obs.pool_refusal or f"a member of PDPool {obs.pool}: its replicas "
+                        "follow the pool's joint plan", obs.generation)]
+
+
 def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dict[str, Any]:
     """The whole status object. `previous` is the current status (for transition times)."""
     gen = obs.generation
@@ -208,6 +222,7 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
     conds.append(c.condition(
         c.DEGRADED, bool(problems), reason,
         "; ".join(problems) if problems else "no conflicts, no stalled rollouts, no pod overdue", gen))
+    conds += _pool_condition(obs)
 
     status: dict[str, Any] = {
         "observedGeneration": gen,

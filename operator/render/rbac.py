@@ -37,6 +37,8 @@ NAMESPACE = "pdscale-system"
 LEASES = ("coordination.k8s.io", "leases")
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
+#: cluster-scoped: a PDPool without spec.nodes counts its nodes
+NODES = ("", "nodes")
 
 #: kopf's own requests, each watch being a list followed by watches: the three event handlers
 #: of ``handlers``; its CRD observer (without it kopf warns and never notices a CRD change);
@@ -49,6 +51,7 @@ KOPF_NEEDS: dict[Need, str] = {
                                     ("leaderworkerset.x-k8s.io", "leaderworkersets",
                                      "leaderworkerset_changed"),
                                     ("", "services", "service_changed"),
+                                    (GROUP, "pdpools", "pdpool_changed"),
                                     (*CRDS, "its resource observer"),
                                     (*NAMESPACES, "with watchNamespaces: its namespace observer")]
        for verb in ("list", "watch")},
@@ -78,7 +81,7 @@ def _where(need: Need) -> str:
     """Which grant holds a need: the Lease Role, the ClusterRole alone, the ClusterRole only
     with watchNamespaces, or every watched namespace."""
     key = (need.group, need.resource)
-    return {LEASES: "leader", CRDS: "cluster", NAMESPACES: "watching"}.get(key, "namespaced")
+    return {LEASES: "leader", CRDS: "cluster", NODES: "cluster", NAMESPACES: "watching"}.get(key, "namespaced")
 
 
 def rules() -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
+from ..decision import Decision
 from ..forecast import forecast
 from ..model import Load, PerformanceModel, Slo
 from ..observe import Observation
@@ -59,8 +60,14 @@ class PdscaleController:
     decisions: list[str] = field(default_factory=list)
 
     def __call__(self, obs: Observation) -> tuple[int, int, int, int]:
+        d, self.history = self.plan(obs, self.config, self.history)
+        self.decisions.append(d.explanation)
+        return d.prefill, d.decode, d.switch_to_prefill, d.switch_to_decode
+
+    def plan(self, obs: Observation, cfg: PlannerConfig, history: History) -> tuple[Decision, History]:
+        """One plan on ``cfg`` and ``history`` (its future, if known, as in ``__call__``);
+        changes nothing of this controller (a pool's member probes its need with it)."""
         now = obs.now_seconds
-        cfg = self.config
         future = None
         if self.future is not None:
             k = round(now / cfg.interval_seconds)
@@ -72,13 +79,11 @@ class PdscaleController:
             # the future's rate and lengths are known; its cache hit rate is a property of the
             # fleet, so take the one measured now (or the last one measured)
             hit = _get(obs.prefix_hit_rate, now)
-            if hit is None and self.history.loads:
-                prev = self.history.loads[-1]
+            if hit is None and history.loads:
+                prev = history.loads[-1]
                 hit = prev.prefix_hit_rate if prev else None
             future = [replace(f, prefix_hit_rate=hit or 0.0) for f in future] or None
-        d, self.history = step(obs, config=cfg, history=self.history, now=now, future_loads=future)
-        self.decisions.append(d.explanation)
-        return d.prefill, d.decode, d.switch_to_prefill, d.switch_to_decode
+        return step(obs, config=cfg, history=history, now=now, future_loads=future)
 
 
 def _get(r: object, now: float, max_age: float = 180.0) -> float | None:

@@ -16,7 +16,6 @@ and as slow as the members' simulations one after the other.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -25,18 +24,19 @@ from typing import Any
 
 import numpy as np
 
+from ..config import PlannerConfig
+from ..decision import Decision
+from ..history import History
 from ..model import Load
 from ..observe import Observation
 from ..pool import (
     MemberNeed,
     PoolDecision,
-    admit_within,
     even_split,
-    member_budgets,
+    member_command,
+    member_need,
     solve_pool,
-    trim_to_budget,
 )
-from ..solve import current_load
 from .policies import PdscaleController
 from .run import (
     ReplaySetup,
@@ -117,54 +117,25 @@ class PooledController:
     grants: list[dict[str, Any]] = field(default_factory=list)
 
     def __call__(self, obs: Observation) -> tuple[int, int, int, int]:
-        cfg = self.inner.config
-        kp, kd = cfg.nodes_per_instance
-        memory, said = self.inner.history, len(self.inner.decisions)
-        self.inner.config = replace(cfg, nodes=self.cap_nodes)
-        free = self.inner(obs)  # what it would command alone, within its cap
-        load = current_load(obs, cfg.max_age_seconds)
-        fluid = cfg.model.fluid_demand(load, cfg.slo) if load is not None else (0.0, 0.0)
-        busy = (fluid[0] if math.isfinite(fluid[0]) else 0.0,
-                fluid[1] if math.isfinite(fluid[1]) else 0.0)
-        draining = obs.prefill.draining * kp + obs.decode.draining * kd
-        current = ((obs.prefill.ready + len(obs.prefill.warming)) * kp,
-                   (obs.decode.ready + len(obs.decode.warming)) * kd)
-        warm = cfg.model.profile.warmup.new_node_seconds
-        need = MemberNeed(self.name, priority=self.priority,
-                          guaranteed_nodes=self.guaranteed_nodes,
-                          # its target, nodes its scale-down window holds included: stated
-                          # as need (need_nodes) and hold (target_nodes: lead_need), those
-                          # nodes yielded to the others' margin and cost more than they
-                          # saved (pool_bench equal, 28 nodes: 0.927 attainment, 0.948 so)
-                          need_nodes=(free[0] * kp, free[1] * kd),
-                          busy_nodes=(busy[0] * kp, busy[1] * kd), current_nodes=current,
-                          draining_nodes=draining, warmup_seconds=(warm, warm),
-                          cap_nodes=self.cap_nodes)
-        decision = self.meeting.grant(self.name, obs.now_seconds, need)
-        budget = member_budgets(decision, [need])[self.name]
+        inner = self.inner
+        cfg = inner.config
+
+        def stepper(config: PlannerConfig, history: History) -> tuple[Decision, History]:
+            return inner.plan(obs, config, history)
+
+        probe = member_need(self.name, obs, config=cfg, history=inner.history, stepper=stepper,
+                            priority=self.priority, guaranteed_nodes=self.guaranteed_nodes,
+                            cap_nodes=self.cap_nodes)
+        decision = self.meeting.grant(self.name, obs.now_seconds, probe.need)
+        command, inner.history, budget = member_command(probe, decision, config=cfg,
+                                                        history=inner.history, stepper=stepper)
+        inner.decisions.append(inner.history.decisions[-1].explanation)
         grant = decision.grant(self.name)
         self.grants.append({"t": round(obs.now_seconds, 1), "granted": grant.nodes,
                             "budget": budget, "need": grant.need, "held": grant.current,
                             "reason": grant.reason})
-        now = (current[0] // kp, current[1] // kd)
-        if free[0] * kp + free[1] * kd <= budget:
-            self.inner.config = cfg
-            (p, d), (sp, sd) = admit_within((free[0], free[1]), now, budget,
-                                            nodes_per_instance=(kp, kd), switches=(free[2], free[3]))
-            return p, d, sp, sd
-        # plan again within the budget (its memory as before the probe) for its own split of
-        # the budget; command the target it wanted, trimmed toward that split
-        self.inner.history = memory
-        del self.inner.decisions[said:]
-        self.inner.config = replace(cfg, nodes=budget + draining)
-        self.inner(obs)
-        self.inner.config = cfg
-        within = self.inner.history.decisions[-1]
-        p, d = trim_to_budget((free[0], free[1]), max(budget, 0), within.desired,
-                              nodes_per_instance=(kp, kd),
-                              minimum=(cfg.min_prefill, cfg.min_decode))
-        (p, d), (sp, sd) = admit_within((p, d), now, budget, nodes_per_instance=(kp, kd))
-        return p, d, sp, sd
+        return (command.prefill, command.decode, command.switch_to_prefill,
+                command.switch_to_decode)
 
 
 def _member_setup(m: PoolMemberSetup, pool_nodes: int, *, nodes: int) -> ReplaySetup:

@@ -28,7 +28,7 @@ def _create_or_replace(create, read, replace, body):
 
 @pytest.fixture(scope="session")
 def operator_installed(cluster) -> None:
-    """CRD, ClusterRole (from operator/render/rbac.py) and its binding to the operator's SA, applied by
+    """CRDs (PDCluster, PDPool), ClusterRole (from operator/render/rbac.py) and its binding to the operator's SA, applied by
     the admin; plus an untainted CPU node for the router and a decoy GPU node of another
     product that no engine pod may use."""
     from kubernetes import client
@@ -41,9 +41,13 @@ def operator_installed(cluster) -> None:
     ext = client.ApiextensionsV1Api(api)
     _create_or_replace(ext.create_custom_resource_definition, ext.read_custom_resource_definition,
                        ext.replace_custom_resource_definition, crd.build_crd())
-    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                         ext.read_custom_resource_definition(crd.CRD_NAME).status.conditions or []),
-             what="CRD established")
+    _create_or_replace(ext.create_custom_resource_definition, ext.read_custom_resource_definition,
+                       ext.replace_custom_resource_definition, crd.build_pool_crd())
+    for name in (crd.CRD_NAME, crd.POOL_CRD_NAME):
+        wait_for(lambda name=name: any(
+            c.type == "Established" and c.status == "True"
+            for c in ext.read_custom_resource_definition(name).status.conditions or []),
+            what=f"CRD {name} established")
     rb = client.RbacAuthorizationV1Api(api)
     _create_or_replace(rb.create_cluster_role, rb.read_cluster_role, rb.replace_cluster_role,
                        rbac.cluster_role())

@@ -383,3 +383,42 @@ def test_the_tenant_policy_refuses_a_spec_with_spec_valid_false_naming_field_and
     assert "spec.engine.image" in valid["message"] and "allowedImagePrefixes" in valid["message"]
     assert "spec.router.image" in " ".join(out.problems)
     assert ("Warning", "SpecInvalid") in [(e.type, e.reason) for e in out.events]
+
+
+def _pool(kube: FakeKube, members: list[str]) -> None:
+    kube.objects[("PDPool", "serving", "shared")] = {
+        "apiVersion": "pdscale.io/v1alpha1", "kind": "PDPool",
+        "metadata": {"name": "shared", "namespace": "serving", "uid": "uid-pool"},
+        "spec": {"nodes": 24, "nodeSelector": {"pool": "shared"},
+                 "members": [{"name": m} for m in members]}}
+
+
+def _engine_selector(kube: FakeKube) -> dict:
+    return kube.objects[("Deployment", "serving", "glm53-prefill")]["spec"]["template"]["spec"]["nodeSelector"]
+
+
+def test_a_pool_member_is_pinned_to_the_pools_nodes_and_said_so():
+    kube = FakeKube()
+    doc = _pdc(kube)
+    doc["spec"]["planner"]["pool"] = {"name": "shared"}
+    doc["spec"].setdefault("placement", {})["nodeSelector"] = {"pool": "elsewhere", "zone": "a"}
+    _pool(kube, ["glm53"])
+    reconcile(kube, _body(kube), NOW)
+    # the pool's labels win over the member's own: its engines never leave the pool
+    assert _engine_selector(kube)["pool"] == "shared"
+    assert _engine_selector(kube)["zone"] == "a"
+    cond = c.find(_body(kube)["status"]["conditions"], c.POOL_MEMBER)
+    assert cond["status"] == "True" and "serving/shared" in cond["message"]
+
+
+def test_a_pdcluster_the_pool_does_not_list_is_refused_naming_the_field_and_not_pinned():
+    kube = FakeKube()
+    doc = _pdc(kube)
+    doc["spec"]["planner"]["pool"] = {"name": "shared"}
+    _pool(kube, ["someone-else"])
+    out = reconcile(kube, _body(kube), NOW)
+    assert "pool" not in _engine_selector(kube)
+    cond = c.find(_body(kube)["status"]["conditions"], c.POOL_MEMBER)
+    assert (cond["status"], cond["reason"]) == ("False", c.POOL_REFUSED)
+    assert cond["message"].startswith("spec.planner.pool.name: ")
+    assert [e.message for e in out.events if e.reason == "PoolRefused"] == [cond["message"]]

@@ -75,12 +75,16 @@ def test_the_crd_carries_the_models_cross_field_rules():
     assert members["maxItems"] == 64  # bounds the CEL rules' cost
 
 
-def test_membership_is_not_a_pdcluster_field():
-    """Tenancy: a PDCluster author cannot join a pool (nor pick a priority or guarantee)."""
+def test_a_pdcluster_only_names_a_pool_it_cannot_set_its_share():
+    """Tenancy: a PDCluster author may ask to plan in a pool (spec.planner.pool: its name and
+    namespace, nothing else), never pick a priority, a guarantee or a size; the pool's
+    members list decides (pool_refusal, tests/operator/test_pool_loop.py)."""
     pdc = yaml.safe_load((ROOT / "crds" / "pdclusters.pdscale.io.yaml").read_text())
-    text = yaml.safe_dump(pdc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
-    assert "pool" not in text.lower()
-    assert "guaranteedNodes" not in text
+    spec = pdc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    pool = spec["properties"]["planner"]["properties"]["pool"]
+    assert set(pool["properties"]) == {"name", "namespace"}
+    text = yaml.safe_dump(spec)
+    assert "guaranteedNodes" not in text and "priority:" not in text
 
 
 @pytest.mark.parametrize("raw, message", [

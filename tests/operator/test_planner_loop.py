@@ -299,6 +299,9 @@ class FakeKube:
     def list_pdclusters(self):
         return [copy.deepcopy(o) for (kind, _, _), o in self.objects.items() if kind == "PDCluster"]
 
+    def list_pdpools(self):
+        return [copy.deepcopy(o) for (kind, _, _), o in self.objects.items() if kind == "PDPool"]
+
 
 class FakeWorkers:
     def __init__(self, listed: set[str] | None = None, *, decode_picked_before_prefill: bool = False):

@@ -110,6 +110,9 @@ def _every_door(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
     kube.create(planner_memory(Owner("glm53", "team-a", "uid-1"), "{}"))
     kube.get("PDCluster", "team-a", "glm53")
     kube.patch_status("team-a", "glm53", {"conditions": []})
+    kube.get("PDPool", "team-a", "shared")
+    kube.patch_status("team-a", "shared", {"conditions": []}, kind="PDPool")
+    kube.list_nodes({"nvidia.com/gpu.product": "NVIDIA-H200"})
     kube.create_event({"metadata": {"namespace": "team-a"}})
     kube.patch_pod("team-a", "p", {"metadata": {}})
     for watched in ("", "team-a,team-b"):
@@ -119,6 +122,7 @@ def _every_door(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
         kube.list_deployments(None, {"a": "b"})
         kube.list_deployments("team-a", {"a": "b"})
         kube.list_pdclusters()
+        kube.list_pdpools()
     patch_pdcluster(kube, "team-a", "glm53", [{"op": "test", "path": "/metadata/finalizers"}])
     leases = KubeLeases(kube, "pdscale-system", "pdscale-operator-leader")
     leases.get()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from pdc_cluster_helpers import pod_ready, sample, wait_for
+from pdc_cluster_helpers import POOL, pod_ready, sample, wait_for
 
 from pdscale.operator.api import names
 from pdscale.operator.api.names import DRAINING_ANNOTATION, LEASE_NAME
@@ -76,7 +76,12 @@ def test_every_request_is_granted_and_every_grant_is_used(cluster, admin_api, na
     core = client.CoreV1Api(admin_api)
     # Auto with a Prometheus that refuses at once: the planner holds within the bounds, so a
     # lowered maximum drains a decode pod (the drain marks) with no metrics at all.
-    doc = sample("demo-sim.yaml", "audit", **{"planner.prometheusURL": "http://127.0.0.1:9"})
+    # It plans in a PDPool that counts its nodes (no spec.nodes): the pool's reads and writes.
+    doc = sample("demo-sim.yaml", "audit", **{"planner.prometheusURL": "http://127.0.0.1:9",
+                                              "planner.pool": {"name": "audit-pool"}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "pdpools", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "PDPool", "metadata": {"name": "audit-pool"},
+        "spec": {"nodeSelector": {"pdscale.io/pool": POOL}, "members": [{"name": "audit"}]}})
 
     def pdcluster():
         return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "audit")
@@ -198,9 +203,15 @@ def test_with_watch_namespaces_the_chart_grants_what_the_operator_uses_there(
         settings.watching.server_timeout = 10
         with KopfRunner(["run", "--namespace", namespace, "--standalone", "-m",
                          "pdscale.operator.handlers"], settings=settings) as runner:
+            # in a PDPool that counts its nodes: the one cluster-scoped read of the loop
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "pdpools", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "PDPool",
+                "metadata": {"name": "watched-pool"},
+                "spec": {"nodeSelector": {"pdscale.io/pool": POOL}, "members": [{"name": "watched"}]}})
             custom.create_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, sample("demo-sim.yaml", "watched",
-                                                          **{"planner.mode": "Off"}))
+                                                          **{"planner.mode": "Off",
+                                                             "planner.pool": {"name": "watched-pool"}}))
 
             def ready():
                 body = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "watched")
@@ -224,7 +235,7 @@ def test_with_watch_namespaces_the_chart_grants_what_the_operator_uses_there(
     used = {n for n, _, _ in made}
     assert used - granted == set(), "made, but not granted"
     assert _granted(rbac.watching_rules() + rbac.cluster_rules()) <= used
-    cluster_scoped = {rbac.NAMESPACES, rbac.CRDS}
+    cluster_scoped = {rbac.NAMESPACES, rbac.CRDS, rbac.NODES}
     outside = sorted({(n, ns) for n, _, ns in made
                       if (n.group, n.resource) not in cluster_scoped and ns != namespace})
     assert outside == [], f"requests outside the watched namespace: {outside}"
