@@ -7,7 +7,7 @@ export PYTHONSAFEPATH := 1
 BIN := $(shell echo $${PDSCALE_CACHE:-$$HOME/.cache/pdscale})/k8s-v1.34.4/bin
 
 .PHONY: setup test test-fast lint demo cluster down chart-sync e2e-kind image chart-package dynamo-venv \
-	aiperf-venv bench-fidelity docs docs-serve docs-ref
+	aiperf-venv bench-fidelity docs docs-serve docs-ref docker kind-node-image
 
 setup:
 	@e2e/setup
@@ -90,6 +90,12 @@ image:
 # The chart as out/chart/pdscale-<version>.tgz (its appVersion is the image's tag).
 chart-package: setup
 	$(BIN)/helm package charts/pdscale --destination out/chart
+
+# Docker for the kind tier (e2e/docker/setup): installs Debian's docker.io and starts dockerd
+# where missing (with a runtime wrapper where privileged containers need one); where Docker
+# cannot run, one line says why the kind tier is skipped (exit 3).
+docker:
+	@e2e/docker/setup
 
 # The same e2e suite and the demo on a kind cluster (needs Docker and kind; kwok runs inside
 # it and manages the fake 8xH200 nodes). The tests and the demo only see KUBECONFIG.
