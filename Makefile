@@ -97,10 +97,14 @@ chart-package: setup
 docker:
 	@e2e/docker/setup
 
-# The same e2e suite and the demo on a kind cluster (needs Docker and kind; kwok runs inside
-# it and manages the fake 8xH200 nodes). The tests and the demo only see KUBECONFIG.
+# The kind tier (docs/develop/kind.md): Docker, a kind node image built here from Debian
+# packages and Go modules (cached by its inputs), a kind cluster from it with a real kubelet,
+# the operator image loaded and the chart installed with helm, then the cluster deleted.
+# Skipped with one line where Docker cannot run. Step times: out/kind/times.txt.
 KIND_KUBECONFIG ?= $(CURDIR)/out/kind/kubeconfig
 e2e-kind: setup
-	KIND_KUBECONFIG=$(KIND_KUBECONFIG) e2e/kind/create-cluster
-	KUBECONFIG=$(KIND_KUBECONFIG) $(VENV)/bin/pytest e2e
-	KUBECONFIG=$(KIND_KUBECONFIG) $(VENV)/bin/pdscale demo --out out/demo-kind
+	KIND_KUBECONFIG=$(KIND_KUBECONFIG) nice -n 10 e2e/kind/run
+
+# The kind node image alone (prints its reference).
+kind-node-image: docker
+	nice -n 10 e2e/kind/node/build
