@@ -63,7 +63,9 @@ def test_exec_drops_sys_resource_from_the_process_file(tmp_path: Path) -> None:
     args = ["--root", "/run/x", "exec", "--process", str(process), "--detach", "id1"]
     assert run_wrapper(tmp_path, *args) == args
     assert "CAP_SYS_RESOURCE" not in process.read_text()
-    assert json.loads(process.read_text())["capabilities"]["bounding"] == [c for c in CAPS if c != "CAP_SYS_RESOURCE"]
+    assert json.loads(process.read_text())["capabilities"]["bounding"] == [
+        c for c in CAPS if c != "CAP_SYS_RESOURCE"
+    ]
 
 
 def test_other_commands_and_unprivileged_bundles_pass_through(tmp_path: Path) -> None:
@@ -71,7 +73,12 @@ def test_other_commands_and_unprivileged_bundles_pass_through(tmp_path: Path) ->
     bundle.mkdir()
     plain = {"process": {"args": ["sh"]}}
     (bundle / "config.json").write_text(json.dumps(plain))
-    assert run_wrapper(tmp_path, "create", "--bundle", str(bundle), "id2") == ["create", "--bundle", str(bundle), "id2"]
+    assert run_wrapper(tmp_path, "create", "--bundle", str(bundle), "id2") == [
+        "create",
+        "--bundle",
+        str(bundle),
+        "id2",
+    ]
     assert json.loads((bundle / "config.json").read_text()) == plain
     assert run_wrapper(tmp_path, "--version") == ["--version"]
 
@@ -83,7 +90,11 @@ def test_node_wrapper_module_pins_the_test_beds_kubernetes() -> None:
     bed_build = (ROOT / "e2e" / "cluster" / "build").read_text()
 
     def pin(text: str) -> str:
-        return next(line.split()[1] for line in text.splitlines() if line.strip().startswith("k8s.io/kubernetes v"))
+        return next(
+            line.split()[1]
+            for line in text.splitlines()
+            if line.strip().startswith("k8s.io/kubernetes v")
+        )
 
     version = "K8S_VERSION=${PDSCALE_K8S_VERSION:-%s}"
     assert pin(node_mod) == pin(bed_mod)
