@@ -1,0 +1,3 @@
+module pdscale.local/pause
+
+go 1.24

@@ -1,0 +1,102 @@
+"""The kind tier's pure parts (runs no Docker, no cluster).
+
+- e2e/docker/runc-wrapper removes CAP_SYS_RESOURCE, and only it, from a bundle's config.json
+  on create/run and from the --process file on exec, then runs the real runc with the same
+  arguments (a stand-in runc records them).
+- The kind node's Kubernetes wrapper module pins the version the test bed builds, and its
+  build uses it read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WRAPPER = ROOT / "e2e" / "docker" / "runc-wrapper"
+CAPS = ["CAP_CHOWN", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_NET_ADMIN"]
+
+pytestmark = pytest.mark.skipif(shutil.which("jq") is None, reason="the wrapper needs jq")
+
+
+def fake_runc(tmp_path: Path) -> tuple[Path, Path]:
+    log = tmp_path / "runc-args"
+    runc = tmp_path / "runc"
+    runc.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\n')
+    runc.chmod(0o755)
+    return runc, log
+
+
+def run_wrapper(tmp_path: Path, *args: str) -> list[str]:
+    runc, log = fake_runc(tmp_path)
+    env = {**os.environ, "PDSCALE_REAL_RUNC": str(runc)}
+    subprocess.run([str(WRAPPER), *args], check=True, env=env, cwd=tmp_path)
+    return log.read_text().splitlines()
+
+
+def caps(**extra: object) -> dict[str, object]:
+    return {k: list(CAPS) for k in ("bounding", "effective", "permitted", "inheritable")} | extra
+
+
+@pytest.mark.parametrize("command", ["create", "run"])
+def test_create_drops_sys_resource_from_the_bundle(tmp_path: Path, command: str) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    config = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "capabilities": caps()}}
+    (bundle / "config.json").write_text(json.dumps(config))
+    args = ["--root", "/run/x", "--log-format", "json", command, "--bundle", str(bundle), "id1"]
+    assert run_wrapper(tmp_path, *args) == args
+    got = json.loads((bundle / "config.json").read_text())
+    want = [c for c in CAPS if c != "CAP_SYS_RESOURCE"]
+    assert got["process"]["capabilities"] == {k: want for k in config["process"]["capabilities"]}  # type: ignore[index]
+    assert got["process"]["args"] == ["sh"]
+
+
+def test_exec_drops_sys_resource_from_the_process_file(tmp_path: Path) -> None:
+    process = tmp_path / "process.json"
+    process.write_text(json.dumps({"args": ["ls"], "capabilities": caps()}))
+    args = ["--root", "/run/x", "exec", "--process", str(process), "--detach", "id1"]
+    assert run_wrapper(tmp_path, *args) == args
+    assert "CAP_SYS_RESOURCE" not in process.read_text()
+    assert json.loads(process.read_text())["capabilities"]["bounding"] == [
+        c for c in CAPS if c != "CAP_SYS_RESOURCE"
+    ]
+
+
+def test_other_commands_and_unprivileged_bundles_pass_through(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    plain = {"process": {"args": ["sh"]}}
+    (bundle / "config.json").write_text(json.dumps(plain))
+    assert run_wrapper(tmp_path, "create", "--bundle", str(bundle), "id2") == [
+        "create",
+        "--bundle",
+        str(bundle),
+        "id2",
+    ]
+    assert json.loads((bundle / "config.json").read_text()) == plain
+    assert run_wrapper(tmp_path, "--version") == ["--version"]
+
+
+def test_node_wrapper_module_pins_the_test_beds_kubernetes() -> None:
+    node_mod = (ROOT / "e2e" / "kind" / "node" / "k8s" / "go.mod").read_text()
+    bed_mod = (ROOT / "e2e" / "cluster" / "k8s" / "go.mod").read_text()
+    build = (ROOT / "e2e" / "kind" / "node" / "build-binaries").read_text()
+    bed_build = (ROOT / "e2e" / "cluster" / "build").read_text()
+
+    def pin(text: str) -> str:
+        return next(
+            line.split()[1]
+            for line in text.splitlines()
+            if line.strip().startswith("k8s.io/kubernetes v")
+        )
+
+    version = "K8S_VERSION=${PDSCALE_K8S_VERSION:-%s}"
+    assert pin(node_mod) == pin(bed_mod)
+    assert version % pin(node_mod) in build and version % pin(bed_mod) in bed_build
+    assert "-mod=readonly" in build
