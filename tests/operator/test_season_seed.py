@@ -12,6 +12,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from test_planner_loop import NS, FakeWorkerLists, FakeWorkers, _cluster, _deployments
 
 from pdscale.operator.api import tenant_policy
 from pdscale.operator.loop.planner_loop import PlannerLoop
@@ -19,8 +20,6 @@ from pdscale.operator.loop.planner_memory import PlannerMemory
 from pdscale.operator.loop.planning import history_from_json
 from pdscale.planner.prometheus import QueryError, prometheus_client, read_rate_history
 from pdscale.planner.seasonal import BUCKET_SECONDS, MAX_DAYS
-
-from test_planner_loop import NS, FakeWorkerLists, FakeWorkers, _cluster, _deployments
 
 DAY = 86400.0
 NOW = 1_800_000_000.0  # a Unix time: 2027-01-15
