@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -72,6 +73,78 @@ def one_day(series: list[tuple[float, float]], day: int, lengths: Any) -> Any:
     return synthesize_from_rates(windows, lengths, name=f"day{day}", seed=day)
 
 
+def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, on: bool,
+                 seed: int) -> dict[str, float]:
+    """The planner's prefill rate forecast at the lead over one day, without the simulator:
+    per-minute observed rates (Poisson counts at the windows' rates), the planner's own
+    ``_lead_forecast`` from each ten-minute origin with one day of minutes as its history
+    and the earlier days as its seasonal memory, against the true rate at the lead.
+    Returns the share of origins forecast under the truth (what costs SLO)
+    and the mean forecast over the truth (what costs GPU-hours)."""
+    import numpy as np
+
+    from pdscale.planner.history import History
+    from pdscale.planner.solve import _lead_forecast, _season, lead_intervals
+
+    rng = np.random.default_rng(seed)
+    dt = config.interval_seconds
+    rate_at = dict(series)
+    step = series[1][0] - series[0][0]
+
+    def true(t: float) -> float:
+        return rate_at.get(math.floor(t / step) * step, 0.0)
+
+    minutes = np.arange((day - 1) * DAY, (day + 1) * DAY, dt)
+    truth = np.array([true(t) for t in minutes])
+    observed = rng.poisson(truth * dt) / dt
+    memory = season_before(series, unix_start=0.0, until_unix=day * DAY)
+    cfg = replace(config, seasonality=on, clock_origin_unix_seconds=0.0)
+    lead = lead_intervals(cfg)
+    H = cfg.horizon_intervals
+    under, ratio = [], []
+    for k in range(int(DAY / dt), len(minutes) - H, int(600 / dt)):
+        now = minutes[k] + dt  # the minute k just ended
+        if truth[k] <= 0 or truth[k + lead] <= 0:
+            continue  # a gap in the released data: no truth to score against
+        seen = [float(x) for x in observed[k - int(DAY / dt) + 1 : k + 1]]
+        history = History(season=memory)
+        season = _season(cfg, history, now, len(seen), H)
+        rates, _ = _lead_forecast(cfg, list(seen), H, cfg.rise_quantile, season)
+        actual = truth[k + lead]
+        under.append(rates[lead - 1] < actual)
+        ratio.append(rates[lead - 1] / actual)
+    return {"under": float(np.mean(under)), "mean_over_truth": float(np.mean(ratio)),
+            "origins": len(under)}
+
+
+def forecasts(args: Any, configured: Any, console: Console) -> None:
+    """``--forecast-only``: :func:`forecast_day` for every day of every series, with and
+    without seasonality; a table and ``out/season_forecast.json``."""
+    out: dict[str, Any] = {}
+    table = Table(title="the planner's prefill forecast at the lead (11 min), ten-minute origins "
+                        "(under: share of origins forecast under the true rate; over: mean forecast / truth)")
+    for col in ("series", "day", "under without", "under with", "over without", "over with"):
+        table.add_column(col, justify="right")
+    for name in args.series.split(","):
+        raw = read_rate_series(SERIES[name])
+        scale = args.peak_rps / max(r for _, r in raw)
+        series = [(t, r * scale) for t, r in raw]
+        out[name] = {}
+        for day in (int(d) for d in args.days.split(",") if int(d) >= 1):
+            row = {label: forecast_day(series, day, configured.config, on=on, seed=day)
+                   for label, on in (("without", False), ("with", True))}
+            out[name][str(day)] = row
+            table.add_row(name, str(day), f"{row['without']['under']:.3f}",
+                          f"{row['with']['under']:.3f}",
+                          f"{row['without']['mean_over_truth']:.3f}",
+                          f"{row['with']['mean_over_truth']:.3f}")
+    console.print(table)
+    path = OUT / "season_forecast.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    console.print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--series", default="m-small,m-mid")
@@ -79,15 +152,27 @@ def main() -> None:
     ap.add_argument("--peak-rps", type=float, default=24.0,
                     help="the series' busiest window, scaled to this rate (req/s)")
     ap.add_argument("--out", default=str(OUT / "season_bench.json"))
+    ap.add_argument("--merge", default="", metavar="A.json,B.json",
+                    help="fold these earlier outputs (runs split over processes) into --out; "
+                         "with --days '' only merge and print")
+    ap.add_argument("--forecast-only", action="store_true",
+                    help="score the planner's rate forecast at the lead on every day instead of "
+                         "replaying (seconds, not hours): out/season_forecast.json")
     args = ap.parse_args()
     console = Console(width=150)
     spec = read_spec(str(PDCLUSTER))
     configured = configure(spec, spec_source=f"file {PDCLUSTER.name}", overrides={"--slo-ttft": 15.0})
+    if args.forecast_only:
+        forecasts(args, configured, console)
+        return
     stack = {**STACKS["deployed"], **routing(configured.spec)}
     lengths = read_mooncake(MOONCAKE)
     path = Path(args.out)
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    for name in args.series.split(","):
+    for other in filter(None, args.merge.split(",")):
+        for name, r in json.loads(Path(other).read_text()).items():
+            results.setdefault(name, {**r, "days": {}})["days"].update(r["days"])
+    for name in args.series.split(",") if args.days else ():
         raw = read_rate_series(SERIES[name])
         scale = args.peak_rps / max(r for _, r in raw)
         series = [(t, r * scale) for t, r in raw]
@@ -115,6 +200,8 @@ def main() -> None:
             rows["days"][str(day)] = row
             path.parent.mkdir(exist_ok=True)
             path.write_text(json.dumps(results, indent=1))
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
     table = Table(title=f"pdscale with and without seasonality, day by day (busiest window "
                         f"{args.peak_rps:g} req/s, TTFT 15 s, TPOT 50 ms at p99, deployed stack)")
     for col in ("series", "day", "history days", "requests", "attain. without", "attain. with",

@@ -27,10 +27,13 @@ Robust by construction, and cheap (a few thousand numbers a PDCluster, a median 
 - Shape: per bucket, the median over the days, so a day of another shape is outvoted once
   three days are known. Unknown and zero buckets (Prometheus gaps, released-data gaps)
   are skipped, never read as zero, and the profile is interpolated over them.
-- Trust: the shape is shrunk towards flat by n / (n + 1) for n days (one day counts half),
-  smoothed over three buckets, and bounded to [1/4, 4] so that the adjusted series stays
-  finite over a near-idle night.
-- No earlier whole day: no profile, and the forecast is exactly what it is without this
+- Trust: the shape is shrunk towards flat as far as the days disagree on it (a
+  positive-part James-Stein weight: 1 - the variance of the median over the days, against
+  the shape's own variance), smoothed over three buckets, and bounded to [1/4, 4] so that
+  the adjusted series stays finite over a near-idle night. Days that do not agree (a series
+  without a daily pattern) give no profile at all.
+- Fewer than two earlier whole days (a single day's shape is not yet a pattern, and its
+  spread is unknown): no profile, and the forecast is exactly what it is without this
   module (the index is 1 everywhere).
 
 Daily only: the weekly shape (weekdays against weekends) needs two or more of each weekday
@@ -54,8 +57,6 @@ BUCKET_SECONDS = 600.0
 MAX_DAYS = 14
 #: a day enters the profile with at least this share of its buckets known
 MIN_DAY_COVERAGE = 0.5
-#: days' worth of flat profile the shape is shrunk towards (n / (n + this))
-SHRINK_DAYS = 1.0
 #: the index's bounds (an idle night's ratio would make the adjusted series explode)
 INDEX_BOUNDS = (0.25, 4.0)
 
@@ -136,7 +137,7 @@ class SeasonalMemory:
         """The daily profile from the whole days before ``unix_now``'s (None: none usable)."""
         if self.start_seconds is None or not self.rates:
             return None
-        per_day = int(round(DAY_SECONDS / self.bucket_seconds))
+        per_day = round(DAY_SECONDS / self.bucket_seconds)
         if per_day < 3 or abs(per_day * self.bucket_seconds - DAY_SECONDS) > 1e-6:
             return None  # a bucket that does not divide a day has no time of day
         first = self._bucket(self.start_seconds)
@@ -164,13 +165,36 @@ class SeasonalMemory:
         if not ok.all():  # interpolate over buckets no day knew, around the clock
             idx = np.arange(per_day)
             shape = np.interp(idx, idx[ok], shape[ok], period=per_day)
-        shape = 0.25 * np.roll(shape, 1) + 0.5 * shape + 0.25 * np.roll(shape, -1)
         n = len(grid)
-        w = n / (n + SHRINK_DAYS)
+        w = _agreement(grid, shape)
+        if w <= 0.0:
+            return None  # the days do not agree on a shape: the plain forecast
+        shape = 0.25 * np.roll(shape, 1) + 0.5 * shape + 0.25 * np.roll(shape, -1)
         shape = 1.0 + w * (shape / shape.mean() - 1.0)
         return SeasonalProfile(bucket_seconds=self.bucket_seconds,
                                index=tuple(float(v) for v in np.clip(shape, *INDEX_BOUNDS)),
                                days=n)
+
+
+def _agreement(grid: np.ndarray, shape: np.ndarray) -> float:
+    """How far the days agree on ``shape`` (their per-bucket median): the positive-part
+    James-Stein weight 1 - noise / signal, with signal the shape's mean squared deviation
+    from flat and noise the variance of a median of n days, pi/2 x (the days' spread per
+    bucket) / n, averaged over the buckets. 0 (no profile) for a single day, whose spread
+    is unknown: a shape seen once is not yet a pattern."""
+    n = len(grid)
+    if n < 2:
+        return 0.0
+    level = shape.mean()
+    signal = float(np.mean((shape / level - 1.0) ** 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        spread = np.nanvar(grid / level, axis=0, ddof=1)
+    spread = spread[np.isfinite(spread)]
+    if signal <= 0.0 or not len(spread):
+        return 0.0
+    noise = math.pi / 2.0 * float(spread.mean()) / n
+    return max(0.0, 1.0 - noise / signal)
 
 
 @dataclass(frozen=True)
@@ -182,13 +206,14 @@ class SeasonalProfile:
     index: tuple[float, ...]
     days: int
 
-    def at(self, unix_seconds: np.ndarray) -> np.ndarray:
+    def at(self, unix_seconds: np.ndarray | Sequence[float]) -> np.ndarray:
         """The index at each time, linear between bucket centres (around midnight too), so
         that it never steps at a bucket's edge: a step would read as a ramp or a drop."""
         per_day = len(self.index)
         pos = np.mod(np.asarray(unix_seconds, dtype=float), DAY_SECONDS) / self.bucket_seconds - 0.5
         idx = np.arange(per_day, dtype=float)
-        return np.interp(pos, idx, np.asarray(self.index), period=per_day)
+        out: np.ndarray = np.interp(pos, idx, np.asarray(self.index), period=per_day)
+        return out
 
 
 def seasonal_factors(profile: SeasonalProfile | None, unix_now: float, interval_seconds: float,

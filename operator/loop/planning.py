@@ -292,10 +292,12 @@ def season_from_json(data: object) -> SeasonalMemory:
           and (start is None or (_is_real(start) and math.isfinite(start)))
           and bucket == fresh.bucket_seconds and isinstance(data.get("seeded"), bool)
           and isinstance(data.get("count"), int) and data["count"] >= 0)
-    if not ok:
+    if not ok or not isinstance(rates, list):
         return fresh
-    return replace(fresh, start_seconds=None if start is None or not rates else float(start),
-                   rates=tuple(None if r is None else float(r) for r in rates) if start is not None else (),
+    if start is None or not rates:
+        return replace(fresh, seeded=data["seeded"])
+    return replace(fresh, start_seconds=float(start),
+                   rates=tuple(None if r is None else float(r) for r in rates),
                    count=data["count"], seeded=data["seeded"])
 
 

@@ -10,6 +10,7 @@ import math
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from test_planner_loop import NS, FakeWorkerLists, FakeWorkers, _cluster, _deployments
@@ -35,7 +36,7 @@ def _rate(t: float) -> float:
 class FakePrometheus(BaseHTTPRequestHandler):
     """Range queries answer the daily shape over the retention; instant queries a vector."""
 
-    ranges: list[dict[str, str]] = []
+    ranges: ClassVar[list[dict[str, str]]] = []
     instants = 0
 
     def do_GET(self) -> None:
