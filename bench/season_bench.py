@@ -84,7 +84,7 @@ def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, on
     import numpy as np
 
     from pdscale.planner.history import History
-    from pdscale.planner.solve import _lead_forecast, _season, lead_intervals
+    from pdscale.planner.solve import forecast_rates, lead_intervals
 
     rng = np.random.default_rng(seed)
     dt = config.interval_seconds
@@ -107,9 +107,7 @@ def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, on
         if truth[k] <= 0 or truth[k + lead] <= 0:
             continue  # a gap in the released data: no truth to score against
         seen = [float(x) for x in observed[k - int(DAY / dt) + 1 : k + 1]]
-        history = History(season=memory)
-        season = _season(cfg, history, now, len(seen), H)
-        rates, _ = _lead_forecast(cfg, list(seen), H, cfg.rise_quantile, season)
+        rates = forecast_rates(cfg, seen, History(season=memory), now)
         actual = truth[k + lead]
         under.append(rates[lead - 1] < actual)
         ratio.append(rates[lead - 1] / actual)
@@ -155,6 +153,9 @@ def main() -> None:
     ap.add_argument("--merge", default="", metavar="A.json,B.json",
                     help="fold these earlier outputs (runs split over processes) into --out; "
                          "with --days '' only merge and print")
+    ap.add_argument("--arms", default="without,with",
+                    help="which rows to run (seasonality off and on); a row already in --out "
+                         "for another arm is kept (the off arm does not depend on the method)")
     ap.add_argument("--forecast-only", action="store_true",
                     help="score the planner's rate forecast at the lead on every day instead of "
                          "replaying (seconds, not hours): out/season_forecast.json")
@@ -171,7 +172,9 @@ def main() -> None:
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for other in filter(None, args.merge.split(",")):
         for name, r in json.loads(Path(other).read_text()).items():
-            results.setdefault(name, {**r, "days": {}})["days"].update(r["days"])
+            days = results.setdefault(name, {**r, "days": {}})["days"]
+            for day, row in r["days"].items():
+                days.setdefault(day, {}).update(row)
     for name in args.series.split(",") if args.days else ():
         raw = read_rate_series(SERIES[name])
         scale = args.peak_rps / max(r for _, r in raw)
@@ -180,8 +183,11 @@ def main() -> None:
         for day in (int(d) for d in args.days.split(",")):
             trace = one_day(series, day, lengths)
             season = season_before(series, unix_start=0.0, until_unix=day * DAY)
-            row: dict[str, Any] = {"requests": len(trace), "history_days": min(day, 14)}
+            row: dict[str, Any] = rows["days"].setdefault(str(day), {})
+            row.update(requests=len(trace), history_days=min(day, 14))
             for label, on in (("without", False), ("with", True)):
+                if label not in args.arms.split(","):
+                    continue
                 planner = replace(configured.config, seasonality=on,
                                   clock_origin_unix_seconds=day * DAY - LEAD_IN)
                 setup = ReplaySetup(trace=trace, planner=planner, **stack,
@@ -197,9 +203,8 @@ def main() -> None:
                 console.print(f"{name} day {day} {label:>7} seasonality: attainment "
                               f"{rep['slo_attainment']:.4f}, {rep['gpu_hours']:.1f} GPU-h "
                               f"({time.perf_counter() - t:.0f} s)")
-            rows["days"][str(day)] = row
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(json.dumps(results, indent=1))
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(json.dumps(results, indent=1))
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     table = Table(title=f"pdscale with and without seasonality, day by day (busiest window "
@@ -209,6 +214,8 @@ def main() -> None:
         table.add_column(col, justify="right")
     for name, r in results.items():
         for day, row in sorted(r["days"].items(), key=lambda kv: int(kv[0])):
+            if "without" not in row or "with" not in row:
+                continue
             a0, a1 = row["without"]["slo_attainment"], row["with"]["slo_attainment"]
             g0, g1 = row["without"]["gpu_hours"], row["with"]["gpu_hours"]
             table.add_row(name, day, str(row["history_days"]), f"{row['requests']:,}", f"{a0:.4f}",

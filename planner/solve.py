@@ -71,7 +71,8 @@ from .program import _outcome, _program, _scale_down_floor, _solve
 from .seasonal import seasonal_factors
 from .timing import _intervals, _timing
 
-__all__ = ["History", "PlannerConfig", "current_load", "plan", "recalibrate", "remember", "step"]
+__all__ = ["History", "PlannerConfig", "current_load", "forecast_rates", "plan", "recalibrate",
+           "remember", "step"]
 
 
 def current_load(
@@ -480,6 +481,17 @@ def lead_intervals(cfg: PlannerConfig) -> int:
     """The lead of capacity ordered now, in intervals: a new node's warm-up plus the interval
     it is ordered in (the next decision comes one interval later)."""
     return _intervals(cfg.model.profile.warmup.new_node_seconds, cfg.interval_seconds) + 1
+
+
+def forecast_rates(cfg: PlannerConfig, rates: Sequence[float | None], history: History,
+                   now: float) -> list[float]:
+    """The request rates ``plan`` sizes prefill for over the horizon, from the past
+    ``rates`` (one per interval, the last one ending at ``now``) and the history's seasonal
+    memory: the forecast priced at ``cfg.rise_quantile`` (:func:`_lead_forecast`), for the
+    benchmarks that score it without a simulator."""
+    H = max(1, cfg.horizon_intervals)
+    season = _season(cfg, history, now, len(rates), H)
+    return _lead_forecast(cfg, list(rates), H, cfg.rise_quantile, season)[0]
 
 
 def _lead_forecast(

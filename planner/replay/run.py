@@ -449,8 +449,7 @@ def run_policy(
     log: Callable[[str], None] | None = None,
     utilization_scale: float = 1.0,
     history: Sequence[Load] | None = None,
-    start_fleet: tuple[int, int] | None = None,
-    season: SeasonalMemory | None = None,
+    start_fleet: tuple[int, int] | None = None, season: SeasonalMemory | None = None,
 ) -> dict[str, Any]:
     """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict).
 
@@ -459,8 +458,7 @@ def run_policy(
     the trace's own first warm-up (hindsight, the report says so). ``start_fleet``: a stated
     (prefill, decode) fleet every dynamic policy starts from instead, ready (a live run's
     recording replayed from the spec's replicas, where the live loop started). ``season``:
-    the request rates of the days before the trace (:func:`season_before`), the planner's
-    seasonal memory at the start, as the operator seeds it from Prometheus.
+    the planner's seasonal memory at the start (:func:`season_before`).
 
     ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
     ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
