@@ -21,7 +21,7 @@ The planner is the operator's configuration for ``bench/policy_bench_pdcluster.y
 15 s, TPOT 50 ms at p99, 600 s warm-ups, 60 s interval) on the deployed stack. Prints a table
 and writes ``out/season_bench.json``.
 
-    nice -n 10 .venv/bin/python bench/season_bench.py [--series m-small,m-mid] [--days 1,2,3]
+    nice -n 10 .venv/bin/python bench/season_bench.py [--series m-small,m-mid] [--days 1,2,3] [--forecast-only]
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--series", default="m-small,m-mid")
     ap.add_argument("--days", default="0,1,2,3,4,5,6,7,8,9,10,11,12,13")
-    ap.add_argument("--peak-rps", type=float, default=24.0,
+    ap.add_argument("--peak-rps", type=float, default=6.0,
                     help="the series' busiest window, scaled to this rate (req/s)")
     ap.add_argument("--out", default=str(OUT / "season_bench.json"))
     ap.add_argument("--merge", default="", metavar="A.json,B.json",
