@@ -126,6 +126,11 @@ class PlannerConfig:
     #: the margin to 2.0 for the rest of the trace (bench/ramp_bench.py, docs/replay.md)
     rise_independent_samples: bool = True
     rise_history_intervals: int = 1440
+    #: forecast with the daily profile of the earlier days (``seasonal``): the recent rate
+    #: divided by the profile at its time of day, forecast, and multiplied by the profile at
+    #: the time forecast. No earlier whole day known: exactly the plain forecast.
+    #: ``spec.planner.seasonality`` (Auto: True, Off: False)
+    seasonality: bool = True
     #: cost of one instance missing for one interval, in instance-intervals of GPU time
     shortfall_penalty: float = 1000.0
     #: extra cost of a role switch, in multiples of its idle (drain + warm-up) node time
@@ -250,7 +255,7 @@ def _check_int(owner: str, name: str, value: object, lo: int, optional: bool = F
 
 
 #: switches: exactly True or False (a truthy string or number is a mistake, not a yes)
-_BOOL_RULES: tuple[str, ...] = ("scale_down_hysteresis", "rise_independent_samples")
+_BOOL_RULES: tuple[str, ...] = ("scale_down_hysteresis", "rise_independent_samples", "seasonality")
 
 
 def _validate(cfg: PlannerConfig) -> None:
@@ -345,6 +350,7 @@ def build_config(
     prefill_queue: str = PlannerConfig.prefill_queue,
     nodes_per_instance: tuple[int, int] = (1, 1),
     schedules: tuple[ScheduledFloor, ...] = (),
+    seasonality: bool = True,
 ) -> PlannerConfig:
     """A validated :class:`PlannerConfig` from a deployment's figures (times in seconds).
 
@@ -370,8 +376,9 @@ def build_config(
     ``decode_rise_quantile`` None sizes decode for rises as prefill is; ``prefill_queue`` how the router spreads prefill
     (``PlannerConfig.prefill_queue``); ``nodes_per_instance`` the (prefill, decode) nodes one
     instance spans, each counted against ``node_budget``; ``schedules`` the windows of
-    minimum instances (``PlannerConfig.schedules``). Raises ValueError naming a bad
-    argument."""
+    minimum instances (``PlannerConfig.schedules``); ``seasonality`` whether the forecast
+    uses the daily profile of earlier days (``PlannerConfig.seasonality``). Raises
+    ValueError naming a bad argument."""
     model = _with_warmup(model, warmup_seconds)
     warmup = model.profile.warmup.new_node_seconds
     _check_real("build_config", "warmup_seconds", warmup, 0.0, True, _INF, False)
@@ -398,4 +405,5 @@ def build_config(
         prefill_queue=prefill_queue,
         nodes_per_instance=nodes_per_instance,
         schedules=tuple(schedules),
+        seasonality=seasonality,
     )

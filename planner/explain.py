@@ -227,6 +227,8 @@ def _risk_clauses(risk: tuple[LeadRisk, LeadRisk] | None) -> list[str]:
         if r.quantile <= 0 or r.at_lead_rps <= r.base_rps * 1.005:
             continue
         why = []
+        if r.season_days and abs(r.seasonal - 1.0) > 0.005:
+            why.append(f"x{r.seasonal:.2f} by the time of day over {r.season_days} earlier day(s)")
         if r.carried:
             why.append(f"rising: the ramp carried to the lead, at most x{r.bound:.2f}")
         elif r.margin > 1.0 + 1e-9:

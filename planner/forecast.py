@@ -50,6 +50,10 @@ class LeadRisk:
     base_rps: float = 0.0
     #: the rate sized for at the lead
     at_lead_rps: float = 0.0
+    #: the daily profile's index at the lead over its index now (1: flat, or no profile)
+    seasonal: float = 1.0
+    #: earlier days the profile was learned from (0: none, the plain forecast)
+    season_days: int = 0
 
 
 def _known(history: Sequence[float | None]) -> list[float]:

@@ -3,13 +3,14 @@ online calibration)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .decision import Decision
 from .model import Calibration, Load
 from .observe import (
     Reading,
 )
+from .seasonal import SeasonalMemory
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class History:
     prefill_queue: Reading | None = None
     #: keep at most this many entries
     max_len: int = 4096
+    #: the request rate per ten minutes of the wall clock over the last days (bounded:
+    #: ``seasonal.MAX_DAYS``), what the forecast's seasonal index is learned from
+    season: SeasonalMemory = field(default_factory=SeasonalMemory)
 
     def record(self, load: Load | None, decision: Decision) -> History:
         """A new history with this interval appended (pure: the old one is unchanged)."""

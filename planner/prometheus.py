@@ -608,6 +608,27 @@ class BoundedPrometheus:
             raise QueryError("query failed: not a Prometheus answer")
         return answer["data"].get("result")
 
+    def custom_query_range(self, query: str, *, start: float, end: float, step: float,
+                           timeout: float | None = None) -> Any:
+        """The ``data.result`` of ``/api/v1/query_range`` (a matrix), bounded as
+        :meth:`custom_query` is."""
+        seconds = self.deadline_seconds if timeout is None else min(timeout, self.deadline_seconds)
+        path = self._path.removesuffix("/query") + "/query_range"
+        target = path + "?" + urllib.parse.urlencode(
+            {"query": query, "start": repr(float(start)), "end": repr(float(end)), "step": f"{step:g}"})
+        status, body = self._exchange(target, seconds)
+        if status != 200:
+            raise QueryError(f"query failed: HTTP {status // 100}xx",
+                             detail=f"HTTP {status}: {body[:160]!r}")
+        try:
+            answer = json.loads(body)
+        except (ValueError, RecursionError):
+            raise QueryError("query failed: the answer is not JSON") from None
+        if (not isinstance(answer, dict) or answer.get("status") != "success"
+                or not isinstance(answer.get("data"), dict)):
+            raise QueryError("query failed: not a Prometheus answer")
+        return answer["data"].get("result")
+
     def _exchange(self, target: str, seconds: float) -> tuple[int, bytes]:
         """(status, body) of ``GET target``, whole within ``seconds``; the body of an answer
         other than 200 is its first bytes only (for the log)."""
@@ -663,6 +684,45 @@ def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+
+
+class RangeClient(Protocol):
+    def custom_query_range(self, query: str, *, start: float, end: float, step: float,
+                           timeout: float | None = None) -> Any: ...
+
+
+def read_rate_history(client: RangeClient, query: str, *, now_seconds: float, days: int,
+                      step_seconds: float) -> list[tuple[float, float]]:
+    """The request rate over the last ``days`` days, one point per ``step_seconds`` (Unix
+    time the step ends, mean rate over it): one range query of ``query`` (the ``rate_rps``
+    reading rendered with a window of one step, so that each point is its step's mean), as
+    far back as the server's retention holds (it answers what it has). What the seasonal
+    memory is seeded with on a first plan (``seasonal.SeasonalMemory.with_earlier``).
+
+    Bounded: at most ``days * 86400 / step`` + 1 points (2,017 for 14 days of ten minutes,
+    under Prometheus' 11,000 a series, about 60 kB), one query under the client's deadline
+    and size cap. Steps without data are absent, never zero. Raises :class:`QueryError`
+    (or the client's error) when there is no answer; an answer of more than one series is
+    not the aggregate asked for and raises too."""
+    end = math.floor(now_seconds / step_seconds) * step_seconds
+    start = end - days * 86400.0 + step_seconds
+    result = client.custom_query_range(query, start=start, end=end, step=step_seconds)
+    if not isinstance(result, list):
+        raise QueryError("query failed: not a matrix answer")
+    if len(result) > 1:
+        raise QueryError(f"query failed: {len(result)} series (the query must aggregate to one)")
+    points: list[tuple[float, float]] = []
+    for series in result:
+        values = series.get("values") if isinstance(series, dict) else None
+        if not isinstance(values, list):
+            raise QueryError("query failed: not a matrix answer")
+        for sample in values:
+            if not _is_sample(sample) or _DECIMAL.fullmatch(sample[1]) is None:
+                continue  # NaN (no traffic), infinities, anything malformed: unknown
+            at, value = float(sample[0]), float(sample[1])
+            if math.isfinite(at) and math.isfinite(value) and value >= 0 and start - 1 <= at <= end + 1:
+                points.append((at, value))
+    return points
 
 
 def prometheus_client(url: str, timeout_seconds: float = QUERY_DEADLINE_SECONDS,

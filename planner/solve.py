@@ -68,9 +68,11 @@ from .observe import (
     unusable,
 )
 from .program import _outcome, _program, _scale_down_floor, _solve
+from .seasonal import seasonal_factors
 from .timing import _intervals, _timing
 
-__all__ = ["History", "PlannerConfig", "current_load", "plan", "recalibrate", "remember", "step"]
+__all__ = ["History", "PlannerConfig", "current_load", "forecast_rates", "plan", "recalibrate",
+           "remember", "step"]
 
 
 def current_load(
@@ -148,8 +150,16 @@ def remember(history: History, obs: Observation, decision: Decision, config: Pla
 
     A prefill backlog is work to clear once, which ``plan`` adds to the interval it plans
     (``backlog_seconds``); remembered as a rate it would hold the forecast's recent maximum up
-    for ``forecast_window`` intervals after the queue had gone, and buy nodes for it."""
-    return history.record(current_load(obs, config.max_age_seconds), decision)
+    for ``forecast_window`` intervals after the queue had gone, and buy nodes for it.
+
+    The rate observed also goes into the seasonal memory, at its wall-clock time (the
+    planner's time from ``clock_origin_unix_seconds``), whether seasonality is on or not: a
+    planner switched to it later has the days it has run for."""
+    load = current_load(obs, config.max_age_seconds)
+    remembered = history.record(load, decision)
+    unix = config.clock_origin_unix_seconds + obs.now_seconds
+    return replace(remembered, season=remembered.season.record(
+        unix, None if load is None else load.rate_rps))
 
 
 def step(
@@ -401,7 +411,9 @@ def plan(
         known = list(future_loads)[:H]
         known += [known[-1]] * (H - len(known))
         return _plan_for(observation, config, history, now, load, known)
-    future_p, future_d, risk = _forecast_loads(config, [*history.loads, load], load, H)
+    loads = [*history.loads, load]
+    season = _season(config, history, now, len(loads), H)
+    future_p, future_d, risk = _forecast_loads(config, loads, load, H, season)
     # equal loads cost nothing twice: _needs sizes each distinct load once
     return _plan_for(observation, config, history, now, load, future_p, future_d, risk)
 
@@ -416,14 +428,33 @@ def _observed_load(observation: Observation, cfg: PlannerConfig, history: Histor
                         last_known=last_known)
 
 
+#: the seasonal index of the past intervals, of the horizon's, and the days it is learned from
+Season = tuple[np.ndarray, np.ndarray, int]
+
+
+def _season(cfg: PlannerConfig, history: History, now: float, past: int, H: int) -> Season | None:
+    """The daily profile's index over ``past`` intervals up to ``now`` and ``H`` from it
+    (:mod:`.seasonal`); None when seasonality is off or no earlier whole day is known."""
+    if not cfg.seasonality:
+        return None
+    unix = cfg.clock_origin_unix_seconds + now
+    profile = history.season.profile(unix)
+    if profile is None:
+        return None
+    back, ahead = seasonal_factors(profile, unix, cfg.interval_seconds, past, H)
+    return back, ahead, profile.days
+
+
 def _forecast_loads(
-    cfg: PlannerConfig, loads: list[Load | None], load: Load, H: int
+    cfg: PlannerConfig, loads: list[Load | None], load: Load, H: int, season: Season | None = None,
 ) -> tuple[list[Load], list[Load], tuple[LeadRisk, LeadRisk]]:
     """The loads of the next ``H`` intervals that size prefill and decode, and how each role's
     were raised for the risk over the lead (:class:`forecast.LeadRisk`, for the explanation):
     the forecast rate (never below the rate seen now; on a ramp, the ramp carried a lead
     ahead, :func:`_lead_forecast`) times each role's rise margin, with the recent lengths,
-    hit rate and burst peak. ``loads``: the history's loads then this interval's, ``load``.
+    hit rate and burst peak. ``loads``: the history's loads then this interval's, ``load``;
+    ``season``: the daily profile's index over them and the horizon (:func:`_season`), the
+    rates forecast adjusted for it (:func:`_lead_forecast`).
 
     Each role forecasts from the rates of the past in the planned shape's requests
     (:func:`_in_planned_shape`): a rate of far cheaper requests is counted at the work it
@@ -437,7 +468,7 @@ def _forecast_loads(
     for role, quantile in ((0, cfg.rise_quantile), (1, decode_quantile)):
         scale = [_in_planned_shape(cfg, w, role, planned[role]) for w in works]
         seen = [None if x is None else x.rate_rps * f for x, f in zip(loads, scale, strict=True)]
-        rates, risk = _lead_forecast(cfg, seen, H, quantile)
+        rates, risk = _lead_forecast(cfg, seen, H, quantile, season)
         rates[0] = max(rates[0], load.rate_rps)  # never plan the current interval below what we see
         peak = _burst_peak(cfg, loads, scale)
         by_role.append([Load(r, isl, osl, hit, peak_rate_rps=None if peak is None else max(peak, r),
@@ -452,7 +483,38 @@ def lead_intervals(cfg: PlannerConfig) -> int:
     return _intervals(cfg.model.profile.warmup.new_node_seconds, cfg.interval_seconds) + 1
 
 
+def forecast_rates(cfg: PlannerConfig, rates: Sequence[float | None], history: History,
+                   now: float) -> list[float]:
+    """The request rates ``plan`` sizes prefill for over the horizon, from the past
+    ``rates`` (one per interval, the last one ending at ``now``) and the history's seasonal
+    memory: the forecast priced at ``cfg.rise_quantile`` (:func:`_lead_forecast`), for the
+    benchmarks that score it without a simulator."""
+    H = max(1, cfg.horizon_intervals)
+    season = _season(cfg, history, now, len(rates), H)
+    return _lead_forecast(cfg, list(rates), H, cfg.rise_quantile, season)[0]
+
+
 def _lead_forecast(
+    cfg: PlannerConfig, seen: list[float | None], H: int, quantile: float,
+    season: Season | None = None,
+) -> tuple[list[float], LeadRisk]:
+    """:func:`_plain_lead_forecast` of the seasonally adjusted rates: each past rate divided
+    by the daily profile's index at its time, the forecast multiplied by the index at the time
+    forecast (:mod:`.seasonal`). The bound, the margin and the ramp are then learned from what
+    the time of day does not explain. Without ``season``, the plain forecast."""
+    if season is None:
+        return _plain_lead_forecast(cfg, seen, H, quantile)
+    back, ahead, days = season
+    adjusted = [None if x is None else x / float(s) for x, s in zip(seen, back, strict=True)]
+    rates, risk = _plain_lead_forecast(cfg, adjusted, H, quantile)
+    rates = [r * float(s) for r, s in zip(rates, ahead, strict=True)]
+    lead = min(risk.lead, H) - 1
+    known = [x for x in seen[-cfg.forecast_window :] if x is not None]
+    return rates, replace(risk, at_lead_rps=rates[lead], base_rps=max(known) if known else 0.0,
+                          seasonal=float(ahead[lead] / back[-1]), season_days=days)
+
+
+def _plain_lead_forecast(
     cfg: PlannerConfig, seen: list[float | None], H: int, quantile: float
 ) -> tuple[list[float], LeadRisk]:
     """The rates of the next ``H`` intervals, priced against the risk of the lead ``L``

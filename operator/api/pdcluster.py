@@ -115,6 +115,11 @@ class PlannerMode(StrEnum):
     AUTO = "Auto"
 
 
+class Seasonality(StrEnum):
+    AUTO = "Auto"
+    OFF = "Off"
+
+
 class TolerationOperator(StrEnum):
     EXISTS = "Exists"
     EQUAL = "Equal"
@@ -772,6 +777,14 @@ class PlannerSpec(_Model):
         "past rises). Decode covers half the risk (90 -> 95: a short decode fleet slows every "
         "running request). Higher buys attainment on rises with GPU-hours; 0 plans for the "
         "forecast alone. See docs/risk.md.",
+    )
+    seasonality: Seasonality = Field(
+        default=Seasonality.AUTO,
+        description="Auto: the forecast follows the time of day as the earlier days showed it "
+        "(their daily profile, from up to 14 days of the planner's memory, seeded from "
+        "Prometheus on the first plan), the level from the last minutes; with no earlier whole "
+        "day known it is the plain forecast. Off: the plain forecast always. Quote \"Off\" in "
+        "YAML. See docs/seasonality.md.",
     )
     profile: str | None = Field(
         default=None,

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -50,9 +50,10 @@ from pdscale.planner.prometheus import (
     prometheus_client,
     rate_window_seconds,
     read_metrics,
+    read_rate_history,
     render_queries,
 )
-from pdscale.planner.solve import step
+from pdscale.planner.solve import History, step
 
 from .drain import Drains
 from .fleet import PodView, pod_view, role_state
@@ -182,6 +183,9 @@ class PlannerLoop:
             max_workers=max(1, CONCURRENCY), thread_name_prefix="planner")
         self.lock = threading.Lock()
         self.tick_deadline_seconds = TICK_DEADLINE_SECONDS
+        #: PDClusters whose seasonal memory this process asked Prometheus for already (once
+        #: a process, answered or not: a Prometheus that cannot answer is not asked every plan)
+        self.season_asked: set[str] = set()
 
     @property
     def routers_seen(self) -> set[str]:
@@ -416,6 +420,8 @@ class PlannerLoop:
             self.report.calibration_reset(body, reset)
         started = time.monotonic()
         config = planner_config(spec, resolved.profile)
+        if config.seasonality and not history.season.seeded:
+            history = self._seed_season(spec, ns, name, now, history)
         snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
         window = rate_window_seconds(spec.planner.interval_seconds)
         obs = observation_from(
@@ -444,6 +450,39 @@ class PlannerLoop:
     def _pods(self, ns: str, name: str, role: Role) -> list[PodView]:
         return [pod_view(p, role)
                 for p in lws.instances(self.kube.list_pods(ns, names.selector_labels(name, role)))]
+
+    def _seed_season(self, spec: PDClusterSpec, ns: str, name: str, now: float,
+                     history: History) -> History:
+        """``history`` with its seasonal memory seeded from Prometheus: the request rate of
+        the last ``MAX_DAYS`` days in ten-minute steps, one range query (``read_rate_history``:
+        at most 2,017 points, under the reader's deadline and size cap), so that a fresh
+        install forecasts with the time of day from its first plan, not days later. Asked once
+        a process; an answer, even an empty one (a new service), marks the memory seeded and
+        is saved with it; a failure is logged and the plan goes on without (the live
+        observations fill the memory in as they come)."""
+        key = f"{ns}/{name}"
+        if key in self.season_asked:
+            return history
+        self.season_asked.add(key)
+        url, source, problem = metrics_source(spec, self.prometheus_url, tenant_policy.configured())
+        if url is None:
+            log.info("planner %s: seasonal history not read (%s)", key, problem)
+            return history
+        season = history.season
+        query = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
+                               window_seconds=int(season.bucket_seconds),
+                               percentile=spec.slo.percentile / 100.0)["rate_rps"]
+        try:
+            points = read_rate_history(prometheus_client(url), query, now_seconds=now,
+                                       days=season.max_days, step_seconds=season.bucket_seconds)
+        except Exception as exc:  # any failure: plan without, never stop the tick
+            log.warning("planner %s: seasonal history from %s not read (%s): the forecast "
+                        "learns the time of day from the days it runs", key, source,
+                        getattr(exc, "reason", type(exc).__name__))
+            return history
+        log.info("planner %s: seasonal history seeded from %s: %d ten-minute steps", key, source,
+                 len(points))
+        return replace(history, season=season.with_earlier(points))
 
     def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
                       percentile: float) -> MetricsSnapshot:

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from pdscale.operator.api import multinode
-from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy
+from pdscale.operator.api.pdcluster import PDClusterSpec, PlannerMode, RoutingPolicy, Seasonality
 from pdscale.operator.api.tenant_policy import TenantPolicy, prometheus_refusal
 from pdscale.operator.render import engines, router
 from pdscale.planner.config import PlannerConfig, build_config, decode_quantile
@@ -30,6 +30,7 @@ from pdscale.planner.profile import (
 )
 from pdscale.planner.prometheus import MetricsSnapshot
 from pdscale.planner.schedule import ScheduledFloor
+from pdscale.planner.seasonal import SeasonalMemory
 from pdscale.planner.solve import History, lead_intervals
 
 #: decisions and loads kept across restarts at least: the forecast and rise windows; more when
@@ -81,6 +82,7 @@ PLANNER_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
     ("prefill", "nodes_per_instance"),
     ("decode", "nodes_per_instance"),
     ("planner", "schedules"),
+    ("planner", "seasonality"),
 )
 
 
@@ -114,7 +116,9 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
       served soonest, and a queue per instance behind one that picks at random
       (``router.prefill_choice``: sglang-router 0.3.2, the default, does so in PD mode).
     - Scheduled floors (``planner.schedules``) become the planner's ``schedules``, read on the
-      wall clock: the operator plans on Unix time."""
+      wall clock: the operator plans on Unix time.
+    - ``seasonality`` Auto forecasts with the daily profile of the earlier days
+      (``planner.seasonal``), Off without it."""
     p = spec.planner
     if profile is None and p.profile_config_map is not None:
         # never the default in its place: a replay of this spec would plan other hardware
@@ -153,6 +157,7 @@ def planner_config(spec: PDClusterSpec, profile: Profile | None = None) -> Plann
         prefill_queue="split" if router.prefill_choice(spec) is RoutingPolicy.RANDOM else "pooled",
         nodes_per_instance=(kp, kd),
         schedules=scheduled_floors(spec),
+        seasonality=p.seasonality is Seasonality.AUTO,
     )
 
 
@@ -271,8 +276,43 @@ def history_to_json(history: History, last_plan_at_seconds: float | None,
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
                        "loads": loads, "decisions": decisions, "calibration": cal,
                        "prefillQueue": None if queue is None else [queue.value, queue.at_seconds],
-                       "profile": profile},
+                       "profile": profile, "season": season_to_json(history.season)},
                       separators=(",", ":"))
+
+
+def season_to_json(season: SeasonalMemory) -> dict[str, Any]:
+    """The seasonal memory as stored: at most ``seasonal.MAX_DAYS`` days of ten-minute rates
+    (2,016 numbers, rounded to 4 digits: about 16 kB), whatever the interval; the loads
+    and decisions keep their own bound (:func:`history_keep`)."""
+    return {"bucketSeconds": season.bucket_seconds, "startSeconds": season.start_seconds,
+            "rates": [None if r is None else round(r, 4) for r in season.rates],
+            "count": season.count, "seeded": season.seeded}
+
+
+def season_from_json(data: object) -> SeasonalMemory:
+    """The stored seasonal memory; an empty one (seeded again) when there is none or it is
+    not one (a memory written before it was kept, or edited by hand): a bad season never
+    costs the loads and decisions."""
+    fresh = SeasonalMemory()
+    if not isinstance(data, dict):
+        return fresh
+    rates, start, bucket = data.get("rates"), data.get("startSeconds"), data.get("bucketSeconds")
+    ok = (isinstance(rates, list) and len(rates) <= fresh.max_buckets
+          and all(r is None or (_is_real(r) and math.isfinite(r) and r >= 0) for r in rates)
+          and (start is None or (_is_real(start) and math.isfinite(start)))
+          and bucket == fresh.bucket_seconds and isinstance(data.get("seeded"), bool)
+          and isinstance(data.get("count"), int) and data["count"] >= 0)
+    if not ok or not isinstance(rates, list):
+        return fresh
+    if start is None or not rates:
+        return replace(fresh, seeded=data["seeded"])
+    return replace(fresh, start_seconds=float(start),
+                   rates=tuple(None if r is None else float(r) for r in rates),
+                   count=data["count"], seeded=data["seeded"])
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def profile_identity(profile: Profile) -> str:
@@ -339,7 +379,7 @@ def history_from_json(text: str | None) -> tuple[History, float | None]:
         queue = data.get("prefillQueue")  # memories written before it was kept have none
         prefill_queue = None if queue is None else Reading(float(queue[0]), float(queue[1]))
         history = History(loads=loads, decisions=decisions, calibration=calibration,
-                          prefill_queue=prefill_queue)
+                          prefill_queue=prefill_queue, season=season_from_json(data.get("season")))
         return history, None if last is None else float(last)
     except (ValueError, KeyError, TypeError, IndexError):
         return History(), None

@@ -16,6 +16,7 @@ from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
 from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
 from ..needs import prefill_share
 from ..observe import Observation, RoleState
+from ..seasonal import SeasonalMemory
 from ..solve import History, step
 from .policies import (
     POLICIES,
@@ -232,7 +233,8 @@ KNOWING: dict[str, int | None] = {"oracle": None, "oracle:now": 1, "oracle:next"
 
 def planner_controller(setup: ReplaySetup, policy: str,
                        history: Sequence[Load] | None,
-                       start: tuple[int, int] | None = None) -> PdscaleController:
+                       start: tuple[int, int] | None = None,
+                       season: SeasonalMemory | None = None) -> PdscaleController:
     """Our planner as ``policy`` runs it: ``pdscale`` forecasts from what it observes; the
     oracles (:data:`KNOWING`) are told the true load and the fleet's true performance.
 
@@ -254,6 +256,8 @@ def planner_controller(setup: ReplaySetup, policy: str,
         # and it knows the fleet's true performance, as it knows the future
         cfg = replace(cfg, model=setup.fleet)
     remembered = History(loads=tuple(history)) if history is not None else History()
+    if season is not None:  # the earlier days of a multi-day trace
+        remembered = replace(remembered, season=season)
     if start is not None:
         before = -cfg.interval_seconds * (len(remembered.loads) + 1)
         unscraped = Observation(now_seconds=before, prefill=RoleState(ready=start[0]),
@@ -288,6 +292,31 @@ def with_history(setup: ReplaySetup) -> tuple[ReplaySetup, list[Load]]:
     planner = replace(setup.planner,
                       clock_origin_unix_seconds=setup.planner.clock_origin_unix_seconds + shift)
     return replace(setup, trace=tail, planner=planner), interval_loads(head, setup.interval_seconds)
+
+
+def season_before(windows: Sequence[tuple[float, float]], *, unix_start: float,
+                  until_unix: float) -> SeasonalMemory:
+    """The planner's seasonal memory from the earlier days of a multi-day trace: ``windows``
+    = (Unix start of a window, mean rate over it), those ending by ``until_unix`` (the
+    scored window's start) read as a Prometheus range query would answer them, one point per
+    ten-minute bucket, at most ``seasonal.MAX_DAYS`` days back. ``unix_start`` is the Unix
+    time of the windows' time 0. Windows need not be ten minutes: each bucket takes the
+    time-weighted mean of the windows over it."""
+    memory = SeasonalMemory()
+    b = memory.bucket_seconds
+    rows = sorted((unix_start + t, r) for t, r in windows)
+    points: dict[int, tuple[float, float]] = {}
+    for k, (t, r) in enumerate(rows):
+        end = rows[k + 1][0] if k + 1 < len(rows) else t + (rows[1][0] - rows[0][0] if len(rows) > 1 else b)
+        lo = t
+        while lo < min(end, until_unix) - 1e-9:
+            bucket = math.floor(lo / b + 1e-9)
+            hi = min(end, until_unix, (bucket + 1) * b)
+            w, s = points.get(bucket, (0.0, 0.0))
+            points[bucket] = (w + (hi - lo), s + r * (hi - lo))
+            lo = hi
+    whole = [(float((k + 1) * b), s / w) for k, (w, s) in points.items() if w >= b - 1e-6]
+    return memory.with_earlier(whole)
 
 
 def _first_warmup_seconds(setup: ReplaySetup) -> float:
@@ -420,7 +449,7 @@ def run_policy(
     log: Callable[[str], None] | None = None,
     utilization_scale: float = 1.0,
     history: Sequence[Load] | None = None,
-    start_fleet: tuple[int, int] | None = None,
+    start_fleet: tuple[int, int] | None = None, season: SeasonalMemory | None = None,
 ) -> dict[str, Any]:
     """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict).
 
@@ -428,7 +457,8 @@ def run_policy(
     policies start from the fleet they size and the planner remembers them. None: start from
     the trace's own first warm-up (hindsight, the report says so). ``start_fleet``: a stated
     (prefill, decode) fleet every dynamic policy starts from instead, ready (a live run's
-    recording replayed from the spec's replicas, where the live loop started).
+    recording replayed from the spec's replicas, where the live loop started). ``season``:
+    the planner's seasonal memory at the start (:func:`season_before`).
 
     ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
     ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
@@ -452,7 +482,7 @@ def run_policy(
     elif policy in ("pdscale", *KNOWING):
         # the oracles are hindsight bounds: their start is sized from the fleet's true speed too
         start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history)
-        ctl = planner_controller(setup, policy, history, start=stated_fleet)
+        ctl = planner_controller(setup, policy, history, start=stated_fleet, season=season)
         controller = ctl
         explanations = ctl.decisions
     elif policy == "reactive":

@@ -26,6 +26,7 @@ from pdscale.planner.model import Calibration, Load
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import shipped_profile
 from pdscale.planner.prometheus import MetricsSnapshot
+from pdscale.planner.seasonal import SeasonalMemory
 from pdscale.planner.solve import History, lead_intervals, plan, step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,9 @@ def test_the_memory_keeps_every_history_field_the_planner_reads():
                 decisions=(decision(),),
                 calibration=Calibration(prefill_factor=1.2, decode_factor=0.9, samples=3,
                                         prefill_headroom=1.1, decode_headroom=1.3),
-                prefill_queue=Reading(512.0, 115.0))
+                prefill_queue=Reading(512.0, 115.0),
+                season=SeasonalMemory(start_seconds=600.0, rates=(12.5, None, 13.25), count=2,
+                                      seeded=True))
     unset = [f.name for f in fields(History) if getattr(h, f.name) == getattr(History(), f.name)]
     assert unset == ["max_len"]  # (a limit of the process, not something learned)
     back, _ = history_from_json(history_to_json(h, 120.0))

@@ -72,6 +72,7 @@ RULES = [
     ("clock_origin_unix_seconds", math.inf, "finite"),
     ("scale_down_hysteresis", "no", "True or False"),
     ("rise_independent_samples", 1, "True or False"),
+    ("seasonality", "Auto", "True or False"),
 ]
 
 

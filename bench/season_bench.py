@@ -1,0 +1,229 @@
+"""Seasonality from history, day by day: pdscale with and without its daily profile on the
+multi-day rate series, each scored day replayed with the days before it as history.
+
+For each series (ServeGen ``m-mid`` and ``m-small``, 14 days of 10-minute windows, Alibaba
+Bailian) and each scored day d:
+
+- the trace is day d at real time, Poisson arrivals at the windows' rates with Mooncake
+  lengths (``synthesize_from_rates``, seed d), from ten minutes before midnight: those ten
+  minutes are the planner's load history and size the start fleet (``start_from
+  "history"``), the day itself is scored;
+- the whole series is scaled once so that its busiest window is ``--peak-rps`` (a service's
+  days keep their levels); zero windows of the scored day are gaps in the released data
+  (ServeGen's README) and take the mean of their neighbours, as ``policy_bench.one_day``;
+- the planner's seasonal memory holds the windows of the days before d (at most 14), as the
+  operator seeds it from Prometheus on a first plan; their zero windows are left as they are
+  (the profile skips them: robustness to gaps is part of what is measured);
+- the two rows differ only in ``PlannerConfig.seasonality`` (``spec.planner.seasonality``
+  Auto / Off). Day 0 has no earlier day: both rows must be identical there.
+
+The planner is the operator's configuration for ``bench/policy_bench_pdcluster.yaml`` (TTFT
+15 s, TPOT 50 ms at p99, 600 s warm-ups, 60 s interval) on the deployed stack. Prints a table
+and writes ``out/season_bench.json``.
+
+    nice -n 10 .venv/bin/python bench/season_bench.py [--series m-small,m-mid] [--days 1,2,3] [--forecast-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, season_before, start_from
+from pdscale.planner.replay.traces import read_mooncake, read_rate_series, synthesize_from_rates
+from pdscale.replay import configure, read_spec
+from pdscale.replay_setup import router_admission, routing
+
+SHARED = Path("/work/shared/traces")
+MOONCAKE = SHARED / "mooncake/conversation_trace.jsonl"
+SERIES = {"m-mid": SHARED / "servegen/m-mid_rate.csv", "m-small": SHARED / "servegen/m-small_rate.csv"}
+PDCLUSTER = Path(__file__).with_name("policy_bench_pdcluster.yaml")
+OUT = Path(__file__).parents[1] / "out"
+DAY = 86400.0
+#: the history before the scored day: one warm-up (the profile's 600 s)
+LEAD_IN = 600.0
+
+
+def gaps_filled(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Zero windows take the mean of the nearest non-zero neighbours (gaps in the data)."""
+    rates = [r for _, r in windows]
+    out = []
+    for k, (t, r) in enumerate(windows):
+        if r == 0.0:
+            before = next((x for x in reversed(rates[:k]) if x > 0), None)
+            after = next((x for x in rates[k + 1:] if x > 0), None)
+            known = [x for x in (before, after) if x is not None]
+            r = sum(known) / len(known) if known else 0.0
+        out.append((t, r))
+    return out
+
+
+def one_day(series: list[tuple[float, float]], day: int, lengths: Any) -> Any:
+    """Day ``day`` with the ten minutes before it, gaps filled, clock from the lead-in."""
+    lo, hi = day * DAY - LEAD_IN, (day + 1) * DAY
+    windows = gaps_filled([(t - lo, r) for t, r in series if lo <= t < hi])
+    return synthesize_from_rates(windows, lengths, name=f"day{day}", seed=day)
+
+
+def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, on: bool,
+                 seed: int) -> dict[str, float]:
+    """The planner's prefill rate forecast at the lead over one day, without the simulator:
+    per-minute observed rates (Poisson counts at the windows' rates), the planner's own
+    ``_lead_forecast`` from each ten-minute origin with one day of minutes as its history
+    and the earlier days as its seasonal memory, against the true rate at the lead.
+    Returns the share of origins forecast under the truth (what costs SLO)
+    and the mean forecast over the truth (what costs GPU-hours)."""
+    import numpy as np
+
+    from pdscale.planner.history import History
+    from pdscale.planner.solve import forecast_rates, lead_intervals
+
+    rng = np.random.default_rng(seed)
+    dt = config.interval_seconds
+    rate_at = dict(series)
+    step = series[1][0] - series[0][0]
+
+    def true(t: float) -> float:
+        return rate_at.get(math.floor(t / step) * step, 0.0)
+
+    minutes = np.arange((day - 1) * DAY, (day + 1) * DAY, dt)
+    truth = np.array([true(t) for t in minutes])
+    observed = rng.poisson(truth * dt) / dt
+    memory = season_before(series, unix_start=0.0, until_unix=day * DAY)
+    cfg = replace(config, seasonality=on, clock_origin_unix_seconds=0.0)
+    lead = lead_intervals(cfg)
+    H = cfg.horizon_intervals
+    under, ratio = [], []
+    for k in range(int(DAY / dt), len(minutes) - H, int(600 / dt)):
+        now = minutes[k] + dt  # the minute k just ended
+        if truth[k] <= 0 or truth[k + lead] <= 0:
+            continue  # a gap in the released data: no truth to score against
+        seen = [float(x) for x in observed[k - int(DAY / dt) + 1 : k + 1]]
+        rates = forecast_rates(cfg, seen, History(season=memory), now)
+        actual = truth[k + lead]
+        under.append(rates[lead - 1] < actual)
+        ratio.append(rates[lead - 1] / actual)
+    return {"under": float(np.mean(under)), "mean_over_truth": float(np.mean(ratio)),
+            "origins": len(under)}
+
+
+def forecasts(args: Any, configured: Any, console: Console) -> None:
+    """``--forecast-only``: :func:`forecast_day` for every day of every series, with and
+    without seasonality; a table and ``out/season_forecast.json``."""
+    out: dict[str, Any] = {}
+    table = Table(title="the planner's prefill forecast at the lead (11 min), ten-minute origins "
+                        "(under: share of origins forecast under the true rate; over: mean forecast / truth)")
+    for col in ("series", "day", "under without", "under with", "over without", "over with"):
+        table.add_column(col, justify="right")
+    for name in args.series.split(","):
+        raw = read_rate_series(SERIES[name])
+        scale = args.peak_rps / max(r for _, r in raw)
+        series = [(t, r * scale) for t, r in raw]
+        out[name] = {}
+        for day in (int(d) for d in args.days.split(",") if int(d) >= 1):
+            row = {label: forecast_day(series, day, configured.config, on=on, seed=day)
+                   for label, on in (("without", False), ("with", True))}
+            out[name][str(day)] = row
+            table.add_row(name, str(day), f"{row['without']['under']:.3f}",
+                          f"{row['with']['under']:.3f}",
+                          f"{row['without']['mean_over_truth']:.3f}",
+                          f"{row['with']['mean_over_truth']:.3f}")
+    console.print(table)
+    path = OUT / "season_forecast.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    console.print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--series", default="m-small,m-mid")
+    ap.add_argument("--days", default="0,1,2,3,4,5,6,7,8,9,10,11,12,13")
+    ap.add_argument("--peak-rps", type=float, default=6.0,
+                    help="the series' busiest window, scaled to this rate (req/s)")
+    ap.add_argument("--out", default=str(OUT / "season_bench.json"))
+    ap.add_argument("--merge", default="", metavar="A.json,B.json",
+                    help="fold these earlier outputs (runs split over processes) into --out; "
+                         "with --days '' only merge and print")
+    ap.add_argument("--arms", default="without,with",
+                    help="which rows to run (seasonality off and on); a row already in --out "
+                         "for another arm is kept (the off arm does not depend on the method)")
+    ap.add_argument("--forecast-only", action="store_true",
+                    help="score the planner's rate forecast at the lead on every day instead of "
+                         "replaying (seconds, not hours): out/season_forecast.json")
+    args = ap.parse_args()
+    console = Console(width=150)
+    spec = read_spec(str(PDCLUSTER))
+    configured = configure(spec, spec_source=f"file {PDCLUSTER.name}", overrides={"--slo-ttft": 15.0})
+    if args.forecast_only:
+        forecasts(args, configured, console)
+        return
+    stack = {**STACKS["deployed"], **routing(configured.spec)}
+    lengths = read_mooncake(MOONCAKE)
+    path = Path(args.out)
+    results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    for other in filter(None, args.merge.split(",")):
+        for name, r in json.loads(Path(other).read_text()).items():
+            days = results.setdefault(name, {**r, "days": {}})["days"]
+            for day, row in r["days"].items():
+                days.setdefault(day, {}).update(row)
+    for name in args.series.split(",") if args.days else ():
+        raw = read_rate_series(SERIES[name])
+        scale = args.peak_rps / max(r for _, r in raw)
+        series = [(t, r * scale) for t, r in raw]
+        rows = results.setdefault(name, {"rate_scale": scale, "peak_rps": args.peak_rps, "days": {}})
+        for day in (int(d) for d in args.days.split(",")):
+            trace = one_day(series, day, lengths)
+            season = season_before(series, unix_start=0.0, until_unix=day * DAY)
+            row: dict[str, Any] = rows["days"].setdefault(str(day), {})
+            row.update(requests=len(trace), history_days=min(day, 14))
+            for label, on in (("without", False), ("with", True)):
+                if label not in args.arms.split(","):
+                    continue
+                planner = replace(configured.config, seasonality=on,
+                                  clock_origin_unix_seconds=day * DAY - LEAD_IN)
+                setup = ReplaySetup(trace=trace, planner=planner, **stack,
+                                    prefill_admission=router_admission(configured.spec))
+                setup, history = start_from(setup, "history")
+                t = time.perf_counter()
+                rep = run_policy(setup, "pdscale", history=history, season=season)
+                row[label] = {"slo_attainment": rep["slo_attainment"], "gpu_hours": rep["gpu_hours"],
+                              "role_changes": rep["role_changes"],
+                              "peak_instances": max((d["provisioned_prefill"] + d["provisioned_decode"]
+                                                     for d in rep["decisions"]), default=0),
+                              "wall_seconds": round(time.perf_counter() - t, 1)}
+                console.print(f"{name} day {day} {label:>7} seasonality: attainment "
+                              f"{rep['slo_attainment']:.4f}, {rep['gpu_hours']:.1f} GPU-h "
+                              f"({time.perf_counter() - t:.0f} s)")
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(json.dumps(results, indent=1))
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    table = Table(title=f"pdscale with and without seasonality, day by day (busiest window "
+                        f"{args.peak_rps:g} req/s, TTFT 15 s, TPOT 50 ms at p99, deployed stack)")
+    for col in ("series", "day", "history days", "requests", "attain. without", "attain. with",
+                "d pp", "GPU-h without", "GPU-h with", "d GPU-h %"):
+        table.add_column(col, justify="right")
+    for name, r in results.items():
+        for day, row in sorted(r["days"].items(), key=lambda kv: int(kv[0])):
+            if "without" not in row or "with" not in row:
+                continue
+            a0, a1 = row["without"]["slo_attainment"], row["with"]["slo_attainment"]
+            g0, g1 = row["without"]["gpu_hours"], row["with"]["gpu_hours"]
+            table.add_row(name, day, str(row["history_days"]), f"{row['requests']:,}", f"{a0:.4f}",
+                          f"{a1:.4f}", f"{100 * (a1 - a0):+.2f}", f"{g0:.1f}", f"{g1:.1f}",
+                          f"{100 * (g1 / g0 - 1):+.1f}" if g0 else "-")
+    console.print(table)
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

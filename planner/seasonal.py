@@ -1,0 +1,228 @@
+"""Seasonality from history: the load's time-of-day profile, learned from earlier days.
+
+The planner sees a load change only once it happens, and capacity ordered then serves a
+warm-up later. Much of a service's load change is the same every day (the morning rise, the
+evening peak), and what the earlier days did at this time of day says what the next minutes
+will do before they come. This module keeps the memory that says it, and turns it into a
+seasonal index the forecast divides out and multiplies back in (``solve._lead_forecast``):
+
+    seasonal index  s(tau) = the rate at time of day tau over the day's typical rate,
+                             the median over the earlier days (each day by its own level)
+    forecast        rate(t + k) = F(x / s)(t + k) * s(t + k)
+
+with F the planner's own forecast (recent max, trend, rise margin over the lead) run on the
+seasonally adjusted series x / s. The level always comes from the last minutes; earlier days
+give only the shape. The rise margin is then learned from what the *shape* did not predict:
+a rise that comes every morning is in the forecast, not in the risk priced on top of it.
+
+Robust by construction, and cheap (a few thousand numbers a PDCluster, a median a plan):
+
+- Memory: one mean rate per ``bucket_seconds`` (10 minutes) of the wall clock, at most
+  ``MAX_DAYS`` days (2,016 numbers, about 16 kB of JSON): bounded whatever the interval.
+- Days: the profile is made of earlier whole days only (UTC days of the planner's clock),
+  never of today's (no day explains itself). A day with less than ``MIN_DAY_COVERAGE`` of its
+  buckets known (an outage, a gap in the data, the first day) is left out.
+- Level: each day is divided by its own median before the days are compared, so a holiday
+  (a quiet day) or growth (a busier week) moves no bucket of the shape.
+- Shape: per bucket, the median over the days, so a day of another shape is outvoted once
+  three days are known. Unknown and zero buckets (Prometheus gaps, released-data gaps)
+  are skipped, never read as zero, and the profile is interpolated over them.
+- Trust: the shape is shrunk towards flat as far as the days disagree on it (a
+  positive-part James-Stein weight: 1 - the variance of the median over the days, against
+  the shape's own variance), smoothed over three buckets, and bounded to [1/4, 4] so that
+  the adjusted series stays finite over a near-idle night. Days that do not agree (a series
+  without a daily pattern) give no profile at all.
+- Fewer than two earlier whole days (a single day's shape is not yet a pattern, and its
+  spread is unknown): no profile, and the forecast is exactly what it is without this
+  module (the index is 1 everywhere).
+
+Daily only: the weekly shape (weekdays against weekends) needs two or more of each weekday
+to be more than one day's noise, and the level a weekly profile would add is already the
+last minutes' (the planner's lead is minutes, not days).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+DAY_SECONDS = 86400.0
+#: the memory's bucket: ten minutes (the rate series' windows; 144 a day)
+BUCKET_SECONDS = 600.0
+#: days the memory keeps (and a first plan asks Prometheus for)
+MAX_DAYS = 14
+#: a day enters the profile with at least this share of its buckets known
+MIN_DAY_COVERAGE = 0.5
+#: the index's bounds (an idle night's ratio would make the adjusted series explode)
+INDEX_BOUNDS = (0.25, 4.0)
+
+
+@dataclass(frozen=True)
+class SeasonalMemory:
+    """The mean request rate per wall-clock bucket, oldest first (pure data).
+
+    ``start_seconds`` is the Unix time at which ``rates[0]``'s bucket starts (a multiple of
+    ``bucket_seconds``; None while empty); ``count`` the observations averaged into the last
+    bucket so far; ``seeded`` whether the earlier days were asked of Prometheus already."""
+
+    bucket_seconds: float = BUCKET_SECONDS
+    start_seconds: float | None = None
+    rates: tuple[float | None, ...] = ()
+    count: int = 0
+    max_days: int = MAX_DAYS
+    seeded: bool = False
+
+    @property
+    def max_buckets(self) -> int:
+        return int(self.max_days * DAY_SECONDS // self.bucket_seconds)
+
+    def _bucket(self, unix_seconds: float) -> int:
+        return math.floor(unix_seconds / self.bucket_seconds + 1e-9)
+
+    def record(self, unix_seconds: float, rate_rps: float | None) -> SeasonalMemory:
+        """This memory with the rate observed in the interval ending at ``unix_seconds``
+        averaged into its bucket (pure). An unknown or non-finite rate, or a time before the
+        last bucket (a clock that went back), changes nothing."""
+        if rate_rps is None or not math.isfinite(rate_rps) or rate_rps < 0 or not math.isfinite(unix_seconds):
+            return self
+        b = self._bucket(unix_seconds)
+        if self.start_seconds is None or not self.rates:
+            return replace(self, start_seconds=b * self.bucket_seconds, rates=(rate_rps,), count=1)
+        last = self._bucket(self.start_seconds) + len(self.rates) - 1
+        if b < last:
+            return self
+        if b == last:
+            prev = self.rates[-1]
+            n = self.count if prev is not None else 0
+            mean = rate_rps if prev is None else (prev * n + rate_rps) / (n + 1)
+            return replace(self, rates=(*self.rates[:-1], mean), count=n + 1)
+        rates = (*self.rates, *([None] * (b - last - 1)), rate_rps)
+        return self._trimmed(rates, 1)
+
+    def _trimmed(self, rates: tuple[float | None, ...], count: int) -> SeasonalMemory:
+        assert self.start_seconds is not None
+        drop = max(0, len(rates) - self.max_buckets)
+        return replace(self, rates=rates[drop:], count=count,
+                       start_seconds=self.start_seconds + drop * self.bucket_seconds)
+
+    def with_earlier(self, points: Sequence[tuple[float, float]]) -> SeasonalMemory:
+        """This memory with ``points`` = (Unix time a bucket *ends*, mean rate over the
+        bucket), as a Prometheus range query at a step of one bucket answers, filled in
+        where the memory knows nothing (what was observed live stands), and marked seeded.
+        Points outside the kept days are dropped; bounded like :meth:`record`."""
+        known: dict[int, float] = {}
+        for end, rate in points:
+            if math.isfinite(end) and rate is not None and math.isfinite(rate) and rate >= 0:
+                known[self._bucket(end - self.bucket_seconds / 2)] = float(rate)
+        if self.start_seconds is not None:
+            first = self._bucket(self.start_seconds)
+            for k, r in enumerate(self.rates):
+                if r is not None:
+                    known[first + k] = r
+        if not known:
+            return replace(self, seeded=True)
+        lo, hi = min(known), max(known)
+        lo = max(lo, hi - self.max_buckets + 1)
+        rates = tuple(known.get(b) for b in range(lo, hi + 1))
+        own_last = (None if self.start_seconds is None
+                    else self._bucket(self.start_seconds) + len(self.rates) - 1)
+        return replace(self, start_seconds=lo * self.bucket_seconds, rates=rates, seeded=True,
+                       count=self.count if own_last == hi else 1)
+
+    def profile(self, unix_now: float) -> SeasonalProfile | None:
+        """The daily profile from the whole days before ``unix_now``'s (None: none usable)."""
+        if self.start_seconds is None or not self.rates:
+            return None
+        per_day = round(DAY_SECONDS / self.bucket_seconds)
+        if per_day < 3 or abs(per_day * self.bucket_seconds - DAY_SECONDS) > 1e-6:
+            return None  # a bucket that does not divide a day has no time of day
+        first = self._bucket(self.start_seconds)
+        today = math.floor(unix_now / DAY_SECONDS)
+        x = np.array([np.nan if r is None or r <= 0 else r for r in self.rates], dtype=float)
+        days = (first + np.arange(len(x))) // per_day
+        slots = (first + np.arange(len(x))) % per_day
+        keep = days < today
+        if not keep.any():
+            return None
+        d0 = int(days[keep].min())
+        grid = np.full((today - d0, per_day), np.nan)
+        grid[days[keep] - d0, slots[keep]] = x[keep]
+        known = np.isfinite(grid).sum(axis=1)
+        grid = grid[known >= MIN_DAY_COVERAGE * per_day]
+        if not len(grid):
+            return None
+        grid = grid / np.nanmedian(grid, axis=1, keepdims=True)  # each day by its own level
+        with warnings.catch_warnings():  # a bucket no day knew: nan, interpolated below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            shape = np.nanmedian(grid, axis=0)
+        ok = np.isfinite(shape)
+        if ok.sum() < MIN_DAY_COVERAGE * per_day:
+            return None
+        if not ok.all():  # interpolate over buckets no day knew, around the clock
+            idx = np.arange(per_day)
+            shape = np.interp(idx, idx[ok], shape[ok], period=per_day)
+        n = len(grid)
+        w = _agreement(grid, shape)
+        if w <= 0.0:
+            return None  # the days do not agree on a shape: the plain forecast
+        shape = 0.25 * np.roll(shape, 1) + 0.5 * shape + 0.25 * np.roll(shape, -1)
+        shape = 1.0 + w * (shape / shape.mean() - 1.0)
+        return SeasonalProfile(bucket_seconds=self.bucket_seconds,
+                               index=tuple(float(v) for v in np.clip(shape, *INDEX_BOUNDS)),
+                               days=n)
+
+
+def _agreement(grid: np.ndarray, shape: np.ndarray) -> float:
+    """How far the days agree on ``shape`` (their per-bucket median): the positive-part
+    James-Stein weight 1 - noise / signal, with signal the shape's mean squared deviation
+    from flat and noise the variance of a median of n days, pi/2 x (the days' spread per
+    bucket) / n, averaged over the buckets. 0 (no profile) for a single day, whose spread
+    is unknown: a shape seen once is not yet a pattern."""
+    n = len(grid)
+    if n < 2:
+        return 0.0
+    level = shape.mean()
+    signal = float(np.mean((shape / level - 1.0) ** 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        spread = np.nanvar(grid / level, axis=0, ddof=1)
+    spread = spread[np.isfinite(spread)]
+    if signal <= 0.0 or not len(spread):
+        return 0.0
+    noise = math.pi / 2.0 * float(spread.mean()) / n
+    return max(0.0, 1.0 - noise / signal)
+
+
+@dataclass(frozen=True)
+class SeasonalProfile:
+    """The daily seasonal index per bucket of the day (mean 1 before bounding), and the
+    number of earlier days it was learned from."""
+
+    bucket_seconds: float
+    index: tuple[float, ...]
+    days: int
+
+    def at(self, unix_seconds: np.ndarray | Sequence[float]) -> np.ndarray:
+        """The index at each time, linear between bucket centres (around midnight too), so
+        that it never steps at a bucket's edge: a step would read as a ramp or a drop."""
+        per_day = len(self.index)
+        pos = np.mod(np.asarray(unix_seconds, dtype=float), DAY_SECONDS) / self.bucket_seconds - 0.5
+        idx = np.arange(per_day, dtype=float)
+        out: np.ndarray = np.interp(pos, idx, np.asarray(self.index), period=per_day)
+        return out
+
+
+def seasonal_factors(profile: SeasonalProfile | None, unix_now: float, interval_seconds: float,
+                     past: int, ahead: int) -> tuple[np.ndarray, np.ndarray]:
+    """The index of ``past`` intervals ending at ``unix_now`` (oldest first; the last is the
+    interval that just ended) and of the ``ahead`` intervals from it, each at its middle.
+    Without a profile, ones: the forecast is the plain one."""
+    if profile is None:
+        return np.ones(past), np.ones(ahead)
+    back = unix_now - (np.arange(past)[::-1] + 0.5) * interval_seconds
+    fwd = unix_now + (np.arange(ahead) + 0.5) * interval_seconds
+    return profile.at(back), profile.at(fwd)
