@@ -53,7 +53,7 @@ from pdscale.planner.prometheus import (
     read_rate_history,
     render_queries,
 )
-from pdscale.planner.solve import History, step
+from pdscale.planner.solve import step
 
 from .drain import Drains
 from .fleet import PodView, pod_view, role_state
