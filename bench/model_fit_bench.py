@@ -7,7 +7,7 @@ the replay's fleet needed for it:
 - the model: prefill's fluid demand, its count at the utilisation cap, the M/G/c count at the
   SLO percentile (``prefill_instances_for_ttft``) and the burst count; decode's fluid demand,
   its count at the cap and at the SLO percentile (``decode_instances_at_percentile``); and
-  the planner's need (``needs._instances_needed``: what the oracle orders for that load);
+  the planner's need (``needs.instances_needed``: what the oracle orders for that load);
 - the replay: the fewest fixed prefills (decode ample, prefill-only runs) whose requests
   arriving in that interval met the TTFT target for ``--target`` of them, and the fewest fixed
   decodes (prefill ample) whose requests met the TPOT target for as many.
@@ -32,7 +32,7 @@ import numpy as np
 from policy_bench import MOONCAKE, OUT, PDCLUSTER, cases
 
 from pdscale.operator.api.pdcluster import SGLangGateway
-from pdscale.planner.needs import _instances_needed
+from pdscale.planner.needs import instances_needed
 from pdscale.planner.replay.run import (
     STACKS,
     ReplaySetup,
@@ -90,7 +90,7 @@ def model_terms(setup: ReplaySetup) -> list[dict[str, Any]]:
     for ld in interval_loads(setup.trace, setup.interval_seconds):
         fp, fd = m.fluid_demand(ld, slo)
         cv = m.prefill_service_cv(ld, cfg.prefill_service_cv)
-        need = _instances_needed(cfg, ld)
+        need = instances_needed(cfg, ld)
         rows.append({
             "rate_rps": round(ld.rate_rps, 2), "peak_rps": round(ld.peak_rate_rps or 0.0, 2),
             "prefill_fluid": round(fp, 2), "prefill_at_cap": round(fp / cfg.prefill_utilization, 2),

@@ -56,7 +56,7 @@ def _needs(
 
     def needed(ld: Load) -> tuple[int, int]:
         if ld not in cache:
-            cache[ld] = _instances_needed(cfg, ld)
+            cache[ld] = instances_needed(cfg, ld)
         return cache[ld]
 
     need = np.array(
@@ -137,7 +137,7 @@ def prefill_share(avail: float, need: np.ndarray, busy: np.ndarray) -> np.ndarra
     return share
 
 
-def _instances_needed(cfg: PlannerConfig, load: Load) -> tuple[int, int]:
+def instances_needed(cfg: PlannerConfig, load: Load) -> tuple[int, int]:
     """(prefill, decode) ``cfg.model`` needs for ``load`` at the configured caps and queueing."""
     return cfg.model.instances_needed(
         load, cfg.slo,

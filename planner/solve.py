@@ -55,7 +55,7 @@ from .explain import _clamp, _decision, _hold
 from .forecast import LeadRisk, forecast, lead_ratios, rise_margin
 from .history import History
 from .model import HEADROOM_BOUNDS, Calibration, Load, calibrate_slo
-from .needs import _decode_need_from_sequences, _instances_needed, _needs
+from .needs import _decode_need_from_sequences, _needs, instances_needed
 from .observe import (
     MAX_INSTANCES,
     MAX_MEAN_TOKENS,
@@ -347,7 +347,7 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
     load = _observed_load(obs, cfg, history)
     if last is None or last.held or load is None or load.rate_rps <= 0:
         return False, False, False
-    need_p, need_d = _instances_needed(cfg, load)
+    need_p, need_d = instances_needed(cfg, load)
     need_d = max(need_d, _decode_need_from_sequences(cfg, obs, load))
     # at the interval's burst peak: a burst queues however idle the interval's mean looks
     busy_p = (max(load.rate_rps, load.peak_rate_rps or 0.0) * cfg.model.prefill_service_seconds(load)

@@ -155,6 +155,18 @@ def _pool_condition(obs: ChildrenView) -> list[dict[str, Any]]:
                         "follow the pool's joint plan", obs.generation)]
 
 
+def _applied_condition(obs: ChildrenView, valid: bool) -> dict[str, Any]:
+    """ChildrenApplied: whether the API server took every child of this generation."""
+    if not valid:
+        reason, message = c.SPEC_INVALID, "the spec is invalid; nothing was applied"
+    elif obs.refused:
+        reason, message = c.APPLY_REFUSED, "; ".join(obs.refused)
+    else:
+        reason, message = c.APPLIED, "the API server refused no child"
+    return c.condition(c.CHILDREN_APPLIED, valid and not obs.refused, reason, message,
+                       obs.generation)
+
+
 def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dict[str, Any]:
     """The whole status object. `previous` is the current status (for transition times)."""
     gen = obs.generation
@@ -167,14 +179,7 @@ def compute(obs: ChildrenView, previous: dict[str, Any] | None, now: str) -> dic
                     "; ".join(obs.problems) if obs.problems else "spec passes the P/D checklist",
                     gen),
     ]
-    if not valid:
-        applied_reason, applied_msg = c.SPEC_INVALID, "the spec is invalid; nothing was applied"
-    elif obs.refused:
-        applied_reason, applied_msg = c.APPLY_REFUSED, "; ".join(obs.refused)
-    else:
-        applied_reason, applied_msg = c.APPLIED, "the API server refused no child"
-    conds.append(c.condition(c.CHILDREN_APPLIED, valid and not obs.refused, applied_reason,
-                             applied_msg, gen))
+    conds.append(_applied_condition(obs, valid))
     stalled = {role: m for role in COMPONENTS if (m := _stalled(obs.deployments.get(role)))}
     rolling = [role for role in COMPONENTS if not _rolled_out(obs.deployments.get(role))]
     # Once this generation has rolled out, the planner's scaling (replicas from
