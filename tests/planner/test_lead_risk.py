@@ -11,7 +11,7 @@ from pdscale.planner.config import PlannerConfig, decode_quantile
 from pdscale.planner.decision import Decision
 from pdscale.planner.forecast import forecast, lead_ratios, ramp_projection
 from pdscale.planner.model import Load, PerformanceModel, Slo
-from pdscale.planner.needs import _instances_needed
+from pdscale.planner.needs import instances_needed
 from pdscale.planner.observe import Observation, Reading, RoleState
 from pdscale.planner.profile import load_profile
 from pdscale.planner.solve import History, lead_intervals, plan
@@ -74,7 +74,7 @@ def _rise_plan(history_rates: list[float], now_rate: float, quantile: float = 0.
 
 
 def _prefill_for(rate: float) -> int:
-    return _instances_needed(_cfg(), Load(rate, 2000.0, 30.0, 0.0))[0]
+    return instances_needed(_cfg(), Load(rate, 2000.0, 30.0, 0.0))[0]
 
 
 def _ramps(cycles: int) -> list[float]:
