@@ -372,9 +372,15 @@ def test_admission_and_the_operator_agree_on_every_prometheus_url(cluster, admin
         return True
 
     try:
-        # the policy takes a moment to reach the admission chain: wait until it refuses one
+        # the policy takes a moment to reach the admission chain: wait until it refuses one;
+        # and another test's release (uninstalled just before, but cluster-wide and with an
+        # empty allow-list) takes a moment to leave it: wait until an allowed URL is admitted
+        # (CI once saw every allowed URL refused by that policy)
         deadline = time.monotonic() + 30
         while admitted("probe", "http://169.254.169.254/") and time.monotonic() < deadline:
+            time.sleep(1)
+        deadline = time.monotonic() + 60
+        while not admitted("probe-ok", PROMETHEUS_ALLOWED[0]) and time.monotonic() < deadline:
             time.sleep(1)
         disagree = {url: (ok, prometheus_url_allowed(url, tuple(PROMETHEUS_ALLOWED)))
                     for i, url in enumerate(PROMETHEUS_CORPUS)
