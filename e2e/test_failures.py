@@ -36,6 +36,7 @@ from pdscale.testbed.demo import (
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.loadgen import RequestRecord, RequestSpec, send_one
 from pdscale.testbed.nodes import api_client
+from pdscale.testbed.simfleet import in_flight_at
 from pdscale.testbed.stack import Stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -94,12 +95,7 @@ class World:
 
 
 def in_flight(pod: client.V1Pod) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8000/get_load", timeout=2) as r:
-            data = json.loads(r.read())
-    except (OSError, ValueError):
-        return None
-    return sum(int(e.get("num_reqs", 0)) for e in (data if isinstance(data, list) else [data]))
+    return in_flight_at(f"http://{pod.status.pod_ip}:8000")
 
 
 def ready(pod: client.V1Pod) -> bool:

@@ -595,18 +595,7 @@ class BoundedPrometheus:
                      timeout: float | None = None) -> Any:
         seconds = self.deadline_seconds if timeout is None else min(timeout, self.deadline_seconds)
         target = self._path + "?" + urllib.parse.urlencode({"query": query, **(params or {})})
-        status, body = self._exchange(target, seconds)
-        if status != 200:
-            raise QueryError(f"query failed: HTTP {status // 100}xx",
-                             detail=f"HTTP {status}: {body[:160]!r}")
-        try:
-            answer = json.loads(body)
-        except (ValueError, RecursionError):
-            raise QueryError("query failed: the answer is not JSON") from None
-        if (not isinstance(answer, dict) or answer.get("status") != "success"
-                or not isinstance(answer.get("data"), dict)):
-            raise QueryError("query failed: not a Prometheus answer")
-        return answer["data"].get("result")
+        return self._result(target, seconds)
 
     def custom_query_range(self, query: str, *, start: float, end: float, step: float,
                            timeout: float | None = None) -> Any:
@@ -616,6 +605,10 @@ class BoundedPrometheus:
         path = self._path.removesuffix("/query") + "/query_range"
         target = path + "?" + urllib.parse.urlencode(
             {"query": query, "start": repr(float(start)), "end": repr(float(end)), "step": f"{step:g}"})
+        return self._result(target, seconds)
+
+    def _result(self, target: str, seconds: float) -> Any:
+        """The ``data.result`` of ``GET target``, or a QueryError saying what was wrong."""
         status, body = self._exchange(target, seconds)
         if status != 200:
             raise QueryError(f"query failed: HTTP {status // 100}xx",

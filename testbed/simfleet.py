@@ -57,11 +57,15 @@ LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
 def engine_in_flight(r: Running) -> int | None:
-    """Requests an SGLang engine holds, from its ``/get_load`` (None: no answer, or not one)."""
-    if r.role == "router" or not r.port:
-        return None
+    """Requests the engine ``r`` holds (None: a router, or no answer)."""
+    return None if r.role == "router" or not r.port else in_flight_at(f"http://{r.ip}:{r.port}")
+
+
+def in_flight_at(url: str) -> int | None:
+    """Requests an SGLang engine at ``url`` holds, from its ``/get_load`` (None: no answer,
+    or not one)."""
     try:
-        with urllib.request.urlopen(f"http://{r.ip}:{r.port}/get_load", timeout=2) as resp:
+        with urllib.request.urlopen(f"{url}/get_load", timeout=2) as resp:
             data = json.loads(resp.read())
     except (OSError, ValueError):
         return None
