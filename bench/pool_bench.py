@@ -16,7 +16,8 @@ node) and ``priority`` (chat 100 with 6 guaranteed, code 10, daily 1). Each on `
 (default 30: an even split gives each member 10, below what each needs at its peak, while
 the peaks do not coincide). Policies: pooled, split, oracle (planner/replay/pool.py).
 
-    nice -n 10 .venv/bin/python bench/pool_bench.py [--cases equal,priority] [--pool-nodes 30]
+    nice -n 10 .venv/bin/python bench/pool_bench.py [--cases equal,priority] [--pool-nodes 30] \
+        [--surplus-prices 0,0.5]
 
 Writes out/pool_bench.json.
 """
@@ -75,11 +76,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="equal,priority")
     ap.add_argument("--pool-nodes", type=int, default=30)
+    ap.add_argument("--surplus-prices", default="0",
+                    help="comma-separated prices of a node beyond a member's fair share "
+                         "(solve_pool's surplus_price); pooled and oracle run at each")
     ap.add_argument("--out", default=str(ROOT / "out" / "pool_bench.json"))
     args = ap.parse_args()
     console = Console()
     out: dict[str, Any] = {"pool_nodes": args.pool_nodes, "members": MEMBERS, "cases": {}}
-    for case in args.cases.split(","):
+    prices = [float(x) for x in args.surplus_prices.split(",")]
+    split_cache: dict[str, dict[str, Any]] = {}
+    for case, price in [(c, p) for c in args.cases.split(",") for p in prices]:
         prio = CASES[case]
         members = member_setups([MemberArg(spec=SPEC, name=name, priority=prio[name][0],
                                            guaranteed=prio[name][1], **kw)  # type: ignore[arg-type]
@@ -87,10 +93,16 @@ def main() -> None:
         reports = {}
         for policy in ("pooled", "split", "oracle"):
             t = time.perf_counter()
-            reports[policy] = run_pool(members, pool_nodes=args.pool_nodes, policy=policy)
-            console.print(f"{case} {policy}: {time.perf_counter() - t:.0f} s")
+            if policy == "split" and case in split_cache:  # the split prices nothing
+                reports[policy] = split_cache[case]
+                continue
+            reports[policy] = run_pool(members, pool_nodes=args.pool_nodes, policy=policy,
+                                       surplus_price=price)
+            if policy == "split":
+                split_cache[case] = reports[policy]
+            console.print(f"{case} price {price:g} {policy}: {time.perf_counter() - t:.0f} s")
         rows = compare(reports)
-        table = Table(title=f"{case}: pool of {args.pool_nodes} nodes "
+        table = Table(title=f"{case}, surplus price {price:g}: pool of {args.pool_nodes} nodes "
                             "(attainment = share of requests meeting TTFT and TPOT)")
         table.add_column("member")
         for policy in reports:
@@ -104,11 +116,11 @@ def main() -> None:
         peaks = {p: r["peak_provisioned_nodes"] for p, r in reports.items()}
         met = targets(reports)
         console.print(f"peak nodes provisioned at once: {peaks}; targets: {met}")
-        for r in reports.values():  # the per-tick series stay in the JSON, trimmed
-            for m in r["members"]:
-                m.pop("decisions", None)
-        out["cases"][case] = {"comparison": rows, "targets": met, "peaks": peaks,
-                              "reports": reports}
+        out["cases"][f"{case}@{price:g}"] = {
+            "comparison": rows, "targets": met, "peaks": peaks,
+            "reports": {p: {**r, "members": [{k: v for k, v in m.items() if k != "decisions"}
+                                             for m in r["members"]]}
+                        for p, r in reports.items()}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     console.print(f"wrote {args.out}")

@@ -24,6 +24,12 @@ The rules, in order (the key of a node, compared lexicographically):
    unchanged, every member keeps what it holds (no churn).
 4. Never beyond a member's ``need`` (or ``target``) nor its cap (its ``nodeBudget``), never more in total
    than the pool less the nodes still draining.
+5. **Surplus is priced** (``surplus_price``, 0 by default: off). Beyond a member's fair share
+   (its even share of the pool), its fluid demand and its guarantee, a node is granted only
+   while its value per node (the key's: its rank in the need, a new node's cold start priced)
+   is at least the price; the first one below it ends the member's list, and the nodes it
+   leaves stay idle (``Grant.priced_out``), not handed to its planner as budget. Idle nodes
+   cost node-hours; a node whose value is below the price is not worth them.
 
 The objective is separable with one capacity row, and each member's keys do not increase
 with its node count (tiers, filled share and the cold-start discount only fall), so taking
@@ -128,6 +134,8 @@ class Grant:
     #: now (the rest waits for the nodes other members give up to drain: a pod started
     #: earlier would be Pending for want of a node)
     holdable: int = -1
+    #: nodes it wanted beyond its fair share that were not worth the pool's surplus price
+    priced_out: int = 0
 
     def __post_init__(self) -> None:
         if self.holdable < 0:
@@ -184,14 +192,20 @@ def _upper(m: MemberNeed, pool_nodes: int) -> int:
     return max(0, min(m.wants, cap))
 
 
-def node_keys(m: MemberNeed, pool_nodes: int, horizon_seconds: float) -> list[tuple[int, int, int, float, int]]:
+def node_keys(m: MemberNeed, pool_nodes: int, horizon_seconds: float, *,
+              fair_nodes: int | None = None,
+              surplus_price: float = 0.0) -> list[tuple[int, int, int, float, int]]:
     """The key of each node the member could be granted, its 1st node first: (guarantee?,
-    priority, tier, value, kept?). Non-increasing (see the module docstring)."""
+    priority, tier, value, kept?). Non-increasing (see the module docstring).
+
+    Beyond ``fair_nodes`` (its fair share) and its fluid demand, a node is surplus: the list
+    ends at the first whose value is below ``surplus_price`` (it is not worth a node-hour)."""
     upper = _upper(m, pool_nodes)
     need = min(m.need, upper)
     guaranteed = min(m.guaranteed_nodes, need)
     busy = min(m.busy, need)
     discount = max(0.0, 1.0 - m.cold_start_seconds / horizon_seconds)
+    free_up_to = max(busy, guaranteed, upper if fair_nodes is None else fair_nodes)
     keys = []
     for j in range(1, upper + 1):
         kept = 1 if j <= m.current else 0
@@ -203,6 +217,8 @@ def node_keys(m: MemberNeed, pool_nodes: int, horizon_seconds: float) -> list[tu
         else:
             tier, filled = _HOLD, (j - 1 - need) / max(1, upper - need)
         value = (1.0 - filled) * (1.0 if kept else discount)
+        if j > free_up_to and value < surplus_price:
+            break  # surplus not worth its node-hours; the later ones rank no higher
         keys.append((_GUARANTEE if j <= guaranteed else _REST, m.priority, tier, value, kept))
     return keys
 
@@ -224,7 +240,8 @@ def _neg(key: tuple[int, int, int, float, int]) -> tuple[int, int, int, float, i
 
 
 def solve_pool(
-    members: Sequence[MemberNeed], *, pool_nodes: int, horizon_seconds: float = 1800.0
+    members: Sequence[MemberNeed], *, pool_nodes: int, horizon_seconds: float = 1800.0,
+    surplus_price: float = 0.0,
 ) -> PoolDecision:
     """Grant each member nodes of the pool for the next interval (see the module docstring).
 
@@ -242,15 +259,20 @@ def solve_pool(
     (16, 8)
     """
     _check(members, pool_nodes, horizon_seconds)
+    if not 0.0 <= surplus_price <= 1.0:
+        raise ValueError(f"surplus_price must be within [0, 1], got {surplus_price}")
     draining = sum(m.draining_nodes for m in members)
     capacity = max(0, pool_nodes - draining)
-    keyed = [node_keys(m, pool_nodes, horizon_seconds) for m in members]
+    fair = even_split([m.name for m in members], pool_nodes)
+    keyed = [node_keys(m, pool_nodes, horizon_seconds, fair_nodes=fair[m.name],
+                       surplus_price=surplus_price) for m in members]
     taken = [0] * len(members)
     for n, i in enumerate(_merge(keyed)):
         if n >= capacity:
             break
         taken[i] += 1
-    grants = tuple(_grant(m, t, keyed[i], pool_nodes, capacity, sum(taken))
+    grants = tuple(_grant(m, t, keyed[i], pool_nodes, capacity, sum(taken), fair[m.name],
+                          surplus_price)
                    for i, (m, t) in enumerate(zip(members, taken, strict=True)))
     # Gains start now only on nodes free now; the rest once the trimmed nodes have drained
     # (a later interval's grant), highest priority first
@@ -277,13 +299,15 @@ def solve_pool(
 
 
 def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int]],
-           pool_nodes: int, capacity: int, granted_total: int) -> Grant:
+           pool_nodes: int, capacity: int, granted_total: int, fair: int = 0,
+           price: float = 0.0) -> Grant:
     mine = keys[:taken]
     guaranteed = sum(1 for k in mine if k[0] == _GUARANTEE)
     busy = sum(1 for k in mine if k[0] == _REST and k[2] == _BUSY)
     held = sum(1 for k in mine if k[0] == _REST and k[2] == _HOLD)
     margin = taken - guaranteed - busy - held
     upper = _upper(m, pool_nodes)
+    priced = upper - len(keys) if taken == len(keys) else 0
     parts = []
     if taken >= m.wants:
         parts.append(f"granted all {m.wants} nodes wanted" if m.wants > m.need
@@ -291,11 +315,17 @@ def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int
     elif taken >= m.need:
         parts.append(f"granted the {m.need} nodes needed, {taken - m.need} of the "
                      f"{m.wants - m.need} more its scale-down window holds")
+        if priced:
+            parts.append(f"{priced} more not worth their node-hours beyond its fair share of "
+                         f"{fair} (value per node below the pool's price {price:g})")
     else:
         parts.append(f"granted {taken} of {m.need} nodes needed")
         if upper < m.need:
             parts.append(f"capped at its nodeBudget {m.cap_nodes}")
-        if taken < upper:
+        if priced:
+            parts.append(f"{priced} more not worth their node-hours beyond its fair share of "
+                         f"{fair} (value per node below the pool's price {price:g})")
+        elif taken < upper:
             parts.append("the pool is full" + (
                 " (even the guarantees wait for drains)" if granted_total >= capacity
                 and guaranteed < min(m.guaranteed_nodes, upper) else
@@ -308,7 +338,7 @@ def _grant(m: MemberNeed, taken: int, keys: list[tuple[int, int, int, float, int
     elif taken > m.current:
         parts.append(f"{taken - m.current} new, cold start {m.cold_start_seconds:g} s")
     return Grant(name=m.name, nodes=taken, need=m.need, current=m.current, guaranteed=guaranteed,
-                 busy=busy, margin=margin, held=held, reason="; ".join(parts))
+                 busy=busy, margin=margin, held=held, reason="; ".join(parts), priced_out=priced)
 
 
 def member_budgets(decision: PoolDecision, members: Sequence[MemberNeed] = ()) -> dict[str, int]:
@@ -321,7 +351,10 @@ def member_budgets(decision: PoolDecision, members: Sequence[MemberNeed] = ()) -
     n = len(decision.grants)
     extra = decision.idle_nodes_now // n if n else 0
     caps = {m.name: m.cap_nodes for m in members if m.cap_nodes is not None}
-    return {g.name: min(g.holdable + extra, caps.get(g.name, g.holdable + extra))
+    # a member whose surplus was priced out gets none of the idle nodes (its planner would
+    # take them: they are the nodes the price left idle)
+    return {g.name: min(g.holdable + (0 if g.priced_out else extra),
+                        caps.get(g.name, g.holdable + extra))
             for g in decision.grants}
 
 

@@ -69,9 +69,11 @@ class _Meeting:
     """Where the members' threads meet at each tick: the pool's grant at tick ``t`` is
     solved once every member still running has stated its need for ``t`` (or later)."""
 
-    def __init__(self, names: Sequence[str], pool_nodes: int, horizon_seconds: float) -> None:
+    def __init__(self, names: Sequence[str], pool_nodes: int, horizon_seconds: float,
+                 surplus_price: float = 0.0) -> None:
         self.names = list(names)
         self.pool_nodes, self.horizon = pool_nodes, horizon_seconds
+        self.surplus_price = surplus_price
         self.cond = threading.Condition()
         self.posted: dict[str, tuple[float, MemberNeed]] = {}
         self.done: set[str] = set()
@@ -89,7 +91,8 @@ class _Meeting:
                 if all(n in self.posted and self.posted[n][0] >= t - 1e-6 for n in live):
                     needs = [self.posted[n][1] for n in live]
                     self.decisions[t] = solve_pool(needs, pool_nodes=self.pool_nodes,
-                                                   horizon_seconds=self.horizon)
+                                                   horizon_seconds=self.horizon,
+                                                   surplus_price=self.surplus_price)
                     self.cond.notify_all()
                     break
                 self.cond.wait()
@@ -115,6 +118,9 @@ class PooledController:
     guaranteed_nodes: int
     cap_nodes: int
     grants: list[dict[str, Any]] = field(default_factory=list)
+    #: diagnostics: also probe what the member's planner would command alone on this many
+    #: nodes (its even split's share) each tick, recorded in ``grants`` (None: not probed)
+    split_cap: int | None = None
 
     def __call__(self, obs: Observation) -> tuple[int, int, int, int]:
         inner = self.inner
@@ -123,6 +129,7 @@ class PooledController:
         def stepper(config: PlannerConfig, history: History) -> tuple[Decision, History]:
             return inner.plan(obs, config, history)
 
+        probe_history = inner.history
         probe = member_need(self.name, obs, config=cfg, history=inner.history, stepper=stepper,
                             priority=self.priority, guaranteed_nodes=self.guaranteed_nodes,
                             cap_nodes=self.cap_nodes)
@@ -131,9 +138,25 @@ class PooledController:
                                                         history=inner.history, stepper=stepper)
         inner.decisions.append(inner.history.decisions[-1].explanation)
         grant = decision.grant(self.name)
-        self.grants.append({"t": round(obs.now_seconds, 1), "granted": grant.nodes,
-                            "budget": budget, "need": grant.need, "held": grant.current,
-                            "reason": grant.reason})
+        kp, kd = cfg.nodes_per_instance
+        alone = probe.alone
+        row = {"t": round(obs.now_seconds, 1), "granted": grant.nodes,
+               "budget": budget, "need": grant.need, "held": grant.current,
+               "commanded": command.prefill * kp + command.decode * kd,
+               "desired": alone.desired[0] * kp + alone.desired[1] * kd,
+               "lead_need": alone.lead_need[0] * kp + alone.lead_need[1] * kd,
+               "busy": probe.need.busy, "reason": grant.reason,
+               "measured": [r.fresh(obs.now_seconds, cfg.max_age_seconds)
+                            if r is not None else None
+                            for r in (obs.ttft_at_percentile_seconds, obs.tpot_at_percentile_seconds)]}
+        if self.split_cap is not None:
+            at_split, _ = stepper(replace(cfg, nodes=self.split_cap), probe_history)
+            row["alone_at_split"] = at_split.prefill * kp + at_split.decode * kd
+            row["split_pred"] = (round(at_split.predicted_ttft_seconds, 3),
+                                 round(at_split.predicted_tpot_seconds, 4), at_split.shortfall)
+            row["alone_pred"] = (round(alone.predicted_ttft_seconds, 3),
+                                 round(alone.predicted_tpot_seconds, 4), alone.shortfall)
+        self.grants.append(row)
         return (command.prefill, command.decode, command.switch_to_prefill,
                 command.switch_to_decode)
 
@@ -159,8 +182,9 @@ def _check(members: Sequence[PoolMemberSetup], pool_nodes: int) -> None:
 
 
 def _run_joint(members: Sequence[PoolMemberSetup], pool_nodes: int, horizon_seconds: float,
-               oracle: bool) -> tuple[list[SimResult], list[PooledController], list[ReplaySetup]]:
-    meeting = _Meeting([m.name for m in members], pool_nodes, horizon_seconds)
+               oracle: bool, probe_split: bool = False,
+               surplus_price: float = 0.0) -> tuple[list[SimResult], list[PooledController], list[ReplaySetup]]:
+    meeting = _Meeting([m.name for m in members], pool_nodes, horizon_seconds, surplus_price)
     shares = even_split([m.name for m in members], pool_nodes)
     setups, controllers, starts = [], [], []
     for m in members:
@@ -171,8 +195,9 @@ def _run_joint(members: Sequence[PoolMemberSetup], pool_nodes: int, horizon_seco
         start = initial_fleet(start_setup.knowing_the_fleet() if oracle else start_setup, m.history)
         inner = planner_controller(s, "oracle" if oracle else "pdscale", m.history)
         setups.append(replace(s, planner=replace(s.planner, nodes=pool_nodes)))
-        controllers.append(PooledController(m.name, inner, meeting, m.priority,
-                                            m.guaranteed_nodes, cap))
+        controllers.append(PooledController(
+            m.name, inner, meeting, m.priority, m.guaranteed_nodes, cap,
+            split_cap=min(shares[m.name], cap) if probe_split else None))
         starts.append(start)
     results: list[SimResult | None] = [None] * len(members)
 
@@ -233,9 +258,16 @@ def run_pool(
     pool_nodes: int,
     policy: str,
     horizon_seconds: float = 1800.0,
+    probe_split: bool = False,
+    surplus_price: float = 0.0,
 ) -> dict[str, Any]:
     """Replay every member's trace under ``policy`` (:data:`POOL_POLICIES`) on one pool of
-    ``pool_nodes`` nodes; the report per member and in total (JSON-ready)."""
+    ``pool_nodes`` nodes; the report per member and in total (JSON-ready).
+
+    ``surplus_price``: the joint grant's price of a node beyond a member's fair share
+    (:func:`pdscale.planner.pool.solve_pool`). ``probe_split`` (pooled and oracle; diagnostics, one more plan per member and tick): each
+    grant row also says what the member's planner would command alone on its even share
+    (``alone_at_split``), from the same memory."""
     _check(members, pool_nodes)
     if policy not in POOL_POLICIES:
         raise ValueError(f"policy must be one of {POOL_POLICIES}, got {policy!r}")
@@ -255,7 +287,9 @@ def run_pool(
                                "total": total, **peak}
     else:
         results_, controllers, setups_ = _run_joint(members, pool_nodes, horizon_seconds,
-                                                    oracle=policy == "oracle")
+                                                    oracle=policy == "oracle",
+                                                    probe_split=probe_split,
+                                                    surplus_price=surplus_price)
         rows = []
         for m, r, c, s in zip(members, results_, controllers, setups_, strict=True):
             report = summarize(s, policy, r)
@@ -266,6 +300,7 @@ def run_pool(
                              for g, why in zip(c.grants, c.inner.decisions, strict=False)]})
         out = {"policy": policy, "pool_nodes": pool_nodes, "members": rows,
                "total": _totals(rows), **_pool_usage(results_, setups_)}
+    out["surplus_price"] = surplus_price
     out["wall_seconds"] = round(time.perf_counter() - started, 2)
     return out
 

@@ -196,10 +196,13 @@ def test_validation_of_members():
         solve_pool([m("a", (-1, 1))], pool_nodes=5)
 
 
-def _milp_value(members: list[MemberNeed], pool: int, horizon: float) -> tuple[float, float]:
+def _milp_value(members: list[MemberNeed], pool: int, horizon: float,
+                price: float = 0.0) -> tuple[float, float]:
     """The optimum of the integer programme (binary x per node, prefix-ordered, one capacity
     row) for a value strictly increasing in the key, and the greedy's value under it."""
-    keyed = [node_keys(x, pool, horizon) for x in members]
+    fair = even_split([x.name for x in members], pool)
+    keyed = [node_keys(x, pool, horizon, fair_nodes=fair[x.name], surplus_price=price)
+             for x in members]
     order = sorted({k for keys in keyed for k in keys})
     weight = {k: float(i + 1) for i, k in enumerate(order)}  # increasing in the key
     cols = [(i, j) for i, keys in enumerate(keyed) for j in range(len(keys))]
@@ -217,7 +220,7 @@ def _milp_value(members: list[MemberNeed], pool: int, horizon: float) -> tuple[f
     res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
                bounds=Bounds(0, 1), integrality=np.ones(len(cols)))
     assert res.success
-    d = solve_pool(members, pool_nodes=pool, horizon_seconds=horizon)
+    d = solve_pool(members, pool_nodes=pool, horizon_seconds=horizon, surplus_price=price)
     greedy = sum(weight[keyed[i][j]] for i, g in enumerate(d.grants) for j in range(g.nodes))
     return -float(res.fun), greedy
 
@@ -282,3 +285,82 @@ def test_an_addition_waits_for_the_drain_of_the_role_given_up():
     assert admit_within((8, 2), (12, 3), 10) == ((8, 2), (0, 0))
     # the larger addition is cut first
     assert admit_within((6, 6), (4, 3), 10) == ((6, 4), (0, 0))  # +2P+3D: D cut, then the tie
+
+
+# -- the surplus price: a node beyond a member's fair share must be worth its node-hours -----
+
+def test_surplus_beyond_the_fair_share_is_priced_out_and_left_idle():
+    # a needs 16 of a pool of 20 whose fair share is 10 each; b needs 2: at price 0 a takes
+    # 16 (the idle nodes b leaves); at 0.5 the nodes whose value falls below it stay idle
+    a, b = m("a", (8, 8), busy=(3.0, 3.0)), m("b", (1, 1))
+    assert grants(solve_pool([a, b], pool_nodes=20)) == {"a": 16, "b": 2}
+    d = solve_pool([a, b], pool_nodes=20, surplus_price=0.5)
+    # nodes 11, 12 of a: margin filled 4/10, 5/10, new (cold start 300 s of 1800): values
+    # 0.6 * 5/6 = 0.5 (kept), 0.5 * 5/6 = 0.42 (priced out with the 4 after it)
+    assert grants(d) == {"a": 11, "b": 2}
+    assert d.grant("a").priced_out == 5 and d.grant("b").priced_out == 0
+    assert "5 more not worth their node-hours beyond its fair share of 10" in d.grant("a").reason
+    assert d.free_nodes == 7
+    # the idle nodes are not handed to a as budget (its planner would take them back)
+    assert member_budgets(d)["a"] == 11
+    assert member_budgets(d)["b"] == 2 + d.idle_nodes_now // 2
+
+
+def test_fluid_demand_and_guarantees_are_never_priced():
+    # beyond the fair share but within the fluid demand (its queue would grow without bound)
+    # or the guarantee: granted even at the highest price
+    a = m("a", (8, 8), busy=(7.0, 7.0))
+    d = solve_pool([a, m("b", (1, 1))], pool_nodes=20, surplus_price=1.0)
+    assert grants(d)["a"] == 14
+    g = m("g", (8, 8), g=13)
+    d = solve_pool([g, m("b", (1, 1))], pool_nodes=20, surplus_price=1.0)
+    assert grants(d)["g"] == 13
+
+
+def test_a_kept_surplus_node_is_worth_more_than_a_new_one():
+    # the cold start is priced as before: a surplus node the member holds costs no warm-up,
+    # so at the same price it keeps nodes it would not be granted anew
+    new = solve_pool([m("a", (8, 8), busy=(3.0, 3.0)), m("b", (1, 1))], pool_nodes=20,
+                     surplus_price=0.55)
+    kept = solve_pool([m("a", (8, 8), busy=(3.0, 3.0), cur=(6, 6)), m("b", (1, 1))],
+                      pool_nodes=20, surplus_price=0.55)
+    assert grants(new)["a"] == 10 and grants(kept)["a"] == 11
+
+
+def test_priorities_still_decide_when_the_pool_is_full():
+    # the price only leaves surplus idle; what is granted keeps the priority order: high's
+    # need within its fair share comes before low's
+    members = [m("low", (6, 6), prio=1, cur=(6, 6)), m("high", (8, 8), prio=100, busy=(2.0, 2.0))]
+    d = solve_pool(members, pool_nodes=20, surplus_price=0.5)
+    assert grants(d)["high"] >= 10
+    assert sum(grants(d).values()) <= 20
+    assert grants(d)["low"] == 20 - grants(d)["high"] or d.grant("low").priced_out > 0
+
+
+def test_surplus_price_validation():
+    with pytest.raises(ValueError, match="surplus_price"):
+        solve_pool([m("a", (1, 1))], pool_nodes=4, surplus_price=1.5)
+
+
+def test_greedy_is_the_milp_optimum_with_a_price():
+    rng = random.Random(7)
+    for _ in range(30):
+        n = rng.randint(1, 4)
+        pool = rng.randint(0, 24)
+        price = rng.choice([0.2, 0.5, 0.8])
+        members = [m(f"m{i}", (p := rng.randint(0, 8), rng.randint(0, 8)), prio=rng.randint(0, 2),
+                     target=(p + rng.randint(0, 2), 0),
+                     g=rng.randint(0, pool // n), cur=(rng.randint(0, 5), rng.randint(0, 5)),
+                     busy=(rng.uniform(0, 4), rng.uniform(0, 4)),
+                     warm=(rng.uniform(0, 900), rng.uniform(0, 900)), draining=rng.randint(0, 1))
+                   for i in range(n)]
+        best, greedy = _milp_value(members, pool, 1800.0, price)
+        assert greedy == pytest.approx(best)
+        d = solve_pool(members, pool_nodes=pool, surplus_price=price)
+        fair = even_split([x.name for x in members], pool)
+        for x, gr in zip(members, d.grants, strict=True):
+            # every node granted beyond the fair share, fluid demand and guarantee is worth
+            # the price (its value, cold start priced, at least the price)
+            free = max(fair[x.name], x.busy, min(x.guaranteed_nodes, x.need))
+            keys = node_keys(x, pool, 1800.0)  # unpriced: the values as before
+            assert all(keys[j][3] >= price for j in range(free, gr.nodes))
