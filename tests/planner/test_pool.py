@@ -364,3 +364,22 @@ def test_greedy_is_the_milp_optimum_with_a_price():
             free = max(fair[x.name], x.busy, min(x.guaranteed_nodes, x.need))
             keys = node_keys(x, pool, 1800.0)  # unpriced: the values as before
             assert all(keys[j][3] >= price for j in range(free, gr.nodes))
+
+
+def test_price_zero_grants_as_before():
+    # off by default: at price 0 no node is priced out, every member's keys are the
+    # unpriced ones and the budgets keep their share of the idle nodes
+    rng = random.Random(13)
+    for _ in range(30):
+        n = rng.randint(1, 4)
+        pool = rng.randint(0, 30)
+        members = [m(f"m{i}", (rng.randint(0, 10), rng.randint(0, 10)), prio=rng.randint(0, 2),
+                     cur=(rng.randint(0, 6), rng.randint(0, 6)),
+                     busy=(rng.uniform(0, 4), rng.uniform(0, 4))) for i in range(n)]
+        fair = even_split([x.name for x in members], pool)
+        for x in members:
+            assert node_keys(x, pool, 1800.0, fair_nodes=fair[x.name]) == node_keys(x, pool, 1800.0)
+        d = solve_pool(members, pool_nodes=pool)
+        assert all(g.priced_out == 0 for g in d.grants)
+        extra = d.idle_nodes_now // n
+        assert member_budgets(d) == {g.name: g.holdable + extra for g in d.grants}
