@@ -287,17 +287,23 @@ class _Outcome:
     switched: tuple[int, int]
 
 
+def _rounded(x: np.ndarray, H: int) -> np.ndarray:
+    """The solver's actions as whole instances: adds and switches up, removals down (never
+    fewer instances than the solution asked for); shortfalls stay continuous."""
+    x = np.round(x, 6)
+    for r in (0, 1):
+        for kind in (_ADD, _SW):
+            x[_cols(r, kind, H)] = np.ceil(x[_cols(r, kind, H)] - 1e-6)
+        x[_cols(r, _REM, H)] = np.floor(x[_cols(r, _REM, H)] + 1e-6)
+    return x
+
+
 def _outcome(program: _Program, timing: _Timing, x: np.ndarray) -> _Outcome:
     """Round the solver's actions to whole instances (adds and switches up, removals down:
     never fewer than the solution asked for) and count what serves, what is committed, what
     is short and what is provisioned per interval."""
     H = timing.landing.shape[1]
-    x = np.round(x, 6)
-    for r in (0, 1):
-        for kind in (_ADD, _SW, _REM):
-            x[_cols(r, kind, H)] = np.ceil(x[_cols(r, kind, H)] - 1e-6) if kind != _REM else np.floor(
-                x[_cols(r, kind, H)] + 1e-6
-            )
+    x = _rounded(x, H)
     serve = np.array([timing.ready[r] + timing.landing[r] + program.serving[r] @ x for r in (0, 1)])
     comm = np.array([timing.committed0[r] + program.committed[r] @ x for r in (0, 1)])
     provisioned = program.base_provisioned + program.provisioned @ x
@@ -323,7 +329,10 @@ def _solve(
 ) -> tuple[np.ndarray | None, str]:
     """LP relaxation first: the constraint rows are cumulative sums over time (interval
     matrices), so the LP optimum is integral in practice and costs a few ms. Only when it is
-    not, fall back to branch and bound under a time limit."""
+    not, fall back to branch and bound under a time limit. When that finds no integral plan
+    in time (a busy host: the limit is wall time), the relaxation rounded as ``_outcome``
+    rounds it, but only if it keeps every row (the node budget first): rounding adds up can
+    ask for more nodes than the budget holds, and no plan (the caller holds) is safer."""
     cons = LinearConstraint(A, lo, hi)
     bounds = Bounds(np.zeros(len(c)), ub)
     lp = milp(c, constraints=cons, bounds=bounds)
@@ -336,4 +345,8 @@ def _solve(
                options={"time_limit": time_limit})
     if res.x is not None:
         return res.x, "milp"
-    return lp.x, "lp-rounded"
+    rounded = _rounded(lp.x, len(c) // (2 * _KINDS))
+    ax = A @ rounded
+    if np.all(ax >= lo - 1e-6) and np.all(ax <= hi + 1e-6):
+        return lp.x, "lp-rounded"
+    return None, f"no whole-instance plan within the solver's {time_limit:g} s ({res.message})"
