@@ -26,12 +26,22 @@ lint: setup
 # fleet, and spends its time waiting on load phases played in real time (a fraction of a core
 # each: docs/develop/index.md, Test tiers), so two side by side keep the slack they have alone. Both tiers run
 # even when the first fails, so that one report says everything that failed.
+# TIERS=side-by-side runs the e2e tier beside tests/ rather than after it (its report in
+# out/test-e2e.log, printed after tests/'s): e2e/ holds 0.6 of a core, so together they fit on
+# two cores, and the run takes as long as the longer tier instead of the sum of both.
 E2E_WORKERS ?= 2
+TIERS ?= one-after-the-other
 test: lint dynamo-venv aiperf-venv
 	export PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
 	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh); \
-	$(VENV)/bin/pytest tests --durations=30; tiers=$$?; \
-	$(VENV)/bin/pytest e2e -n $(E2E_WORKERS) --dist loadfile --durations=30 || tiers=1; \
+	e2e() { $(VENV)/bin/pytest e2e -n $(E2E_WORKERS) --dist loadfile --durations=30; }; \
+	case "$(TIERS)" in \
+	side-by-side) mkdir -p out; e2e > out/test-e2e.log 2>&1 & e2e_pid=$$!; \
+	  $(VENV)/bin/pytest tests --durations=30; tiers=$$?; \
+	  wait $$e2e_pid || tiers=1; echo "[test] the e2e tier, run beside tests/:"; cat out/test-e2e.log ;; \
+	one-after-the-other) $(VENV)/bin/pytest tests --durations=30; tiers=$$?; e2e || tiers=1 ;; \
+	*) echo "TIERS is side-by-side or one-after-the-other, not $(TIERS)" >&2; exit 2 ;; \
+	esac; \
 	exit $$tiers
 
 # The pure tier alone: no control plane, no Prometheus, no live engines (tests/ minus the

@@ -7,8 +7,13 @@ import signal
 import time
 
 import aiohttp
+import pytest
 
 from pdscale.testbed.loadgen import RequestSpec, send_one
+
+# live engine processes timed on the wall clock: out of make test-fast (its pure tier has no
+# live engines), in make test
+pytestmark = pytest.mark.slow
 
 
 def long_request(tokens_out: int) -> RequestSpec:

@@ -41,6 +41,7 @@ def _planner(kube: FakeKube, name: str) -> dict:
     return ((kube.get("PDCluster", NS, name) or {}).get("status") or {}).get("planner") or {}
 
 
+@pytest.mark.slow  # real servers and ticks on the wall clock (~20 s): out of make test-fast
 def test_a_hostile_prometheus_delays_neither_the_loop_nor_another_pdclusters_plan(loopback_allowed):
     healthy = ThreadingHTTPServer(("127.0.0.1", 0), HealthyPrometheus)
     threading.Thread(target=healthy.serve_forever, daemon=True).start()
@@ -110,6 +111,7 @@ def _bounded_tick(loop: PlannerLoop) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.slow  # real servers and ticks on the wall clock (~20 s): out of make test-fast
 def test_slow_pdclusters_hold_at_most_their_share_of_the_workers(loopback_allowed):
     # however many tenants point at a server that never answers, the others find a worker
     healthy = ThreadingHTTPServer(("127.0.0.1", 0), HealthyPrometheus)
