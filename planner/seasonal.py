@@ -340,7 +340,8 @@ class SeasonalProfile:
         pos = np.mod(t, DAY_SECONDS) / self.bucket_seconds - 0.5
         idx = np.arange(per_day, dtype=float)
         out: np.ndarray = np.interp(pos, idx, np.asarray(self.index), period=per_day)
-        return out * self.weekly_at(t)
+        weekly: np.ndarray = out * self.weekly_at(t)
+        return weekly
 
     def weekly_at(self, unix_seconds: np.ndarray | Sequence[float]) -> np.ndarray:
         """The day-of-week factor at each time: its weekday's, passing linearly to the next
