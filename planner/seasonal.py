@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -249,8 +250,10 @@ def _relative_levels(day_ids: np.ndarray, levels: np.ndarray) -> np.ndarray:
     of it (itself included): the day's level against its own week's, so that growth or a
     busier week is not read as a weekday."""
     logs = np.log(levels)
-    near = np.abs(day_ids[:, None] - day_ids[None, :]) <= 3
-    out: np.ndarray = logs - np.nanmedian(np.where(near, logs[None, :], np.nan), axis=1)
+    lo = np.searchsorted(day_ids, day_ids - 3, side="left")  # day_ids ascend
+    hi = np.searchsorted(day_ids, day_ids + 3, side="right")
+    values = logs.tolist()
+    out: np.ndarray = logs - np.array([statistics.median(values[a:b]) for a, b in zip(lo, hi, strict=True)])
     return out
 
 
