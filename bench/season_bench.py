@@ -39,6 +39,7 @@ from rich.table import Table
 
 from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, season_before, start_from
 from pdscale.planner.replay.traces import read_mooncake, read_rate_series, synthesize_from_rates
+from pdscale.planner.seasonal import MAX_DAYS
 from pdscale.replay import configure, read_spec
 from pdscale.replay_setup import router_admission, routing
 
@@ -50,6 +51,14 @@ OUT = Path(__file__).parents[1] / "out"
 DAY = 86400.0
 #: the history before the scored day: one warm-up (the profile's 600 s)
 LEAD_IN = 600.0
+#: the arms: (PlannerConfig.seasonality, PlannerConfig.weekly_seasonality). "with" is Auto as
+#: shipped (the daily profile, the day-of-week factor where the memory's own held-out
+#: midnights say it helps); "daily" the daily profile alone; "weekly" the factor always
+ARMS = {"without": (False, "off"), "daily": (True, "off"), "with": (True, "auto"),
+        "weekly": (True, "on")}
+#: the forecast-only mode's midnight origins: every minute of the scored day's last 20
+#: (those whose lead crosses into the next day, where the weekly factor acts)
+MIDNIGHT_MINUTES = 20
 
 
 def gaps_filled(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -73,14 +82,16 @@ def one_day(series: list[tuple[float, float]], day: int, lengths: Any) -> Any:
     return synthesize_from_rates(windows, lengths, name=f"day{day}", seed=day)
 
 
-def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, on: bool,
-                 seed: int) -> dict[str, float]:
+def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, arm: str,
+                 seed: int) -> dict[str, Any]:
     """The planner's prefill rate forecast at the lead over one day, without the simulator:
     per-minute observed rates (Poisson counts at the windows' rates), the planner's own
     ``_lead_forecast`` from each ten-minute origin with one day of minutes as its history
     and the earlier days as its seasonal memory, against the true rate at the lead.
     Returns the share of origins forecast under the truth (what costs SLO)
-    and the mean forecast over the truth (what costs GPU-hours)."""
+    and the mean forecast over the truth (what costs GPU-hours); and the same with the
+    mean absolute log error over the midnight origins (every minute of the day's last
+    ``MIDNIGHT_MINUTES``, the next day's first minutes at the lead; none on the last day)."""
     import numpy as np
 
     from pdscale.planner.history import History
@@ -94,25 +105,52 @@ def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, on
     def true(t: float) -> float:
         return rate_at.get(math.floor(t / step) * step, 0.0)
 
-    minutes = np.arange((day - 1) * DAY, (day + 1) * DAY, dt)
+    on, weekly = ARMS[arm]
+    cfg = replace(config, seasonality=on, weekly_seasonality=weekly, clock_origin_unix_seconds=0.0)
+    lead = lead_intervals(cfg)
+    H = cfg.horizon_intervals
+    end = min((day + 1) * DAY + (H + 1) * dt, series[-1][0] + step)
+    minutes = np.arange((day - 1) * DAY, end, dt)
     truth = np.array([true(t) for t in minutes])
     observed = rng.poisson(truth * dt) / dt
     memory = season_before(series, unix_start=0.0, until_unix=day * DAY)
-    cfg = replace(config, seasonality=on, clock_origin_unix_seconds=0.0)
-    lead = lead_intervals(cfg)
-    H = cfg.horizon_intervals
-    under, ratio = [], []
-    for k in range(int(DAY / dt), len(minutes) - H, int(600 / dt)):
-        now = minutes[k] + dt  # the minute k just ended
-        if truth[k] <= 0 or truth[k + lead] <= 0:
-            continue  # a gap in the released data: no truth to score against
-        seen = [float(x) for x in observed[k - int(DAY / dt) + 1 : k + 1]]
-        rates = forecast_rates(cfg, seen, History(season=memory), now)
-        actual = truth[k + lead]
-        under.append(rates[lead - 1] < actual)
-        ratio.append(rates[lead - 1] / actual)
+    per_day = int(DAY / dt)
+
+    def score(origins: Any) -> tuple[list[bool], list[float]]:
+        under, ratio = [], []
+        for k in origins:
+            if k + H >= len(minutes):
+                continue
+            now = minutes[k] + dt  # the minute k just ended
+            if truth[k] <= 0 or truth[k + lead] <= 0:
+                continue  # a gap in the released data: no truth to score against
+            seen = [float(x) for x in observed[k - per_day + 1 : k + 1]]
+            rates = forecast_rates(cfg, seen, History(season=memory), now)
+            actual = truth[k + lead]
+            under.append(bool(rates[lead - 1] < actual))
+            ratio.append(rates[lead - 1] / actual)
+        return under, ratio
+
+    under, ratio = score(range(per_day, 2 * per_day, int(600 / dt)))
+    m_under, m_ratio = score(range(2 * per_day - int(MIDNIGHT_MINUTES * 60 / dt), 2 * per_day))
     return {"under": float(np.mean(under)), "mean_over_truth": float(np.mean(ratio)),
-            "origins": len(under)}
+            "origins": len(under),
+            "midnight_under": float(np.mean(m_under)) if m_under else None,
+            "midnight_abs_log_error": float(np.mean(np.abs(np.log(m_ratio)))) if m_ratio else None,
+            "midnight_origins": len(m_under)}
+
+
+def weekly_used(series: list[tuple[float, float]], day: int) -> str:
+    """Whether the day-of-week factor exists for day ``day`` (on) and whether Auto uses it:
+    "auto" (learned and used), "on only" (learned, not used: the held-out midnights said
+    no), "-" (too few days)."""
+    memory = season_before(series, unix_start=0.0, until_unix=day * DAY)
+    flat = (1.0,) * 7
+    on = memory.profile(day * DAY + 1.0, weekly="on")
+    if on is None or on.weekly == flat:
+        return "-"
+    auto = memory.profile(day * DAY + 1.0, weekly="auto")
+    return "auto" if auto is not None and auto.weekly != flat else "on only"
 
 
 def forecasts(args: Any, configured: Any, console: Console) -> None:
@@ -120,22 +158,28 @@ def forecasts(args: Any, configured: Any, console: Console) -> None:
     without seasonality; a table and ``out/season_forecast.json``."""
     out: dict[str, Any] = {}
     table = Table(title="the planner's prefill forecast at the lead (11 min), ten-minute origins "
-                        "(under: share of origins forecast under the true rate; over: mean forecast / truth)")
-    for col in ("series", "day", "under without", "under with", "over without", "over with"):
+                        "(under: share of origins forecast under the true rate; over: mean forecast / "
+                        "truth); midnight: the day's last 20 one-minute origins, mean |log(forecast / "
+                        "truth)|; arms: without / daily / with (Auto) / weekly (always)")
+    for col in ("series", "day", "under", "over", "midnight |log err|", "weekly used"):
         table.add_column(col, justify="right")
+    arms = ("without", "daily", "with", "weekly")
+
+    def cells(row: dict[str, Any], key: str) -> str:
+        return " / ".join("-" if row[a][key] is None else f"{row[a][key]:.3f}" for a in arms)
+
     for name in args.series.split(","):
         raw = read_rate_series(SERIES[name])
         scale = args.peak_rps / max(r for _, r in raw)
         series = [(t, r * scale) for t, r in raw]
         out[name] = {}
         for day in (int(d) for d in args.days.split(",") if int(d) >= 1):
-            row = {label: forecast_day(series, day, configured.config, on=on, seed=day)
-                   for label, on in (("without", False), ("with", True))}
-            out[name][str(day)] = row
-            table.add_row(name, str(day), f"{row['without']['under']:.3f}",
-                          f"{row['with']['under']:.3f}",
-                          f"{row['without']['mean_over_truth']:.3f}",
-                          f"{row['with']['mean_over_truth']:.3f}")
+            scored: dict[str, Any] = {arm: forecast_day(series, day, configured.config, arm=arm,
+                                                        seed=day) for arm in arms}
+            scored["weekly_used"] = weekly_used(series, day)
+            out[name][str(day)] = scored
+            table.add_row(name, str(day), cells(scored, "under"), cells(scored, "mean_over_truth"),
+                          cells(scored, "midnight_abs_log_error"), scored["weekly_used"])
     console.print(table)
     path = OUT / "season_forecast.json"
     path.parent.mkdir(exist_ok=True)
@@ -154,8 +198,8 @@ def main() -> None:
                     help="fold these earlier outputs (runs split over processes) into --out; "
                          "with --days '' only merge and print")
     ap.add_argument("--arms", default="without,with",
-                    help="which rows to run (seasonality off and on); a row already in --out "
-                         "for another arm is kept (the off arm does not depend on the method)")
+                    help="which arms to run, of " + ",".join(ARMS) + " (ARMS); a row already in "
+                         "--out for another arm is kept (the off arm does not depend on the method)")
     ap.add_argument("--forecast-only", action="store_true",
                     help="score the planner's rate forecast at the lead on every day instead of "
                          "replaying (seconds, not hours): out/season_forecast.json")
@@ -173,8 +217,8 @@ def main() -> None:
     for other in filter(None, args.merge.split(",")):
         for name, r in json.loads(Path(other).read_text()).items():
             days = results.setdefault(name, {**r, "days": {}})["days"]
-            for day, row in r["days"].items():
-                days.setdefault(day, {}).update(row)
+            for day, got in r["days"].items():
+                days.setdefault(day, {}).update(got)
     for name in args.series.split(",") if args.days else ():
         raw = read_rate_series(SERIES[name])
         scale = args.peak_rps / max(r for _, r in raw)
@@ -184,11 +228,12 @@ def main() -> None:
             trace = one_day(series, day, lengths)
             season = season_before(series, unix_start=0.0, until_unix=day * DAY)
             row: dict[str, Any] = rows["days"].setdefault(str(day), {})
-            row.update(requests=len(trace), history_days=min(day, 14))
-            for label, on in (("without", False), ("with", True)):
+            row.update(requests=len(trace), history_days=min(day, MAX_DAYS),
+                       weekly_used=weekly_used(series, day))
+            for label, (on, weekly) in ARMS.items():
                 if label not in args.arms.split(","):
                     continue
-                planner = replace(configured.config, seasonality=on,
+                planner = replace(configured.config, seasonality=on, weekly_seasonality=weekly,
                                   clock_origin_unix_seconds=day * DAY - LEAD_IN)
                 setup = ReplaySetup(trace=trace, planner=planner, **stack,
                                     prefill_admission=router_admission(configured.spec))
@@ -209,18 +254,20 @@ def main() -> None:
     path.write_text(json.dumps(results, indent=1))
     table = Table(title=f"pdscale with and without seasonality, day by day (busiest window "
                         f"{args.peak_rps:g} req/s, TTFT 15 s, TPOT 50 ms at p99, deployed stack)")
-    for col in ("series", "day", "history days", "requests", "attain. without", "attain. with",
-                "d pp", "GPU-h without", "GPU-h with", "d GPU-h %"):
+    for col in ("series", "day", "history days", "weekly", "requests",
+                *(f"{arm}: attain. / GPU-h" for arm in ARMS), "with - without"):
         table.add_column(col, justify="right")
     for name, r in results.items():
         for day, row in sorted(r["days"].items(), key=lambda kv: int(kv[0])):
-            if "without" not in row or "with" not in row:
-                continue
-            a0, a1 = row["without"]["slo_attainment"], row["with"]["slo_attainment"]
-            g0, g1 = row["without"]["gpu_hours"], row["with"]["gpu_hours"]
-            table.add_row(name, day, str(row["history_days"]), f"{row['requests']:,}", f"{a0:.4f}",
-                          f"{a1:.4f}", f"{100 * (a1 - a0):+.2f}", f"{g0:.1f}", f"{g1:.1f}",
-                          f"{100 * (g1 / g0 - 1):+.1f}" if g0 else "-")
+            arms = [f"{100 * row[a]['slo_attainment']:.2f}% / {row[a]['gpu_hours']:.1f}"
+                    if a in row else "-" for a in ARMS]
+            diff = "-"
+            if "without" in row and "with" in row:
+                a0, a1 = row["without"]["slo_attainment"], row["with"]["slo_attainment"]
+                g0, g1 = row["without"]["gpu_hours"], row["with"]["gpu_hours"]
+                diff = f"{100 * (a1 - a0):+.2f} pp / {100 * (g1 / g0 - 1):+.1f}%" if g0 else "-"
+            table.add_row(name, day, str(row["history_days"]), row.get("weekly_used", "?"),
+                          f"{row['requests']:,}", *arms, diff)
     console.print(table)
     console.print(f"wrote {path}")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from .forecast import METHODS
 from .model import PerformanceModel, Slo
 from .schedule import ScheduledFloor
+from .seasonal import WEEKLY_MODES
 
 #: HPA's default scale-down stabilization window, for engines that start in seconds
 HPA_SCALE_DOWN_WINDOW_SECONDS = 300.0
@@ -131,6 +132,10 @@ class PlannerConfig:
     #: the time forecast. No earlier whole day known: exactly the plain forecast.
     #: ``spec.planner.seasonality`` (Auto: True, Off: False)
     seasonality: bool = True
+    #: the day-of-week factor on top of the daily profile (``seasonal.WEEKLY_MODES``): auto
+    #: uses it only where it forecast the memory's own held-out midnights better; on, off
+    #: (the benches' arms). Needs ``seasonal.WEEKLY_MIN_DAYS`` earlier days.
+    weekly_seasonality: str = "auto"
     #: cost of one instance missing for one interval, in instance-intervals of GPU time
     shortfall_penalty: float = 1000.0
     #: extra cost of a role switch, in multiples of its idle (drain + warm-up) node time
@@ -288,6 +293,9 @@ def _validate(cfg: PlannerConfig) -> None:
     if cfg.forecast_method not in METHODS:
         raise ValueError(
             f"{owner}.forecast_method must be one of {METHODS}, got {cfg.forecast_method!r}")
+    if cfg.weekly_seasonality not in WEEKLY_MODES:
+        raise ValueError(f"{owner}.weekly_seasonality must be one of {WEEKLY_MODES}, "
+                         f"got {cfg.weekly_seasonality!r}")
     if cfg.prefill_queue not in PREFILL_QUEUES:
         raise ValueError(
             f"{owner}.prefill_queue must be one of {PREFILL_QUEUES}, got {cfg.prefill_queue!r}")

@@ -16,6 +16,7 @@ from .needs import _Needs
 from .observe import Observation, Role
 from .program import _Outcome
 from .schedule import ScheduledFloor, floor_at
+from .seasonal import WEEKDAYS
 from .timing import _Timing
 
 
@@ -227,8 +228,12 @@ def _risk_clauses(risk: tuple[LeadRisk, LeadRisk] | None) -> list[str]:
         if r.quantile <= 0 or r.at_lead_rps <= r.base_rps * 1.005:
             continue
         why = []
-        if r.season_days and abs(r.seasonal - 1.0) > 0.005:
-            why.append(f"x{r.seasonal:.2f} by the time of day over {r.season_days} earlier day(s)")
+        daily = r.seasonal / r.weekly
+        if r.season_days and abs(daily - 1.0) > 0.005:
+            why.append(f"x{daily:.2f} by the time of day over {r.season_days} earlier day(s)")
+        if r.season_weeks and abs(r.weekly - 1.0) > 0.005:
+            why.append(f"x{r.weekly:.2f} for a {WEEKDAYS[r.weekday]} over {r.season_weeks} "
+                       f"earlier week(s)")
         if r.carried:
             why.append(f"rising: the ramp carried to the lead, at most x{r.bound:.2f}")
         elif r.margin > 1.0 + 1e-9:

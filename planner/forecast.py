@@ -54,6 +54,11 @@ class LeadRisk:
     seasonal: float = 1.0
     #: earlier days the profile was learned from (0: none, the plain forecast)
     season_days: int = 0
+    #: the day-of-week factor's part of ``seasonal`` (1: none, or no midnight within the lead)
+    weekly: float = 1.0
+    #: the weekday at the lead (Monday 0) and the earlier days of it the factor is learned from
+    weekday: int = 0
+    season_weeks: int = 0
 
 
 def _known(history: Sequence[float | None]) -> list[float]:

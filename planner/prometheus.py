@@ -692,8 +692,8 @@ def read_rate_history(client: RangeClient, query: str, *, now_seconds: float, da
     far back as the server's retention holds (it answers what it has). What the seasonal
     memory is seeded with on a first plan (``seasonal.SeasonalMemory.with_earlier``).
 
-    Bounded: at most ``days * 86400 / step`` + 1 points (2,017 for 14 days of ten minutes,
-    under Prometheus' 11,000 a series, about 60 kB), one query under the client's deadline
+    Bounded: at most ``days * 86400 / step`` + 1 points (4,033 for 28 days of ten minutes,
+    under Prometheus' 11,000 a series, about 120 kB), one query under the client's deadline
     and size cap. Steps without data are absent, never zero. Raises :class:`QueryError`
     (or the client's error) when there is no answer; an answer of more than one series is
     not the aggregate asked for and raises too."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,7 +69,7 @@ from .observe import (
     unusable,
 )
 from .program import _outcome, _program, _scale_down_floor, _solve
-from .seasonal import seasonal_factors
+from .seasonal import seasonal_factors, seasonal_times, weekday
 from .timing import _intervals, _timing
 
 __all__ = ["History", "PlannerConfig", "current_load", "forecast_rates", "plan", "recalibrate",
@@ -428,21 +429,35 @@ def _observed_load(observation: Observation, cfg: PlannerConfig, history: Histor
                         last_known=last_known)
 
 
-#: the seasonal index of the past intervals, of the horizon's, and the days it is learned from
-Season = tuple[np.ndarray, np.ndarray, int]
+class Season(NamedTuple):
+    """The seasonal index of the past intervals and of the horizon's (daily profile times the
+    day-of-week factor), the earlier days the daily profile is learned from (0: flat), and
+    the weekly factor alone: at the last past interval, over the horizon, the weekday of each
+    interval of the horizon (Monday 0) and the earlier days of each weekday it is learned from."""
+
+    back: np.ndarray
+    ahead: np.ndarray
+    days: int
+    week_now: float = 1.0
+    week_ahead: np.ndarray | None = None
+    weekday_ahead: tuple[int, ...] = ()
+    weeks: tuple[int, ...] = (0,) * 7
 
 
 def _season(cfg: PlannerConfig, history: History, now: float, past: int, H: int) -> Season | None:
-    """The daily profile's index over ``past`` intervals up to ``now`` and ``H`` from it
+    """The seasonal index over ``past`` intervals up to ``now`` and ``H`` from it
     (:mod:`.seasonal`); None when seasonality is off or no earlier whole day is known."""
     if not cfg.seasonality:
         return None
     unix = cfg.clock_origin_unix_seconds + now
-    profile = history.season.profile(unix)
+    profile = history.season.profile(unix, weekly=cfg.weekly_seasonality)
     if profile is None:
         return None
     back, ahead = seasonal_factors(profile, unix, cfg.interval_seconds, past, H)
-    return back, ahead, profile.days
+    t_back, t_ahead = seasonal_times(unix, cfg.interval_seconds, past, H)
+    return Season(back, ahead, profile.days, week_now=float(profile.weekly_at(t_back[-1:])[0]),
+                  week_ahead=profile.weekly_at(t_ahead),
+                  weekday_ahead=tuple(weekday(float(t)) for t in t_ahead), weeks=profile.weeks)
 
 
 def _forecast_loads(
@@ -504,14 +519,17 @@ def _lead_forecast(
     the time of day does not explain. Without ``season``, the plain forecast."""
     if season is None:
         return _plain_lead_forecast(cfg, seen, H, quantile)
-    back, ahead, days = season
+    back, ahead = season.back, season.ahead
     adjusted = [None if x is None else x / float(s) for x, s in zip(seen, back, strict=True)]
     rates, risk = _plain_lead_forecast(cfg, adjusted, H, quantile)
     rates = [r * float(s) for r, s in zip(rates, ahead, strict=True)]
     lead = min(risk.lead, H) - 1
     known = [x for x in seen[-cfg.forecast_window :] if x is not None]
+    weekly = 1.0 if season.week_ahead is None else float(season.week_ahead[lead] / season.week_now)
+    wd = season.weekday_ahead[lead] if season.weekday_ahead else 0
     return rates, replace(risk, at_lead_rps=rates[lead], base_rps=max(known) if known else 0.0,
-                          seasonal=float(ahead[lead] / back[-1]), season_days=days)
+                          seasonal=float(ahead[lead] / back[-1]), season_days=season.days,
+                          weekly=weekly, weekday=wd, season_weeks=season.weeks[wd])
 
 
 def _plain_lead_forecast(

@@ -781,9 +781,10 @@ class PlannerSpec(_Model):
     seasonality: Seasonality = Field(
         default=Seasonality.AUTO,
         description="Auto: the forecast follows the time of day as the earlier days showed it "
-        "(their daily profile, from up to 14 days of the planner's memory, seeded from "
-        "Prometheus on the first plan), the level from the last minutes; with no earlier whole "
-        "day known it is the plain forecast. Off: the plain forecast always. Quote \"Off\" in "
+        "(their daily profile, from up to 28 days of the planner's memory, seeded from "
+        "Prometheus on the first plan), the level from the last minutes; across a midnight, a "
+        "day-of-week factor where it forecast the memory's own past midnights better; with no "
+        "earlier whole day known it is the plain forecast. Off: the plain forecast always. Quote \"Off\" in "
         "YAML. See docs/seasonality.md.",
     )
     profile: str | None = Field(

@@ -455,7 +455,7 @@ class PlannerLoop:
                      history: History) -> History:
         """``history`` with its seasonal memory seeded from Prometheus: the request rate of
         the last ``MAX_DAYS`` days in ten-minute steps, one range query (``read_rate_history``:
-        at most 2,017 points, under the reader's deadline and size cap), so that a fresh
+        at most 4,033 points, under the reader's deadline and size cap), so that a fresh
         install forecasts with the time of day from its first plan, not days later. Asked once
         a process; an answer, even an empty one (a new service), marks the memory seeded and
         is saved with it; a failure is logged and the plan goes on without (the live

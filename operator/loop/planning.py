@@ -282,7 +282,7 @@ def history_to_json(history: History, last_plan_at_seconds: float | None,
 
 def season_to_json(season: SeasonalMemory) -> dict[str, Any]:
     """The seasonal memory as stored: at most ``seasonal.MAX_DAYS`` days of ten-minute rates
-    (2,016 numbers, rounded to 4 digits: about 16 kB), whatever the interval; the loads
+    (4,032 numbers, rounded to 4 digits: about 32 kB), whatever the interval; the loads
     and decisions keep their own bound (:func:`history_keep`)."""
     return {"bucketSeconds": season.bucket_seconds, "startSeconds": season.start_seconds,
             "rates": [None if r is None else round(r, 4) for r in season.rates],

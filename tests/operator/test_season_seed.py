@@ -1,5 +1,5 @@
 """A fresh install seeds the planner's seasonal memory from Prometheus on its first plan: one
-bounded range query of the request rate over the last 14 days in ten-minute steps, against a
+bounded range query of the request rate over the last 28 days in ten-minute steps, against a
 fake Prometheus on loopback; the memory keeps it (bounded) and the next plans do not ask
 again."""
 
@@ -78,13 +78,13 @@ def prometheus(monkeypatch: pytest.MonkeyPatch):
     tenant_policy.configured.cache_clear()
 
 
-def test_the_range_query_asks_fourteen_days_in_ten_minute_steps_and_skips_unknowns(prometheus):
+def test_the_range_query_asks_twenty_eight_days_in_ten_minute_steps_and_skips_unknowns(prometheus):
     points = read_rate_history(prometheus_client(prometheus), "sum(rate(x[600s]))", now_seconds=NOW,
                                days=MAX_DAYS, step_seconds=BUCKET_SECONDS)
     (asked,) = FakePrometheus.ranges
     assert asked["query"] == "sum(rate(x[600s]))" and float(asked["step"]) == 600.0
     end = math.floor(NOW / 600) * 600
-    assert float(asked["end"]) == end and float(asked["start"]) == end - 14 * DAY + 600
+    assert float(asked["end"]) == end and float(asked["start"]) == end - 28 * DAY + 600
     # what retention held, less the NaN step
     assert len(points) == RETENTION_DAYS * 144 + 1 - 1
     assert all(v > 0 for _, v in points)

@@ -93,9 +93,15 @@ def test_every_field_has_a_rule() -> None:
 
     ruled = {r[0] for r in _REAL_RULES} | {r[0] for r in _INT_RULES} | set(_BOOL_RULES)
     checked_otherwise = {"model", "slo", "forecast_method", "prefill_queue", "max_prefill",
-                         "max_decode", "nodes_per_instance", "schedules"}
+                         "max_decode", "nodes_per_instance", "schedules", "weekly_seasonality"}
     assert set(PlannerConfig.__dataclass_fields__) - checked_otherwise == ruled
     assert {n for n, _, _ in RULES} == ruled  # and each rule has a bad value tested above
+
+
+def test_the_weekly_factor_setting_is_one_of_its_modes() -> None:
+    with pytest.raises(ValueError, match=r"PlannerConfig.weekly_seasonality must be one of"):
+        make(weekly_seasonality="always")
+    assert make(weekly_seasonality="off").weekly_seasonality == "off"
 
 
 @pytest.mark.parametrize("bad", [(0, 1), (1,), (2, 1.5), [2, 4], (True, 1)])
