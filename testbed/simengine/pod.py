@@ -17,7 +17,8 @@ import os
 import sys
 from collections.abc import Mapping
 
-from .cli import engine_flags, main as sim_main
+from .cli import engine_flags
+from .cli import main as sim_main
 
 #: SGLang's flag -> the sim's, for flags taking one value that the sim reads as they are
 _SAME_VALUE = {

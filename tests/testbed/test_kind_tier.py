@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -102,6 +103,27 @@ def test_node_wrapper_module_pins_the_test_beds_kubernetes() -> None:
     assert version % pin(node_mod) in build and version % pin(bed_mod) in bed_build
     assert "-mod=readonly" in build
 
+
+#: the plugins of kubeadm v1.34's CoreDNS Corefile (cmd/kubeadm/app/phases/addons/dns/
+#: manifests.go, CoreDNSConfigMap), which kind's clusters run, by package (prometheus is the
+#: metrics plugin's directive)
+COREFILE_PLUGINS = {"errors": "errors", "health": "health", "ready": "ready",
+                    "kubernetes": "kubernetes", "prometheus": "metrics", "forward": "forward",
+                    "cache": "cache", "loop": "loop", "reload": "reload",
+                    "loadbalance": "loadbalance"}
+
+
+def test_the_coredns_wrapper_builds_the_corefiles_plugins_and_no_others() -> None:
+    wrapper = ROOT / "e2e" / "kind" / "node" / "coredns"
+    main = (wrapper / "main.go").read_text()
+    plugin = "github.com/coredns/coredns/plugin/"
+    imported = {line.split(plugin)[1].strip('"') for line in main.splitlines() if plugin in line}
+    assert imported == set(COREFILE_PLUGINS.values())
+    assert "coredns/core/plugin" not in main  # CoreDNS's every-plugin import
+    build = (ROOT / "e2e" / "kind" / "node" / "build-binaries").read_text()
+    version = re.search(r"COREDNS_VERSION=\$\{PDSCALE_COREDNS_VERSION:-(v[\d.]+)\}", build)
+    assert version and f"require github.com/coredns/coredns {version[1]}" in (wrapper / "go.mod").read_text()
+    assert f"github.com/coredns/coredns {version[1]} h1:" in (wrapper / "go.sum").read_text()
 
 # -- the serving image's engine: the operator's SGLang command read into the simulated engine's
 
