@@ -41,7 +41,7 @@ pytestmark = [
                        reason="the kind tier's cluster is not there (make e2e-kind runs this)"),
 ]
 
-NS = "kind-e2e"
+NS = "kind-e2e"  # made by e2e/kind/run, which has the operator serve it
 NAME = "sim"
 OPERATOR_NS = "pdscale"
 LEASE = "pdscale-operator-leader"
@@ -168,7 +168,6 @@ def operator_pods() -> list[dict[str, Any]]:
 def test_pdcluster_on_kind_scales_drains_and_survives_its_operator() -> None:
     image = os.environ["PDSCALE_KIND_SERVING_IMAGE"]
     node = os.environ["PDSCALE_KIND_NODE"]
-    kubectl("create", "namespace", NS)
     kubectl("apply", "-f", "-", input=yaml.safe_dump(pdcluster(image)))
 
     # 1. engine and router pods: real containers of the serving image on the kind node
