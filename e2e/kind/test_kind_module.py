@@ -6,13 +6,14 @@ electing a leader), loaded the serving image (e2e/kind/serving/build: the simula
 under SGLang's command, the real smg router, Debian's prometheus), made the node advertise
 fake 8xH200 GPUs, and started Prometheus in the cluster. Here, in order:
 
-1. a PDCluster (one prefill, one decode, planner in Recommend through that Prometheus):
+1. a PDCluster (one prefill, one decode, planner in Auto through that Prometheus):
    engine and router pods run as containers of the serving image on the kind node;
 2. load from a pod through the router's Service (kube-proxy, cluster DNS), for the whole run;
-3. decode scaled up 1 -> 2 by the spec's counts, then down 2 -> 1: the operator drains the
-   instance it removes (out of the router first, deleted once idle);
+3. decode scaled up 1 -> 2 by its minReplicas, then down 2 -> 1 by its maxReplicas: the
+   planner drains the instance it removes (DrainStarted, out of the router first, deleted once
+   idle, DrainFinished);
 4. the leading operator pod killed: the Deployment replaces it, the other replica takes the
-   Lease, and the new leader reconciles (prefill scaled 1 -> 2);
+   Lease, and the new leader acts (prefill 1 -> 2 by its bounds);
 5. the planner read Prometheus (status.planner.metrics), and Prometheus scraped the engines;
 6. the load ends: every request answered in full (0 failed).
 
@@ -101,9 +102,11 @@ def all_pods(role: str) -> list[dict[str, Any]]:
     return get("pods", "-n", NS, "-l", f"app.kubernetes.io/instance={NAME},pdscale.io/role={role}")["items"]
 
 
-def scale(role: str, replicas: int) -> None:
+def bounds(role: str, low: int, high: int) -> None:
+    """spec.<role>.minReplicas and maxReplicas: with the planner in Auto, the instances run
+    are the planner's decision raised to the minimum; a lowered maximum is met by drains."""
     kubectl("patch", "pdcluster", NAME, "-n", NS, "--type=merge",
-            "-p", json.dumps({"spec": {role: {"replicas": replicas}}}))
+            "-p", json.dumps({"spec": {role: {"minReplicas": low, "maxReplicas": high}}}))
 
 
 def prometheus_query(query: str) -> list[dict[str, Any]]:
@@ -116,7 +119,7 @@ def prometheus_query(query: str) -> list[dict[str, Any]]:
 
 
 def pdcluster(image: str) -> dict[str, Any]:
-    role = {"replicas": 1, "minReplicas": 1, "maxReplicas": 2, "warmupSeconds": 10,
+    role = {"replicas": 1, "minReplicas": 1, "maxReplicas": 1, "warmupSeconds": 10,
             "preStopDrainSeconds": 5, "terminationGracePeriodSeconds": 60}
     par = {"tensorParallelSize": 8, "dataParallelSize": 8, "expertParallelSize": 8,
            "dataParallelAttention": True}
@@ -133,20 +136,24 @@ def pdcluster(image: str) -> dict[str, Any]:
             "kvCache": {"pageSizeTokens": 64, "dtype": "FP8E4M3"},
             "kvTransfer": {"backend": "Mooncake", "bootstrapPort": 8998},
             "prefill": dict(role), "decode": dict(role),
-            "router": {"image": image, "replicas": 1, "port": 30000},
+            # admission as derived from demo-sim and a 5 s TTFT holds one request per prefill
+            # and refuses after 2 s at the router: on this loaded machine a PD round trip through
+            # real containers takes longer than the profile's, and the module asks for 0 refused
+            "router": {"image": image, "replicas": 1, "port": 30000,
+                       "admission": {"prefillInflightPerWorker": 8, "queueTimeoutSeconds": 60}},
             "slo": {"ttftMilliseconds": 5000, "tpotMilliseconds": 50, "percentile": 90},
-            "planner": {"mode": "Recommend", "profile": "demo-sim", "intervalSeconds": 15,
+            "planner": {"mode": "Auto", "profile": "demo-sim", "intervalSeconds": 10,
                         "nodeBudget": 4},
         },
     }
 
 
 def loadgen_pod(image: str) -> dict[str, Any]:
-    # chat at 2 req/s, prompts of about 100 words and answers of about 25 tokens; stops once
+    # chat at 1 req/s, prompts of about 100 words and answers of about 25 tokens; stops once
     # STOP_FILE exists, then awaits what it sent and prints its summary
     args = ["python", "-m", "pdscale.testbed.loadgen", "--url", SERVICE_URL, "--in-cluster",
             "--phases", "chat", "--phase-seconds", "1500", "--max-seconds", "1500",
-            "--rate-scale", "0.02", "--token-scale", "0.05", "--stop-file", STOP_FILE]
+            "--rate-scale", "0.01", "--token-scale", "0.05", "--stop-file", STOP_FILE]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": LOADGEN, "namespace": NS},
@@ -190,12 +197,13 @@ def test_pdcluster_on_kind_scales_drains_and_survives_its_operator() -> None:
              .get("status", {}).get("phase") == "Running", timeout=120)
     time.sleep(20)
 
-    # 3. decode 1 -> 2, then 2 -> 1: the removed instance is drained, then deleted
-    scale("decode", 2)
+    # 3. decode 1 -> 2 (its minimum raised), then 2 -> 1 (its maximum lowered): the planner
+    # drains the instance it removes (out of the router, deleted once idle)
+    bounds("decode", 2, 2)
     wait_for("two Ready decode pods", lambda: ready_pods("decode", 2), timeout=300)
     time.sleep(20)
     before = {p["metadata"]["name"] for p in pods("decode")}
-    scale("decode", 1)
+    bounds("decode", 1, 1)
     wait_for("one decode pod left (the other drained and gone)",
              lambda: len(all_pods("decode")) == 1, timeout=300)
     (kept,) = pods("decode")
@@ -214,7 +222,7 @@ def test_pdcluster_on_kind_scales_drains_and_survives_its_operator() -> None:
     wait_for("two operator pods Ready again, the killed one replaced", lambda: len(
         [p for p in operator_pods() if ready(p) and p["metadata"]["name"] != victim]) == 2,
         timeout=300)
-    scale("prefill", 2)
+    bounds("prefill", 2, 2)
     wait_for("two Ready prefill pods (the new leader reconciles)",
              lambda: ready_pods("prefill", 2), timeout=300)
     time.sleep(15)
