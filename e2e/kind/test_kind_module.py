@@ -104,9 +104,11 @@ def all_pods(role: str) -> list[dict[str, Any]]:
 
 def bounds(role: str, low: int, high: int) -> None:
     """spec.<role>.minReplicas and maxReplicas: with the planner in Auto, the instances run
-    are the planner's decision raised to the minimum; a lowered maximum is met by drains."""
+    are the planner's decision raised to the minimum; a lowered maximum is met by drains.
+    (spec.<role>.replicas, only the start in Auto, must lie within them: set to the minimum.)"""
     kubectl("patch", "pdcluster", NAME, "-n", NS, "--type=merge",
-            "-p", json.dumps({"spec": {role: {"minReplicas": low, "maxReplicas": high}}}))
+            "-p", json.dumps({"spec": {role: {"replicas": low, "minReplicas": low,
+                                                "maxReplicas": high}}}))
 
 
 def prometheus_query(query: str) -> list[dict[str, Any]]:
