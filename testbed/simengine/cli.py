@@ -204,7 +204,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         bucket_inter_token_latency=_buckets(args.bucket_inter_token_latency),
         bucket_e2e_request_latency=_buckets(args.bucket_e2e_request_latency),
         max_total_tokens=args.max_total_tokens, kv_lease_seconds=args.kv_lease_seconds,
-        request_log=args.request_log,
+        request_log=args.request_log, pod_network=args.pod_network,
     )  # fmt: skip
 
 

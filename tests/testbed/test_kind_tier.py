@@ -139,7 +139,7 @@ def _demo_spec() -> object:
 def test_the_pod_entry_reads_the_operators_sglang_command(role: str) -> None:
     from pdscale.operator.render import engines
     from pdscale.operator.render.derived import derive
-    from pdscale.testbed.simengine.cli import build_parser
+    from pdscale.testbed.simengine.cli import build_parser, config_from_args
     from pdscale.testbed.simengine.pod import sim_argv
 
     spec = _demo_spec()
@@ -148,6 +148,7 @@ def test_the_pod_entry_reads_the_operators_sglang_command(role: str) -> None:
     env = {"PDSCALE_SIM_STARTUP_SECONDS": "7", "PDSCALE_SIM_PROFILE": "demo-sim"}
     args = build_parser().parse_args(sim_argv(rendered.args, env))
     assert (args.role, args.host, args.pod_network, args.port) == (role, "0.0.0.0", True, 8000)
+    assert config_from_args(args).pod_network  # a decode fetches KV from the prefill's pod address
     assert (args.model_path, args.model_name) == ("/models/sim-model", "sim-model")
     assert (args.startup_seconds, args.profile, args.time_compression) == (7.0, "demo-sim", 1.0)
     # the SLO buckets the operator rendered reach the sim's histograms
