@@ -10,7 +10,8 @@ A request counts as failed unless it got HTTP 200, streamed exactly the requeste
 tokens and ended with ``[DONE]``: the simulated engines always generate the full length, so a
 short stream is a dropped request, not a shorter answer.
 
-Loopback only: the target URL must be a 127.0.0.0/8 address.
+Loopback only: the target URL must be a 127.0.0.0/8 address; or, run in a pod (``--in-cluster``,
+the kind tier), a cluster Service's name (``<service>.<namespace>.svc[.cluster.local]``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import ipaddress
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -235,14 +237,18 @@ async def send_one(
     )  # fmt: skip
 
 
-def require_loopback(url: str) -> str:
+def require_loopback(url: str, *, in_cluster: bool = False) -> str:
+    """``url`` without its trailing slash, when it is a loopback address, or with
+    ``in_cluster`` (the generator runs in a pod) a cluster Service's name; else ValueError."""
     host = urlsplit(url).hostname or ""
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
-    if not loopback:
-        raise ValueError(f"{url}: the load generator only targets loopback (127.0.0.0/8)")
+    service = in_cluster and host.removesuffix(".cluster.local").endswith(".svc") and host.count(".") >= 2
+    if not (loopback or service):
+        raise ValueError(f"{url}: the load generator only targets loopback (127.0.0.0/8)"
+                         + (" or a cluster Service (<name>.<namespace>.svc)" if in_cluster else ""))
     return url.rstrip("/")
 
 
@@ -256,12 +262,13 @@ async def run_load(
     timeout_seconds: float = 120.0,
     max_seconds: float = 600.0,
     stop: threading.Event | None = None,
+    in_cluster: bool = False,
 ) -> list[RequestRecord]:
     """Send ``specs`` open-loop at their times; at most ``max_concurrency`` in flight (later
     ones wait, and their TTFT includes that wait), nothing sent after ``max_seconds`` or once
     ``stop`` is set (a test ends a phase on a condition, not a clock); what was sent is
     awaited either way."""
-    base_url = require_loopback(base_url)
+    base_url = require_loopback(base_url, in_cluster=in_cluster)
     gate = asyncio.Semaphore(max_concurrency)
     async with ClientSession(connector=TCPConnector(limit=0)) as session:
         start = time.monotonic()
@@ -322,6 +329,19 @@ def summarize(records: Iterable[RequestRecord]) -> dict:
     }
 
 
+def _watch_stop_file(path: str) -> threading.Event:
+    """An event set once ``path`` exists (polled by a daemon thread)."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not os.path.exists(path):
+            time.sleep(0.5)
+        stop.set()
+
+    threading.Thread(target=poll, daemon=True).start()
+    return stop
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pdscale.testbed.loadgen", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -337,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--max-concurrency", type=int, default=512)
     p.add_argument("--out", help="write one JSON record per request to this file")
+    p.add_argument("--stop-file", help="send nothing more once this file exists (a test ends "
+                   "the load when its steps are done), then await what was sent")
+    p.add_argument("--in-cluster", action="store_true",
+                   help="running in a pod: --url may name a cluster Service (<name>.<ns>.svc)")
     args = p.parse_args(argv)
     wanted = args.phases.split(",")
     chosen = [ph for name in wanted for ph in SEED_PHASES if ph.name == name]
@@ -345,10 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     phases = scale_phases(chosen, token_scale=args.token_scale, rate_scale=args.rate_scale,
                           duration_seconds=args.phase_seconds)  # fmt: skip
     specs = plan_requests(phases, seed=args.seed, max_requests=args.max_requests)
+    stop = _watch_stop_file(args.stop_file) if args.stop_file else None
     try:
         records = asyncio.run(run_load(
             args.url, specs, api=args.api, model=args.model,
             max_concurrency=args.max_concurrency, max_seconds=args.max_seconds,
+            stop=stop, in_cluster=args.in_cluster,
         ))  # fmt: skip
     except ValueError as exc:
         print(exc, file=sys.stderr)

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speak SGLang's API and metric names (default), or vLLM's (PD via "
                    "vllm-router with kv_transfer_params, vllm: metrics, no /get_load)")  # fmt: skip
     p.add_argument("--host", required=True, help="a 127.0.0.0/8 address")
+    p.add_argument("--pod-network", action="store_true",
+                   help="the process runs in a pod's own network namespace (the kind tier's "
+                   "serving image): --host may be any of the pod's addresses, 0.0.0.0 too")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--bootstrap-port", type=int, default=8998,
                    help="prefill only (the vllm dialect's KV side channel too)")  # fmt: skip
@@ -201,7 +204,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         bucket_inter_token_latency=_buckets(args.bucket_inter_token_latency),
         bucket_e2e_request_latency=_buckets(args.bucket_e2e_request_latency),
         max_total_tokens=args.max_total_tokens, kv_lease_seconds=args.kv_lease_seconds,
-        request_log=args.request_log,
+        request_log=args.request_log, pod_network=args.pod_network,
     )  # fmt: skip
 
 
@@ -211,8 +214,9 @@ def _buckets(values: list[float] | None) -> tuple[float, ...] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not is_loopback(args.host):
-        print(f"--host {args.host} is not a loopback address; refusing", file=sys.stderr)
+    if not is_loopback(args.host) and not args.pod_network:
+        print(f"--host {args.host} is not a loopback address (and no --pod-network); refusing",
+              file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(_DropHttp2Probe())

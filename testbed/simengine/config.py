@@ -65,3 +65,6 @@ class EngineConfig:
     #: replay that must route as the live router did (bench/engine_fidelity.py). The
     #: harness's, not an engine's: SGLang logs no such file. None = no log.
     request_log: str | None = None
+    #: the engine runs in a pod's own network namespace (the kind tier's serving image): its
+    #: own address and its peers' (the prefill's bootstrap host) may be the pod network's
+    pod_network: bool = False

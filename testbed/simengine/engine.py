@@ -445,7 +445,7 @@ class SimEngine:
             self.cache.insert(tokens)
             self.dialect.count_local_prefill(len(tokens), cached)
             return len(tokens), cached
-        if not is_loopback(str(host)):
+        if not is_loopback(str(host)) and not self.config.pod_network:
             raise ValueError(f"bootstrap_host {host!r} is not a loopback address")
         assert self._session is not None
         url = f"http://{host}:{port}/sim/kv/{int(room)}"

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = ROOT / "e2e" / "docker" / "runc-wrapper"
@@ -100,3 +102,85 @@ def test_node_wrapper_module_pins_the_test_beds_kubernetes() -> None:
     assert pin(node_mod) == pin(bed_mod)
     assert version % pin(node_mod) in build and version % pin(bed_mod) in bed_build
     assert "-mod=readonly" in build
+
+
+#: the plugins of kubeadm v1.34's CoreDNS Corefile (cmd/kubeadm/app/phases/addons/dns/
+#: manifests.go, CoreDNSConfigMap), which kind's clusters run, by package (prometheus is the
+#: metrics plugin's directive)
+COREFILE_PLUGINS = {"errors": "errors", "health": "health", "ready": "ready",
+                    "kubernetes": "kubernetes", "prometheus": "metrics", "forward": "forward",
+                    "cache": "cache", "loop": "loop", "reload": "reload",
+                    "loadbalance": "loadbalance"}
+
+
+def test_the_coredns_wrapper_builds_the_corefiles_plugins_and_no_others() -> None:
+    wrapper = ROOT / "e2e" / "kind" / "node" / "coredns"
+    main = (wrapper / "main.go").read_text()
+    plugin = "github.com/coredns/coredns/plugin/"
+    imported = {line.split(plugin)[1].strip('"') for line in main.splitlines() if plugin in line}
+    assert imported == set(COREFILE_PLUGINS.values())
+    assert "coredns/core/plugin" not in main  # CoreDNS's every-plugin import
+    build = (ROOT / "e2e" / "kind" / "node" / "build-binaries").read_text()
+    version = re.search(r"COREDNS_VERSION=\$\{PDSCALE_COREDNS_VERSION:-(v[\d.]+)\}", build)
+    assert version and f"require github.com/coredns/coredns {version[1]}" in (wrapper / "go.mod").read_text()
+    assert f"github.com/coredns/coredns {version[1]} h1:" in (wrapper / "go.sum").read_text()
+
+# -- the serving image's engine: the operator's SGLang command read into the simulated engine's
+
+
+def _demo_spec() -> object:
+    from pdscale.operator.api.pdcluster import PDClusterSpec
+
+    manifest = yaml.safe_load((ROOT / "examples" / "demo-sim.yaml").read_text())
+    return PDClusterSpec.model_validate(manifest["spec"])
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_the_pod_entry_reads_the_operators_sglang_command(role: str) -> None:
+    from pdscale.operator.render import engines
+    from pdscale.operator.render.derived import derive
+    from pdscale.testbed.simengine.cli import build_parser, config_from_args
+    from pdscale.testbed.simengine.pod import sim_argv
+
+    spec = _demo_spec()
+    rendered = engines.render(spec, derive(spec), role)  # type: ignore[arg-type]
+    assert rendered.command == ["python3", "-m", "sglang.launch_server"]  # what the image provides
+    env = {"PDSCALE_SIM_STARTUP_SECONDS": "7", "PDSCALE_SIM_PROFILE": "demo-sim"}
+    args = build_parser().parse_args(sim_argv(rendered.args, env))
+    assert (args.role, args.host, args.pod_network, args.port) == (role, "0.0.0.0", True, 8000)
+    assert config_from_args(args).pod_network  # a decode fetches KV from the prefill's pod address
+    assert (args.model_path, args.model_name) == ("/models/sim-model", "sim-model")
+    assert (args.startup_seconds, args.profile, args.time_compression) == (7.0, "demo-sim", 1.0)
+    # the SLO buckets the operator rendered reach the sim's histograms
+    ttft = rendered.args[rendered.args.index("--bucket-time-to-first-token") + 1]
+    assert float(ttft) in args.bucket_time_to_first_token
+    if role == "prefill":
+        assert args.bootstrap_port == 8998
+
+
+def test_the_pod_entry_refuses_a_command_that_is_no_pd_instance() -> None:
+    from pdscale.testbed.simengine.pod import main, sim_argv
+
+    with pytest.raises(ValueError, match="prefill or decode"):
+        sim_argv(["--model-path", "/m", "--port", "8000"], {})
+    assert main(["--disaggregation-mode", "null", "--port", "8000"]) == 2
+
+
+def test_the_sim_binds_a_non_loopback_address_only_in_a_pod() -> None:
+    from pdscale.testbed.simengine.cli import main
+
+    assert main(["--role", "decode", "--host", "0.0.0.0", "--port", "1"]) == 2
+
+
+def test_the_load_generator_names_a_cluster_service_only_from_a_pod() -> None:
+    from pdscale.testbed.loadgen import require_loopback
+
+    service = "http://sim-router.kind-e2e.svc:30000/"
+    with pytest.raises(ValueError, match="loopback"):
+        require_loopback(service)
+    assert require_loopback(service, in_cluster=True) == service.rstrip("/")
+    assert require_loopback("http://r.ns.svc.cluster.local:80", in_cluster=True)
+    for url in ("http://10.96.0.10:80", "http://example.com", "http://svc:80"):
+        with pytest.raises(ValueError, match="loopback"):
+            require_loopback(url, in_cluster=True)
+    assert require_loopback("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
