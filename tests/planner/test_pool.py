@@ -225,17 +225,23 @@ def _milp_value(members: list[MemberNeed], pool: int, horizon: float,
     return -float(res.fun), greedy
 
 
+def _random_members(rng: random.Random, n: int, pool: int, *, need_max: int, busy_max: float) -> list:
+    """n members with random needs, priorities, guarantees, fleets, loads and warm-ups (the
+    same draws, in the same order, for every caller)."""
+    return [m(f"m{i}", (p := rng.randint(0, need_max), rng.randint(0, need_max)), prio=rng.randint(0, 2),
+              target=(p + rng.randint(0, 2), 0),
+              g=rng.randint(0, pool // n), cur=(rng.randint(0, 5), rng.randint(0, 5)),
+              busy=(rng.uniform(0, busy_max), rng.uniform(0, busy_max)),
+              warm=(rng.uniform(0, 900), rng.uniform(0, 900)), draining=rng.randint(0, 1))
+            for i in range(n)]
+
+
 def test_greedy_is_the_milp_optimum():
     rng = random.Random(3)
     for _ in range(40):
         n = rng.randint(1, 4)
         pool = rng.randint(0, 24)
-        members = [m(f"m{i}", (p := rng.randint(0, 6), rng.randint(0, 6)), prio=rng.randint(0, 2),
-                     target=(p + rng.randint(0, 2), 0),
-                     g=rng.randint(0, pool // n), cur=(rng.randint(0, 5), rng.randint(0, 5)),
-                     busy=(rng.uniform(0, 5), rng.uniform(0, 5)),
-                     warm=(rng.uniform(0, 900), rng.uniform(0, 900)), draining=rng.randint(0, 1))
-                   for i in range(n)]
+        members = _random_members(rng, n, pool, need_max=6, busy_max=5.0)
         best, greedy = _milp_value(members, pool, 1800.0)
         assert greedy == pytest.approx(best)
 
@@ -348,12 +354,7 @@ def test_greedy_is_the_milp_optimum_with_a_price():
         n = rng.randint(1, 4)
         pool = rng.randint(0, 24)
         price = rng.choice([0.2, 0.5, 0.8])
-        members = [m(f"m{i}", (p := rng.randint(0, 8), rng.randint(0, 8)), prio=rng.randint(0, 2),
-                     target=(p + rng.randint(0, 2), 0),
-                     g=rng.randint(0, pool // n), cur=(rng.randint(0, 5), rng.randint(0, 5)),
-                     busy=(rng.uniform(0, 4), rng.uniform(0, 4)),
-                     warm=(rng.uniform(0, 900), rng.uniform(0, 900)), draining=rng.randint(0, 1))
-                   for i in range(n)]
+        members = _random_members(rng, n, pool, need_max=8, busy_max=4.0)
         best, greedy = _milp_value(members, pool, 1800.0, price)
         assert greedy == pytest.approx(best)
         d = solve_pool(members, pool_nodes=pool, surplus_price=price)

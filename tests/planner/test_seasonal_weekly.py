@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_seasonal import _config, _obs
 
-from pdscale.planner.config import PlannerConfig, build_config
 from pdscale.planner.history import History
-from pdscale.planner.model import PerformanceModel, Slo
-from pdscale.planner.observe import Observation, Reading, RoleState
-from pdscale.planner.profile import load_profile
 from pdscale.planner.seasonal import MAX_DAYS, WEEKLY_MIN_DAYS, SeasonalMemory, weekday
 from pdscale.planner.solve import step
 
@@ -113,20 +109,6 @@ def test_the_memory_holds_four_weeks_of_buckets():
     assert MAX_DAYS == 28
     m = _memory(MAX_DAYS + 3, _quiet_weekend)
     assert len(m.rates) == m.max_buckets == 4032
-
-
-def _config(**kw) -> PlannerConfig:
-    # a DeepSeek-class warm-up: capacity ordered now serves 11 intervals later
-    cfg = build_config(model=PerformanceModel(load_profile()), slo=Slo(), interval_seconds=60.0,
-                       node_budget=400, warmup_seconds=600.0)
-    return replace(cfg, **kw)
-
-
-def _obs(now: float, rate: float) -> Observation:
-    return Observation(now_seconds=now, rate_rps=Reading(rate, now),
-                       mean_input_tokens=Reading(4000.0, now), mean_output_tokens=Reading(300.0, now),
-                       prefix_hit_rate=Reading(0.3, now), prefill=RoleState(ready=6),
-                       decode=RoleState(ready=6))
 
 
 def _sunday_evening(weekly: str, minutes: int = 45) -> tuple[list[tuple[int, int]], str]:
