@@ -83,6 +83,11 @@ class DecodeSequence:
     context_tokens: int
     remaining: int
     tokens: asyncio.Queue[float | None]
+    #: wall seconds of the modelled steps since its first token: the step in flight when it
+    #: joined (whole: an upper bound of its wait) and every step that gave it a token. What
+    #: its TPOT is on an idle host, whatever the host's load does to the steps' real length
+    modelled_seconds: float = 0.0
+    steps: int = 0
 
 
 class EngineBusy(Exception):
@@ -142,6 +147,8 @@ class SimEngine:
         self._batch_changed = asyncio.Event()
         self._slots = asyncio.Semaphore(config.max_running_requests)
         self._decode_steps = 0
+        #: the modelled length (wall seconds) of the decode step running now, 0 between steps
+        self._step_in_flight = 0.0
         self._idle = asyncio.Event()
         self._idle.set()
         self._session: ClientSession | None = None
@@ -480,7 +487,9 @@ class SimEngine:
             step = self.wall(self.timing.tpot_seconds(batch, mean_context))
             now = time.monotonic()
             next_step = max(next_step, now - step) + step
+            self._step_in_flight = step
             await asyncio.sleep(max(next_step - now, 0.0))
+            self._step_in_flight = 0.0
             stamp = time.monotonic()
             # the step ran from its start (its deadline less a step, never before the last
             # step ended) to now
@@ -495,10 +504,13 @@ class SimEngine:
                     continue  # left while the step ran (its request went away)
                 seq.remaining -= 1
                 seq.context_tokens += 1
+                seq.modelled_seconds += step
+                seq.steps += 1
                 seq.tokens.put_nowait(stamp)
                 if seq.remaining <= 0:
                     seq.tokens.put_nowait(None)
                     self._batch.remove(seq)
+                    self.metrics.modelled_tpot.observe(seq.modelled_seconds / seq.steps)
 
     async def decode(self, body: dict[str, Any], tokens: list[str], n_out: int):
         """Async iterator of token timestamps: the first right after the KV arrives (it was
@@ -524,6 +536,7 @@ class SimEngine:
             try:
                 yield 0, time.monotonic(), meta
                 if seq.remaining > 0:
+                    seq.modelled_seconds = self._step_in_flight  # it waits for that step
                     self._batch.append(seq)
                     self._batch_changed.set()
                     index = 1

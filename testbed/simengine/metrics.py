@@ -21,6 +21,10 @@ from pdscale.planner.observe import SGLANG_PROMPT_TOKENS_BUCKETS as _SGLANG_PROM
 #: with the operator, which renders edges around the SLOs on top of them
 SGLANG_TTFT_BUCKETS_SECONDS = SGLANG_DEFAULT_TTFT_BUCKETS_SECONDS
 SGLANG_ITL_BUCKETS_SECONDS = SGLANG_DEFAULT_ITL_BUCKETS_SECONDS
+#: the sim's own modelled-TPOT histogram: every 5 ms to 100 ms (an SLO's 50 ms is a bound),
+#: then coarser
+MODELLED_TPOT_BUCKETS_SECONDS = (*(round(0.005 * k, 3) for k in range(1, 21)), 0.15, 0.2, 0.3, 0.5,
+                                 1.0, 2.0)
 SGLANG_E2E_BUCKETS_SECONDS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
     2400,
@@ -107,6 +111,9 @@ class Metrics:
     #: to the end of the pass that finished it (SGLang's per-stage prefill_forward, vLLM's
     #: request_prefill_time_seconds; the planner reads only their sum and count)
     prefill_forward: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
+    #: not an engine metric: each finished request's TPOT had every decode step taken exactly
+    #: its modelled length (``DecodeSequence.modelled_seconds``), seconds; fine buckets
+    modelled_tpot: Histogram = field(default_factory=lambda: Histogram(MODELLED_TPOT_BUCKETS_SECONDS))
     #: seconds this engine spent in forward passes, each pass once however many requests it
     #: carries: prefill passes and decode steps (SGLang's gpu_execution_seconds_total,
     #: categories forward_extend and forward_decode). The passes' real length here, as a GPU

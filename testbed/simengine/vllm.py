@@ -65,6 +65,8 @@ def render_vllm_metrics(
     # for decodes that have not pulled it (released vLLM has no gauge for that)
     out.sample("pdscale_sim:inflight_requests", "gauge", inflight)
     out.sample("pdscale_sim:kv_pinned_requests", "gauge", kv_pinned)
+    # not an engine metric: the requests' TPOT had each decode step its modelled length
+    out.histogram("pdscale_sim:request_modelled_tpot_seconds", m.modelled_tpot)
     out.histogram("vllm:time_to_first_token_seconds", m.ttft)
     out.histogram("vllm:inter_token_latency_seconds", m.itl)
     out.histogram("vllm:e2e_request_latency_seconds", m.e2e)

@@ -407,3 +407,57 @@ def test_the_request_log_names_each_prompt_an_engine_took(tmp_path):
     assert [x["prompt"] for x in lines] == [prompt_key(["one", "two", "three"]), prompt_key(["four", "five"])]
     assert {x["role"] for x in lines} == {"decode"}
     assert prompt_key(["one", "two"]) != prompt_key(["one two"])  # tokens, not their text
+
+
+def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
+    # A host too busy to wake the decode loop on time (here a task blocking the event loop
+    # 30 ms at a time) stretches every real step, and so the TPOT a client measures; the
+    # engine's modelled TPOT is the steps' modelled length: A's 5 steps of 20 ms, and B's,
+    # which joined while a step ran, that whole step more over its 2 (an upper bound)
+    import asyncio
+    import time
+
+    from pdscale.testbed.simengine import EngineConfig, SimEngine, render_metrics
+
+    step = 0.02
+    timing = LinearTiming(prefill_tokens_per_second=1e9, prefill_overhead_seconds=0.0,
+                          decode_step_seconds=step, decode_per_sequence_seconds=0.0)  # fmt: skip
+
+    async def scenario() -> tuple[list[float], list[float], SimEngine]:
+        engine = SimEngine(EngineConfig("decode", "127.0.0.1", 0), timing)
+        await engine.start()
+        busy = True
+
+        async def hog() -> None:
+            while busy:
+                time.sleep(0.03)  # the host's other work, holding the loop
+                await asyncio.sleep(0)
+
+        try:
+            async def stamps(n_out: int) -> list[float]:
+                return [t async for _, t, _ in engine.decode({}, ["w"], n_out)]
+
+            hogging = asyncio.create_task(hog())
+            a = asyncio.create_task(stamps(6))
+            while engine._step_in_flight == 0.0:  # A's first step runs
+                await asyncio.sleep(0.001)
+            b = await stamps(3)
+            a_stamps = await a
+            busy = False
+            await hogging
+            return a_stamps, b, engine
+        finally:
+            await engine.close()
+
+    a, b, engine = asyncio.run(scenario())
+    assert len(a) == 6 and len(b) == 3
+    wall_tpot = (a[-1] - a[0]) / (len(a) - 1)
+    assert wall_tpot > 1.3 * step, a  # the busy host stretched A's steps
+    hist = engine.metrics.modelled_tpot
+    assert hist.count == 2
+    # A: 5 steps of exactly `step`; B: 2 steps and the whole step in flight when it joined
+    assert hist.total == pytest.approx(step + 3 * step / 2)
+    text = render_metrics(engine.metrics, model_name="m", role="decode", gauges={}, inflight=0)
+    name = 'pdscale_sim:request_modelled_tpot_seconds_bucket{model_name="m",engine_type="decode",'
+    assert f'{name}le="0.015"}} 0' in text and f'{name}le="0.025"}} 1' in text
+    assert f'{name}le="0.035"}} 2' in text
