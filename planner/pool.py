@@ -491,8 +491,10 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
     """A member's command within its grant (pure): (the command, the memory its planner
     leaves, its budget this interval in nodes).
 
-    Its budget is ``member_budgets``'. Where what it would command alone fits, that is the
-    command; else its planner plans again within the budget (from its memory before the
+    Its budget is ``member_budgets``'. Where what it would command alone fits its budget or
+    its grant, that is the command (and its memory: nodes granted but still draining
+    elsewhere are added once free, and meanwhile its planner remembers asking for them, as
+    it would alone); else its planner plans again within the budget (from its memory before the
     probe) for its own split of it, and the command is what it wanted alone, trimmed toward
     that split (``trim_to_budget``). Either way its additions are cut to what it may hold
     now (``admit_within``: a node another member or role gives up is not free until
@@ -505,7 +507,10 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
     current = probe.need.current_nodes
     now = (current[0] // kp, current[1] // kd)
     alone = probe.alone
-    if alone.prefill * kp + alone.decode * kd <= budget:
+    # What it would command alone fits its grant: that is its plan, and its memory, even
+    # where nodes of the grant are not free yet (another member's drain): its additions wait
+    # for them below, and its scale-down window holds what it asked for, as alone
+    if alone.prefill * kp + alone.decode * kd <= max(budget, grant.nodes):
         base, memory = alone, probe.alone_history
         (p, d), (sp, sd) = admit_within(
             (alone.prefill, alone.decode), now, budget, nodes_per_instance=(kp, kd),
