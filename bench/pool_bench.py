@@ -12,9 +12,11 @@ Members, each the PDCluster ``bench/policy_bench_pdcluster.yaml`` (the policy be
   req/s); TTFT 15 s. A day's rise and fall.
 
 Cases: ``equal`` (the members at equal priority, no guarantees: the pool shares by value per
-node), ``priority`` (chat 100 with 6 guaranteed, code 10, daily 1), and ``offset`` (two
-members whose busy minutes are offset: ``daily`` and the same day 12 hours later, equal
-priority). Each on every size of ``--pool-nodes`` (default 30: an even split gives each
+node), ``priority`` (chat 100 with 6 guaranteed, code 10, daily 1), ``shares`` (equal
+priority, each guaranteed its even share of the pool: the split's share, lent while unused),
+``offset`` and ``offset-shares`` (two members whose busy minutes are offset: ``daily`` and
+the same day 12 hours later, each in an hour), ``offset6h`` and ``offset6h-shares`` (the
+same two days each replayed in six hours, at the same request rates). Each on every size of ``--pool-nodes`` (default 30: an even split gives each
 member 10, below what each needs at its peak, while the peaks do not coincide); the split is
 always the even split of that same pool. Policies: pooled, split, oracle
 (planner/replay/pool.py).

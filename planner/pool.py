@@ -491,10 +491,10 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
     """A member's command within its grant (pure): (the command, the memory its planner
     leaves, its budget this interval in nodes).
 
-    Its budget is ``member_budgets``'. Where what it would command alone fits its budget or
-    its grant, that is the command (and its memory: nodes granted but still draining
-    elsewhere are added once free, and meanwhile its planner remembers asking for them, as
-    it would alone); else its planner plans again within the budget (from its memory before the
+    Its budget is ``member_budgets``'. Where what it would command alone fits its budget, or
+    its guarantee as granted, that is the command (and its memory: guaranteed nodes still
+    draining out of a borrower are added once free, and meanwhile its planner remembers
+    asking for them, as on a static split); else its planner plans again within the budget (from its memory before the
     probe) for its own split of it, and the command is what it wanted alone, trimmed toward
     that split (``trim_to_budget``). Either way its additions are cut to what it may hold
     now (``admit_within``: a node another member or role gives up is not free until
@@ -507,10 +507,14 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
     current = probe.need.current_nodes
     now = (current[0] // kp, current[1] // kd)
     alone = probe.alone
-    # What it would command alone fits its grant: that is its plan, and its memory, even
-    # where nodes of the grant are not free yet (another member's drain): its additions wait
-    # for them below, and its scale-down window holds what it asked for, as alone
-    if alone.prefill * kp + alone.decode * kd <= max(budget, grant.nodes):
+    # What it would command alone fits its guarantee (and its grant): that is its plan, and
+    # its memory, even where nodes of the guarantee are not free yet (lent, and draining out
+    # of a borrower): its additions wait for them below, and its scale-down window holds
+    # what it asked for, as on a static split. Not beyond the guarantee: a member that
+    # remembered every borrowing it asked for held the others' nodes for its whole window
+    # (replay, two members offset in time on 12 nodes: 0.828 against 0.879 attainment)
+    reclaim = min(grant.nodes, probe.need.guaranteed_nodes)
+    if alone.prefill * kp + alone.decode * kd <= max(budget, reclaim):
         base, memory = alone, probe.alone_history
         (p, d), (sp, sd) = admit_within(
             (alone.prefill, alone.decode), now, budget, nodes_per_instance=(kp, kd),
