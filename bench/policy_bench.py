@@ -268,6 +268,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def planner_what_if(text: str) -> dict[str, Any]:
+    """``--planner``'s FIELD=VALUE pairs: each value read as JSON (numbers, true/false, null),
+    else kept as a string."""
+    out: dict[str, Any] = {}
+    for pair in text.split(","):
+        name, _, value = pair.partition("=")
+        try:
+            out[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name.strip()] = value
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="mooncake,azure,servegen,steady",
@@ -307,6 +320,10 @@ def main() -> None:
     ap.add_argument("--load-percentiles", default=None, metavar="P,P",
                     help="also run pdscale at each spec.planner.loadPercentile (rows "
                          "pdscale@pP): the trade curve beside the default's row")
+    ap.add_argument("--planner", default=None, metavar="FIELD=VALUE,...",
+                    help="a what-if: these PlannerConfig fields replaced for every policy that "
+                         "plans (e.g. stabilization_window_seconds=60,scale_down_hysteresis=false,"
+                         "max_prefill=16); values are read as JSON, else as strings")
     ap.add_argument("--no-matched", dest="matched", action="store_false",
                     help="skip the baselines re-run at pdscale's GPU-hours")
     ap.add_argument("--nodes-per-instance", default="1,1", metavar="P,D",
@@ -314,6 +331,7 @@ def main() -> None:
                          "the shipped profile of that shape; the budget counts nodes, GPU-hours "
                          "are per node (default 1,1)")
     args = ap.parse_args()
+    what_if = planner_what_if(args.planner) if args.planner else {}
     shape = tuple(int(x) for x in args.nodes_per_instance.split(","))
     if len(shape) != 2 or min(shape) < 1:
         ap.error("--nodes-per-instance: two integers >= 1, prefill,decode")
@@ -355,6 +373,8 @@ def main() -> None:
         configured = configure(case_spec, spec_source=f"file {PDCLUSTER.name}",
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes},
                                profile=profile, profile_source="--nodes-per-instance")
+        if what_if:
+            configured = replace(configured, config=replace(configured.config, **what_if))
         # the deployed stack routes as the PDCluster renders its router; what-ifs their own way
         deployed = args.stack == "deployed"
         stack = {**STACKS[args.stack], **(routing(configured.spec) if deployed else {})}
@@ -379,8 +399,9 @@ def main() -> None:
                                overrides={"--slo-ttft": c["ttft"], "--nodes": args.nodes,
                                           "--load-percentile": int(pol.removeprefix("pdscale@p"))},
                                profile=profile, profile_source="--nodes-per-instance")
-                rep = trimmed(run_policy(replace(setup, planner=at.config if deployed else replace(
-                    at.config, prefill_queue="pooled")), "pdscale", history=history),
+                at_cfg = replace(at.config, **what_if)
+                rep = trimmed(run_policy(replace(setup, planner=at_cfg if deployed else replace(
+                    at_cfg, prefill_queue="pooled")), "pdscale", history=history),
                     nodes_per_instance)
                 rep["policy"] = pol
             else:
@@ -406,6 +427,7 @@ def main() -> None:
                          "history_intervals": len(history) if history is not None else 0,
                          "gap_windows_filled": c.get("gap_windows", 0),
                          "configuration": configured.as_json(),
+                         "planner_what_if": what_if,
                          "policies": reps}
     shape_title = ("" if nodes_per_instance == (1, 1) else
                    f"instances of {nodes_per_instance[0]} prefill / {nodes_per_instance[1]} decode "
@@ -455,7 +477,8 @@ def main() -> None:
         "" if args.smg_admission is None else "_smg_admission") + (
         "_old_default" if args.old_default else "") + (
         f"_lag{args.scrape_lag_seconds:g}" if args.scrape_lag_seconds else "") + (
-        "" if nodes_per_instance == (1, 1) else f"_nodes{nodes_per_instance[0]}-{nodes_per_instance[1]}")
+        "" if nodes_per_instance == (1, 1) else f"_nodes{nodes_per_instance[0]}-{nodes_per_instance[1]}") + (
+        "_what_if" if what_if else "")  # a what-if never overwrites the published rows
     path = OUT / (f"{stem}.json" if args.decode_admission == "off"
                   else f"{stem}_admission_{args.decode_admission}.json")
     old = json.loads(path.read_text()) if path.exists() else {}

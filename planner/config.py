@@ -78,6 +78,12 @@ class PlannerConfig:
     #: scale down only below what every decision of the last warm-up forecast it would need
     #: within a warm-up (solve._scale_down_floor): no node removed and re-added within one
     scale_down_hysteresis: bool = True
+    #: the window and its hysteresis remember a past need only as far as the fleet was serving
+    #: it then (the decision's planned serving count for that interval): instances that
+    #: landed after a need never served it, and are held only by needs seen since. Off by
+    #: default: measured on the surge (issue 48) it leaves the default stack dominated
+    #: (docs/benchmarks-risk.md, "the surge row, bounded")
+    scale_down_served_only: bool = False
     #: most instances one role may gain / lose per interval (HPA policies); None = unlimited
     max_step_up: int | None = None
     max_step_down: int | None = None
@@ -260,7 +266,8 @@ def _check_int(owner: str, name: str, value: object, lo: int, optional: bool = F
 
 
 #: switches: exactly True or False (a truthy string or number is a mistake, not a yes)
-_BOOL_RULES: tuple[str, ...] = ("scale_down_hysteresis", "rise_independent_samples", "seasonality")
+_BOOL_RULES: tuple[str, ...] = ("scale_down_hysteresis", "scale_down_served_only",
+                                "rise_independent_samples", "seasonality")
 
 
 def _validate(cfg: PlannerConfig) -> None:

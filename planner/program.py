@@ -9,6 +9,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .config import PlannerConfig
+from .decision import Decision
 from .history import History
 from .model import Load
 from .needs import _Needs
@@ -30,9 +31,12 @@ def _scale_down_floor(
     model = cfg.model
     window_n = cfg.stabilization_intervals
     tol = 1.0 - cfg.scale_down_tolerance
-    recent_loads = [ld for ld in history.loads[-window_n:] if ld is not None] if window_n else []
+    recent = list(history.loads[-window_n:]) if window_n else []
+    served = _served(cfg, history, len(recent))
     floor = np.array(needs.desired, dtype=float)
-    for ld in [*recent_loads, load]:
+    for ld, had in [*zip(recent, served, strict=True), (load, None)]:
+        if ld is None:
+            continue
         hold = model.instances_needed(
             ld, cfg.slo,
             prefill_utilization=cfg.prefill_utilization * tol,
@@ -40,10 +44,10 @@ def _scale_down_floor(
             ttft_queueing=True, service_cv=cfg.prefill_service_cv, queueing_margin=1.0 / tol,
             pooled_prefill=cfg.prefill_queue == "pooled",
         )
-        floor = np.maximum(floor, np.array(hold, dtype=float))
+        floor = np.maximum(floor, _at_most(np.array(hold, dtype=float), had))
     if window_n > 0:
         for dec in history.decisions[-window_n:]:
-            floor = np.maximum(floor, np.array(dec.desired, dtype=float))
+            floor = np.maximum(floor, _at_most(np.array(dec.desired, dtype=float), _serving(cfg, dec)))
     # Hysteresis tied to the warm-up: keep what any decision of the last warm-up forecast it
     # would need within a warm-up. A node removed below that is one the forecast's own noise
     # (a recent-max moving by one interval) re-adds minutes later, paying a warm-up for a
@@ -51,7 +55,7 @@ def _scale_down_floor(
     lead_n = _intervals(model.profile.warmup.new_node_seconds, cfg.interval_seconds)
     if lead_n > 0 and cfg.scale_down_hysteresis:
         for dec in history.decisions[-lead_n:]:
-            floor = np.maximum(floor, np.array(dec.lead_need, dtype=float))
+            floor = np.maximum(floor, _at_most(np.array(dec.lead_need, dtype=float), _serving(cfg, dec)))
     floor = np.where(needs.over[0], np.minimum(floor, needs.need[:, 0]), floor)  # budget split wins
     # The window guards against flapping; it is no claim on nodes the other role needs. When
     # a load's shape flips under the budget (the demo's long documents -> agents: 16 prefill
@@ -67,6 +71,30 @@ def _scale_down_floor(
     # ... nor keeps a fleet above a maxReplicas the user has lowered under it
     capped: np.ndarray = np.minimum(floor, [cfg.max_prefill, cfg.max_decode])
     return capped
+
+
+def _serving(cfg: PlannerConfig, dec: Decision) -> np.ndarray | None:
+    """With ``scale_down_served_only``, what the fleet was serving in the interval ``dec``
+    planned (its plan's first interval: ready plus the warm-ups landing in it); else None."""
+    if not cfg.scale_down_served_only or not dec.plan:
+        return None
+    return np.array(dec.plan[0], dtype=float)
+
+
+def _served(cfg: PlannerConfig, history: History, n: int) -> list[np.ndarray | None]:
+    """:func:`_serving` for each of the last ``n`` remembered loads, from the decision
+    recorded with it (aligned from the end; None for a load remembered without one, as a
+    replay's seeded history)."""
+    decisions = history.decisions
+    out: list[np.ndarray | None] = []
+    for i in range(n):
+        j = len(decisions) - n + i
+        out.append(_serving(cfg, decisions[j]) if j >= 0 else None)
+    return out
+
+
+def _at_most(need: np.ndarray, serving: np.ndarray | None) -> np.ndarray:
+    return need if serving is None else np.minimum(need, serving)
 
 
 # -- the programme ---------------------------------------------------------------------------

@@ -71,6 +71,7 @@ RULES = [
     ("clock_origin_unix_seconds", math.nan, "finite"),
     ("clock_origin_unix_seconds", math.inf, "finite"),
     ("scale_down_hysteresis", "no", "True or False"),
+    ("scale_down_served_only", 1, "True or False"),
     ("rise_independent_samples", 1, "True or False"),
     ("seasonality", "Auto", "True or False"),
 ]

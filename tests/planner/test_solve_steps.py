@@ -97,6 +97,38 @@ def test_the_floor_holds_the_window_s_highest_need_but_never_forces_a_scale_up()
     assert _scale_down_floor(cfg, history, LOAD, n, there).tolist() == [4.0, 3.0]
 
 
+def test_served_only_the_window_forgets_a_need_the_fleet_was_never_serving() -> None:
+    # Issue 48's surge: a rise's need (20 prefill) was seen while 13 served; the 7 ordered for
+    # it land after the load fell back. The window and its hysteresis hold the 20 by default;
+    # with scale_down_served_only they hold what served it (13), so the late ones can go.
+    p, d = need_of(LOAD, config())
+    big = Load(LOAD.rate_rps * 3, LOAD.mean_input_tokens, LOAD.mean_output_tokens, LOAD.prefix_hit_rate)
+    bp, _ = need_of(big, config())
+    assert bp > p + 1
+    served = (p + 1, d)
+    rise = Decision(0.0, bp, d, 1.0, 0.03, 1.0, "", plan=(served,) * 4, desired=(bp, d),
+                    lead_need=(bp, d))
+    history = History(loads=(big,), decisions=(rise,))
+    obs = fleet(bp + 4, d)
+    for flag, want in ((False, bp), (True, p + 1)):
+        cfg = config(stabilization_window_seconds=600.0, scale_down_served_only=flag)
+        n = _needs(cfg, obs, [LOAD] * 4, None)
+        floor = _scale_down_floor(cfg, history, LOAD, n, _timing(cfg, obs, 0.0, LOAD, 4))
+        assert floor[0] == want, flag
+    # a need that was served stays remembered: the window is unchanged where the fleet had it
+    met = Decision(0.0, bp, d, 1.0, 0.03, 1.0, "", plan=((bp, d),) * 4, desired=(bp, d),
+                   lead_need=(bp, d))
+    cfg = config(stabilization_window_seconds=600.0, scale_down_served_only=True)
+    n = _needs(cfg, obs, [LOAD] * 4, None)
+    floor = _scale_down_floor(cfg, History(loads=(big,), decisions=(met,)), LOAD, n,
+                              _timing(cfg, obs, 0.0, LOAD, 4))
+    assert floor[0] == bp
+    # a load remembered without its decision (a replay's seeded history) is held in full
+    seeded = History(loads=(big, LOAD), decisions=(rise,))
+    floor = _scale_down_floor(cfg, seeded, LOAD, n, _timing(cfg, obs, 0.0, LOAD, 4))
+    assert floor[0] >= bp
+
+
 def test_the_floor_yields_the_budget_the_other_role_needs() -> None:
     # The load's shape flipped: the window would hold prefill at its earlier 10 above need,
     # but with those held decode's need would not fit the budget. Prefill keeps only what the
