@@ -21,25 +21,32 @@ lint: setup
 # Dynamo planner's and aiperf's included: their venvs are built here (minutes, once), and the
 # tests that drive them fail rather than skip when they are missing. The 30 slowest phases
 # (setup, call, teardown) close each report: where CI's time goes, run after run.
-# tests/ runs one test at a time (its pure tier is CPU-bound). e2e/ runs two modules at once
-# (pytest-xdist, a module per worker): each module has its own control plane, Prometheus and
-# fleet, and spends its time waiting on load phases played in real time (a fraction of a core
-# each: docs/develop/index.md, Test tiers), so two side by side keep the slack they have alone. Both tiers run
-# even when the first fails, so that one report says everything that failed.
+# tests/ runs on two workers (pytest-xdist): a module stays on one worker (its fixtures built
+# once; tests/conftest.py groups them, and the two aiperf modules share one sweep), each worker
+# starts its own control plane, and the modules that wait on wall-clock (control plane,
+# Prometheus, live engines) go first, the CPU-bound pure tests last, to even out the ends.
+# e2e/ runs two modules at once (a module per worker): each module has its own control plane,
+# Prometheus and fleet, and spends its time waiting on load phases played in real time (a
+# fraction of a core each: docs/develop/index.md, Test tiers), so two side by side keep the
+# slack they have alone. Both tiers run even when the first fails, so that one report says
+# everything that failed. TESTS_WORKERS=0 runs tests/ in one process, one test at a time.
 # TIERS=side-by-side runs the e2e tier beside tests/ rather than after it (its report in
 # out/test-e2e.log, printed after tests/'s): e2e/ holds 0.6 of a core, so together they fit on
 # two cores, and the run takes as long as the longer tier instead of the sum of both.
 E2E_WORKERS ?= 2
+TESTS_WORKERS ?= 2
 TIERS ?= one-after-the-other
 test: lint dynamo-venv aiperf-venv
 	export PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
 	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh); \
 	e2e() { $(VENV)/bin/pytest e2e -n $(E2E_WORKERS) --dist loadfile --durations=30; }; \
+	tests() { $(VENV)/bin/pytest tests -n $(TESTS_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --durations=30; }; \
 	case "$(TIERS)" in \
 	side-by-side) mkdir -p out; e2e > out/test-e2e.log 2>&1 & e2e_pid=$$!; \
-	  $(VENV)/bin/pytest tests --durations=30; tiers=$$?; \
+	  tests; tiers=$$?; \
 	  wait $$e2e_pid || tiers=1; echo "[test] the e2e tier, run beside tests/:"; cat out/test-e2e.log ;; \
-	one-after-the-other) $(VENV)/bin/pytest tests --durations=30; tiers=$$?; e2e || tiers=1 ;; \
+	one-after-the-other) tests; tiers=$$?; e2e || tiers=1 ;; \
 	*) echo "TIERS is side-by-side or one-after-the-other, not $(TIERS)" >&2; exit 2 ;; \
 	esac; \
 	exit $$tiers

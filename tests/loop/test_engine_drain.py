@@ -83,21 +83,31 @@ def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
                                 "--time-compression", str(compression))  # fmt: skip
     model = planner_timing("deepseek-fp8-8xh200-sglang")
     n_in, n_out = 4000, 30
-    spec = RequestSpec(0, "pace", 0.0, n_in, n_out, " ".join(f"p{i}" for i in range(n_in)))
 
-    async def one():
+    def spec(k: int) -> RequestSpec:  # prompts of their own: no prefix cache hit
+        return RequestSpec(k, "pace", 0.0, n_in, n_out, " ".join(f"r{k}p{i}" for i in range(n_in)))
+
+    async def some(n: int):
         async with aiohttp.ClientSession() as session:
-            return await send_one(session, engine.url, "chat", spec, "sim-model", 0.0, 30)
+            return [await send_one(session, engine.url, "chat", spec(k), "sim-model", 0.0, 30)
+                    for k in range(n)]
 
-    record = asyncio.run(one())
-    assert record.ok, record.error
+    # one request after another: a busy machine only ever adds its scheduling delay to a
+    # request (measured with 18 runnable processes on two cores: one TTFT 30+ ms late, one
+    # TPOT 2.1x the model's pace), so the fastest of five shows the engine's own pace
+    records = asyncio.run(some(5))
+    assert all(r.ok for r in records), [r.error for r in records]
     # no bootstrap fields: the engine prefills locally (no queue, no KV transfer)
     ttft = model.prefill_seconds(n_in, 0) / compression
     tpot = model.tpot_seconds(1, n_in + n_out / 2) / compression
-    print(f"\ncompressed x{compression}: TTFT {record.ttft_seconds:.4f}s (model {ttft:.4f}s), "
-          f"TPOT {record.tpot_seconds:.5f}s (model {tpot:.5f}s)")  # fmt: skip
-    assert ttft <= record.ttft_seconds <= ttft + 0.03, (record.ttft_seconds, ttft)
-    # a token's step is a few ms of sleep, and a busy machine adds its scheduling delay to
-    # each (measured with 18 runnable processes on two cores: 2.1x the model's pace); the
-    # bound still tells the compressed pace from the uncompressed one (4x)
-    assert tpot * 0.95 <= record.tpot_seconds <= tpot * 3.0, (record.tpot_seconds, tpot)
+    fastest_ttft = min(r.ttft_seconds for r in records)
+    fastest_tpot = min(r.tpot_seconds for r in records)
+    print(f"\ncompressed x{compression}: TTFT {fastest_ttft:.4f}s (model {ttft:.4f}s), "
+          f"TPOT {fastest_tpot:.5f}s (model {tpot:.5f}s), the fastest of {len(records)}")  # fmt: skip
+    # never faster than the model: every request
+    assert all(r.ttft_seconds >= ttft for r in records), ([r.ttft_seconds for r in records], ttft)
+    assert all(r.tpot_seconds >= tpot * 0.95 for r in records), ([r.tpot_seconds for r in records], tpot)
+    # and at its pace: the fastest within 30 ms of the model's TTFT (the uncompressed engine
+    # would take 4x, 138 ms more), its TPOT within 3x (the uncompressed pace is 4x)
+    assert fastest_ttft <= ttft + 0.03, ([r.ttft_seconds for r in records], ttft)
+    assert fastest_tpot <= tpot * 3.0, ([r.tpot_seconds for r in records], tpot)

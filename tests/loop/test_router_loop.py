@@ -233,7 +233,9 @@ def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode
         await asyncio.sleep(at_seconds)
         # leave while busy, so the removal always has work at stake that cannot finish in the
         # few ms before the stop: a prefill with a prompt still queued, a decode with a batch
-        for _ in range(200):
+        # (on a busy machine the load may reach it late: wait for that until the load ends)
+        until = time.monotonic() + LOAD.duration_seconds - at_seconds
+        while time.monotonic() < until:
             state = engine.state()
             if (state["queued"] if engine.role == "prefill" else state["running"]) >= 2:
                 break
