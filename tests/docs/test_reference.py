@@ -5,6 +5,9 @@ against its source directly: every field of the CRD, every command and flag of t
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,17 @@ def test_every_reference_page_is_what_the_code_generates(generated):
     stale = [name for name, text in generated.items()
              if not (REFERENCE / name).is_file() or (REFERENCE / name).read_text() != text]
     assert not stale, f"docs/reference drifted from the code: {stale}; run make docs-ref"
+
+
+def test_the_pages_do_not_depend_on_where_the_caches_are(tmp_path):
+    """A run with its caches moved (PDSCALE_CACHE, XDG_STATE_HOME: CI on a fresh machine, a
+    user's own layout) generates the committed pages: the defaults the code reads at import
+    are shown as their defaults, not as this run's folders."""
+    env = {**os.environ, "PDSCALE_CACHE": str(tmp_path / "cache"),
+           "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONSAFEPATH": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "docsgen.py"), "--check"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_the_check_command_fails_on_a_drifted_page(tmp_path, monkeypatch):
