@@ -21,7 +21,9 @@ lint: setup
 # Dynamo planner's and aiperf's included: their venvs are built here (minutes, once), and the
 # tests that drive them fail rather than skip when they are missing. The 30 slowest phases
 # (setup, call, teardown) close each report: where CI's time goes, run after run.
-# tests/ runs on two workers (pytest-xdist): a module stays on one worker (its fixtures built
+# tests/ runs in one process by default; TESTS_WORKERS=2 runs it on two workers (pytest-xdist,
+# 770 s against 1,473 s, but one run of three at low load failed a drain test that passes alone,
+# so it is not the default yet): a module stays on one worker (its fixtures built
 # once; tests/conftest.py groups them, and the two aiperf modules share one sweep), each worker
 # starts its own control plane, and the modules that wait on wall-clock (control plane,
 # Prometheus, live engines) go first, the CPU-bound pure tests last, to even out the ends.
@@ -34,7 +36,7 @@ lint: setup
 # out/test-e2e.log, printed after tests/'s): e2e/ holds 0.6 of a core, so together they fit on
 # two cores, and the run takes as long as the longer tier instead of the sum of both.
 E2E_WORKERS ?= 2
-TESTS_WORKERS ?= 2
+TESTS_WORKERS ?= 0
 TIERS ?= one-after-the-other
 test: lint dynamo-venv aiperf-venv
 	export PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
