@@ -12,11 +12,8 @@ trimmed, and every member gets its need back once the load falls. About four min
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from pdscale.operator.api.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER
+from pdscale.planner.prometheus import BoundedPrometheus
 from pdscale.testbed.demo import (
     E2E_SCALE_DOWN_WINDOW_SECONDS,
     OLD_DEFAULT_ROUTER,
@@ -189,33 +187,23 @@ def _latencies(records: list[RequestRecord], phase: str) -> tuple[float, float, 
 MODELLED_TPOT = "pdscale_sim:request_modelled_tpot_seconds"
 
 
-def _prometheus(run: Run, query: str, at: float) -> list[dict[str, Any]]:
-    assert run.stack is not None and run.stack.prometheus is not None
-    url = (f"{run.stack.prometheus.url}/api/v1/query?"
-           + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"}))
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        answer = json.loads(resp.read())
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
-
-
 def _modelled_tpot_share(run: Run, name: str, phase: str) -> tuple[float, float]:
     """(share of ``name``'s requests finished in ``phase`` whose modelled TPOT met the SLO,
     requests counted), from its decode engines' histogram in Prometheus: the share within
     the bucket ``le`` = the TPOT target (a bucket bound) over all, the phase's increase."""
-    end = run.started_unix
-    for phase_name, seconds, _ in PHASES:
-        end += seconds
-        if phase_name == phase:
-            break
-    seconds = next(sec for n, sec, _ in PHASES if n == phase)
+    names = [n for n, _, _ in PHASES]
+    seconds = PHASES[names.index(phase)][1]
+    end = run.started_unix + sum(sec for _, sec, _ in PHASES[: names.index(phase) + 1])
     sel = f'pdcluster="{name}",role="decode"'
     # requests finish a few seconds after they are sent: the window ends one scrape later
     assert run.stack is not None and run.stack.prometheus is not None
-    at = end + 2 * run.stack.prometheus.scrape_interval_seconds
+    prometheus = BoundedPrometheus(run.stack.prometheus.url)
+    at = {"time": f"{end + 2 * run.stack.prometheus.scrape_interval_seconds:.3f}"}
     window = f"{int(seconds)}s"
-    met = _prometheus(run, f'sum(increase({MODELLED_TPOT}_bucket{{{sel},le="{SLO_TPOT}"}}[{window}]))', at)
-    count = _prometheus(run, f"sum(increase({MODELLED_TPOT}_count{{{sel}}}[{window}]))", at)
+    met = prometheus.custom_query(
+        f'sum(increase({MODELLED_TPOT}_bucket{{{sel},le="{SLO_TPOT}"}}[{window}]))', params=at)
+    count = prometheus.custom_query(f"sum(increase({MODELLED_TPOT}_count{{{sel}}}[{window}]))",
+                                    params=at)
     assert met and count, f"{name}: no modelled TPOT in Prometheus for {phase}: {met} {count}"
     n_met, n = float(met[0]["value"][1]), float(count[0]["value"][1])
     return (n_met / n if n > 0 else 0.0), n
