@@ -58,7 +58,10 @@ def test_admin_drain_without_exit_keeps_the_process_and_reports_in_flight(fleet)
             running = asyncio.create_task(
                 send_one(session, engine.url, "generate", long_request(200), "sim-model", 0.0, 30)
             )
-            while engine.state()["inflight"] == 0:
+            # decoding, not just arrived: between the HTTP handler and the batch (the local
+            # prefill) /get_load counts nothing, as SGLang's scheduler does not count a request
+            # it has not received; a busy machine stretched that window past the drain (issue 47)
+            while engine.state()["running"] == 0:
                 await asyncio.sleep(0.01)
             async with session.post(engine.url + "/sim/drain") as resp:
                 drained = await resp.json()
