@@ -21,23 +21,22 @@ lint: setup
 # Dynamo planner's and aiperf's included: their venvs are built here (minutes, once), and the
 # tests that drive them fail rather than skip when they are missing. The 30 slowest phases
 # (setup, call, teardown) close each report: where CI's time goes, run after run.
-# tests/ runs in one process by default; TESTS_WORKERS=2 runs it on two workers (pytest-xdist,
-# 770 s against 1,473 s, but one run of three at low load failed a drain test that passes alone,
-# so it is not the default yet): a module stays on one worker (its fixtures built
-# once; tests/conftest.py groups them, and the two aiperf modules share one sweep), each worker
-# starts its own control plane, and the modules that wait on wall-clock (control plane,
-# Prometheus, live engines) go first, the CPU-bound pure tests last, to even out the ends.
+# tests/ runs on two pytest-xdist workers (TESTS_WORKERS=0: one process, one test at a time):
+# a module stays on one worker (its fixtures built once; tests/conftest.py groups them, and the
+# two aiperf modules share one sweep), each worker starts its own control plane, and the
+# modules that wait on wall-clock (control plane, Prometheus, live engines) go first, the
+# CPU-bound pure tests last, to even out the two ends.
 # e2e/ runs two modules at once (a module per worker): each module has its own control plane,
 # Prometheus and fleet, and spends its time waiting on load phases played in real time (a
 # fraction of a core each: docs/develop/index.md, Test tiers), so two side by side keep the
-# slack they have alone. Both tiers run even when the first fails, so that one report says
-# everything that failed. TESTS_WORKERS=0 runs tests/ in one process, one test at a time.
-# TIERS=side-by-side runs the e2e tier beside tests/ rather than after it (its report in
-# out/test-e2e.log, printed after tests/'s): e2e/ holds 0.6 of a core, so together they fit on
-# two cores, and the run takes as long as the longer tier instead of the sum of both.
+# slack they have alone.
+# The e2e tier runs beside tests/ (its report in out/test-e2e.log, printed after tests/'s):
+# e2e/ holds 0.6 of a core, so the run takes as long as the longer tier instead of the sum of
+# both; TIERS=one-after-the-other runs it after tests/. Both tiers run even when one fails,
+# so that one report says everything that failed.
 E2E_WORKERS ?= 2
-TESTS_WORKERS ?= 0
-TIERS ?= one-after-the-other
+TESTS_WORKERS ?= 2
+TIERS ?= side-by-side
 test: lint dynamo-venv aiperf-venv
 	export PDSCALE_REQUIRE_DYNAMO=1 PDSCALE_REQUIRE_AIPERF=1 \
 	PDSCALE_AIPERF=$$(bench/aiperf/setup_venv.sh); \
