@@ -107,10 +107,14 @@ class _Engine(BaseHTTPRequestHandler):
     100 output tokens; and the PD queues. The prefill writes the ``sglang:`` prefix, the decode
     ``sglang_`` (an exporter that rewrites the colon): the reader must read both."""
 
-    started = time.monotonic()
+    started_ms = round(time.time() * 1000)
 
     def do_GET(self):
-        t = time.monotonic() - self.started
+        # each sample carries the time its value was computed at: Prometheus would otherwise
+        # stamp it with the scrape's start, and on a busy machine the handler runs late by a
+        # different amount on each target, which moved a ratio across the two by 2% (issue 47)
+        now_ms = round(time.time() * 1000)
+        t = (now_ms - self.started_ms) / 1000
         role = self.server.role  # type: ignore[attr-defined]
         if role == "prefill":
             lines = [
@@ -153,7 +157,7 @@ class _Engine(BaseHTTPRequestHandler):
                 # 75 tokens a second between them: 40 ms each on average
                 f'sglang_inter_token_latency_seconds_count{{engine_type="{role}"}} {75 * t:.3f}',
             ]
-        body = ("\n".join(lines) + "\n").encode()
+        body = "".join(f"{line} {now_ms}\n" for line in lines).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
