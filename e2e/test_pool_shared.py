@@ -191,9 +191,9 @@ def _modelled_tpot_share(run: Run, name: str, phase: str) -> tuple[float, float]
     """(share of ``name``'s requests finished in ``phase`` whose modelled TPOT met the SLO,
     requests counted), from its decode engines' histogram in Prometheus: the share within
     the bucket ``le`` = the TPOT target (a bucket bound) over all, the phase's increase."""
-    names = [n for n, _, _ in PHASES]
-    seconds = PHASES[names.index(phase)][1]
-    end = run.started_unix + sum(sec for _, sec, _ in PHASES[: names.index(phase) + 1])
+    index = [n for n, _, _ in PHASES].index(phase)
+    seconds = PHASES[index][1]
+    end = run.started_unix + sum(sec for _, sec, _ in PHASES[: index + 1])
     sel = f'pdcluster="{name}",role="decode"'
     # requests finish a few seconds after they are sent: the window ends one scrape later
     assert run.stack is not None and run.stack.prometheus is not None

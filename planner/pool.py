@@ -495,11 +495,11 @@ def member_command(probe: MemberProbe, decision: PoolDecision, *, config: Planne
     its guarantee as granted, that is the command (and its memory: guaranteed nodes still
     draining out of a borrower are added once free, and meanwhile its planner remembers
     asking for them, as on a static split); else its planner plans again within the budget
-    (from its memory before the probe) for its own split of it, and the command is what it wanted alone, trimmed toward
-    that split (``trim_to_budget``). Either way its additions are cut to what it may hold
-    now (``admit_within``: a node another member or role gives up is not free until
-    drained). The command's explanation ends with the grant's reason; the memory's last
-    decision is the planner's own (the command is the pool's cut of it)."""
+    (from its memory before the probe) for its own split of it, and the command is what it
+    wanted alone, trimmed toward that split (``trim_to_budget``). Either way its additions are
+    cut to what it may hold now (``admit_within``: a node another member or role gives up is
+    not free until drained). The command's explanation ends with the grant's reason; the
+    memory's last decision is the planner's own (the command is the pool's cut of it)."""
     name = probe.need.name
     kp, kd = config.nodes_per_instance
     budget = member_budgets(decision, [probe.need])[name]
