@@ -51,7 +51,8 @@ from pdscale.planner.replay.simulate import ForwardPass
 
 DRIVER = Path(__file__).with_name("dynamo") / "driver.py"
 SETUP_SCRIPT = Path(__file__).with_name("dynamo") / "setup_venv.sh"
-DEFAULT_VENV = Path.home() / ".cache/pdscale/dynamo-venv"
+#: where bench/dynamo/setup_venv.sh puts it by default (PDSCALE_CACHE, as the control plane)
+DEFAULT_VENV = Path(os.environ.get("PDSCALE_CACHE") or Path.home() / ".cache" / "pdscale") / "dynamo-venv"
 #: the grid of Dynamo's own AIC bootstrap sweep (dynamo/replay/planner.py)
 FPM_GRANULARITY = 8
 DECODE_CONTEXTS_TOKENS = (500, 2000, 4000, 8000)

@@ -3,13 +3,14 @@
 # pdscale dependency (it brings about 1 GB and pins its own stack), but `pdscale profile run`
 # drives it and tests/planner/test_profile_{fit,run}_closed.py run it against simulated engines.
 #
-# Usage: bench/aiperf/setup_venv.sh [VENV_DIR]   (default ~/.cache/pdscale/aiperf-venv)
+# Usage: bench/aiperf/setup_venv.sh [VENV_DIR]   (default $PDSCALE_CACHE/aiperf-venv,
+#   PDSCALE_CACHE defaulting to ~/.cache/pdscale as for the control plane's builds)
 # Prints nothing on stdout but the aiperf executable's path (for PDSCALE_AIPERF).
 # Idempotent: a venv built from this script as it is now is kept (seconds); `make test` runs it
 # so the closed-loop aiperf tests never skip there.
 set -euo pipefail
 
-venv_dir="${1:-$HOME/.cache/pdscale/aiperf-venv}"
+venv_dir="${1:-${PDSCALE_CACHE:-$HOME/.cache/pdscale}/aiperf-venv}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python_bin="${PYTHON:-python3.11}"
 export PYTHONSAFEPATH=1  # a checkout's operator/ must never shadow the standard library's

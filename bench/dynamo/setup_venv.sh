@@ -10,12 +10,13 @@
 # level. Consequence: Dynamo's AIC-estimator mode is not available; its profile
 # interpolation and forward-pass regression are.
 #
-# Usage: bench/dynamo/setup_venv.sh [VENV_DIR]   (default ~/.cache/pdscale/dynamo-venv)
+# Usage: bench/dynamo/setup_venv.sh [VENV_DIR]   (default $PDSCALE_CACHE/dynamo-venv,
+#   PDSCALE_CACHE defaulting to ~/.cache/pdscale as for the control plane's builds)
 # Idempotent: a venv built from this script, constraints.txt and the placeholder as they are
 # now is kept (seconds); `make test` runs it so the real-Dynamo tests never skip there.
 set -euo pipefail
 
-venv_dir="${1:-$HOME/.cache/pdscale/dynamo-venv}"
+venv_dir="${1:-${PDSCALE_CACHE:-$HOME/.cache/pdscale}/dynamo-venv}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python_bin="${PYTHON:-python3.11}"
 # `python -m` puts the working directory first on sys.path; run from a neutral place so a
