@@ -1,6 +1,7 @@
 """A deleted pod goes as a kubelet lets it go (testbed/kwok-pod-delete.yaml): a pod the
 simulated fleet runs a process for at its grace period's end at the latest (the fleet removes
-it earlier, once the process has exited), any other pod at once. kwok's own stage removed it at
+it earlier, once the process has exited), a LeaderWorkerSet worker a few seconds later (its
+container stops first), any other pod at once. kwok's own stage removed it at
 a random moment within the grace period, which held drained engines in the node budget for up
 to 30 s after they had exited."""
 
@@ -61,3 +62,22 @@ def test_a_deleted_pod_with_a_process_stays_until_its_grace_ends_and_any_other_g
         time.sleep(0.25)
     wait_for(lambda: not _exists(core, namespace, "engine"), timeout_seconds=30)
     assert time.monotonic() - deleted >= 7  # its deadline is in whole seconds
+
+
+def test_a_deleted_leaderworkerset_worker_goes_seconds_later_as_its_container_stops(
+        cluster, admin_api, namespace) -> None:
+    """An LWS worker pod (the fleet runs no process for it: its leader serves the group) goes a
+    few seconds after its deletion, as a kubelet stops its container first: the LWS controller
+    recreates the group only if it reads the pod while it is being deleted."""
+    node = cluster.ensure_h200_nodes(1)[0]
+    core = client.CoreV1Api(admin_api)
+    body = _pod("worker", node, {}, grace_seconds=60)
+    body["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/worker-index": "2"}
+    core.create_namespaced_pod(namespace, body)
+    wait_for(lambda: core.read_namespaced_pod("worker", namespace).status.phase == "Running",
+             timeout_seconds=60)
+    deleted = time.monotonic()
+    core.delete_namespaced_pod("worker", namespace)
+    wait_for(lambda: not _exists(core, namespace, "worker"), timeout_seconds=30)
+    # a lower bound: load on the machine can only make it later
+    assert time.monotonic() - deleted >= 2.5, "an LWS worker went before its container stopped"
