@@ -23,14 +23,14 @@ import pytest
 
 from pdscale.planner.model import PerformanceModel
 from pdscale.planner.profile import Profile
+from pdscale.testbed.localcluster import CACHE_ROOT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loop"))  # the loop tests' harness
 
 from fake_aiperf import TRUTH_YAML
 
 #: where bench/aiperf/setup_venv.sh puts aiperf by default
-VENV_AIPERF = (Path(os.environ.get("PDSCALE_CACHE") or Path.home() / ".cache" / "pdscale")
-               / "aiperf-venv" / "bin" / "aiperf")
+VENV_AIPERF = CACHE_ROOT / "aiperf-venv" / "bin" / "aiperf"
 AIPERF = os.environ.get("PDSCALE_AIPERF") or (str(VENV_AIPERF) if VENV_AIPERF.is_file() else None)
 #: make test: a missing aiperf is a failure, not a skip
 AIPERF_REQUIRED = os.environ.get("PDSCALE_REQUIRE_AIPERF") == "1"

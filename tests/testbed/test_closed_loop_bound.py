@@ -20,7 +20,6 @@ RECORDING = Path(__file__).parent / "data" / "closed-loop-recording"
 #: the run's measured join delay (demo_replay.join_delay) and its Prometheus' scrape interval
 JOIN_DELAY_SECONDS = 5.0
 SCRAPE_SECONDS = 1.0
-INTERVAL_SECONDS = 10.0
 #: how far pdscale's lowest router draw may fall under the meter's at one tick phase. Measured
 #: on this recording and on another from a run with six CPU-bound jobs beside it: at worst
 #: 2.2 pp under (tick phase 7.5 s, 49.9% against 52.1%); over the four phases pdscale's draws

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from pdscale.testbed.fixtures import wait_for
 from pdscale.testbed.nodes import GPU_TAINT
-from pdscale.testbed.simfleet import PROCESS_ANNOTATION
+from pdscale.testbed.simfleet import LWS_WORKER_INDEX, PROCESS_ANNOTATION
 
 pytestmark = pytest.mark.cluster
 
@@ -72,7 +72,7 @@ def test_a_deleted_leaderworkerset_worker_goes_seconds_later_as_its_container_st
     node = cluster.ensure_h200_nodes(1)[0]
     core = client.CoreV1Api(admin_api)
     body = _pod("worker", node, {}, grace_seconds=60)
-    body["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/worker-index": "2"}
+    body["metadata"]["labels"] = {LWS_WORKER_INDEX: "2"}
     core.create_namespaced_pod(namespace, body)
     wait_for(lambda: core.read_namespaced_pod("worker", namespace).status.phase == "Running",
              timeout_seconds=60)
