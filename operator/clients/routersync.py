@@ -7,17 +7,25 @@ smg 1.13 (observed against both binaries; docs/routers.md has the side-by-side):
 - ``GET /workers`` -> ``{"workers": [{"id", "url", "worker_type": "prefill"|"decode",
   "bootstrap_port" (prefill only), "is_healthy", ...}], "total", "stats"}``. smg adds a
   ``status`` per entry: ``pending`` | ``ready`` | ``not_ready`` | ``failed`` | ``draining``.
-- ``POST /workers {"url", "worker_type", "bootstrap_port"}`` -> **202** with ``worker_id``;
+- ``POST /workers {"url", "worker_type", "bootstrap_port", "health"}`` -> **202** with
+  ``worker_id``;
   the worker appears in ``GET /workers`` only once the router has reached it (``/health``,
   ``/server_info``, ``/model_info``). A URL already registered: 0.3.2 answers 202 again (the
   job then fails with "already exists"), smg answers **409** ``WORKER_ALREADY_EXISTS``; both
   mean "present", so adding is idempotent.
 - ``DELETE /workers/{id}`` -> **202**; an unknown id -> 404 ``WORKER_NOT_FOUND``. 0.3.2 drops
   the worker from the next ``GET /workers``. smg lists it as ``draining`` (no longer routed
-  to, ``is_healthy`` false) for its ``--drain-settle-secs`` (5 s) and then drops it; deleting
+  to, ``is_healthy`` false) for its drain settle time (5 s) and then drops it; deleting
   it again, or posting its URL meanwhile, can make the late removal take a fresh registration
   with it, so a draining entry is left alone until it has gone. Ids are random per
   registration, so we look them up by URL.
+- The workers we add carry ``"health": {"drain_settle_secs": 0}`` (smg's per-worker
+  override; 0.3.2 ignores it), so smg drops a removed worker at once. smg's overload veto
+  leaves a worker with 8 waiting requests out of routing "while another worker is under the
+  thresholds", and counts a ``draining`` one as such (``routers/common/overload.rs:
+  all_vetoed`` at 1.13.0): while a removed prefill settled, an overloaded survivor was refused
+  and every request failed with 503 "No available prefill workers". Our release order waits
+  for the engine itself, so the settle time protects nothing.
 - The legacy ``/add_worker``, ``/remove_worker`` and ``/list_workers`` answer **404**.
 
 A ``/workers`` reply that is not that shape (a proxy's error page, a truncated body) reads as
@@ -238,7 +246,9 @@ class RouterClient:
 
     async def add_worker(self, spec: WorkerSpec, *, timeout_seconds: float = 30.0) -> RouterWorker:
         """Register ``spec`` and wait until the router lists it reached (not pending)."""
-        body: dict[str, Any] = {"url": spec.url, "worker_type": spec.role}
+        # no drain settle time at smg: see the module docstring (the overload veto)
+        body: dict[str, Any] = {"url": spec.url, "worker_type": spec.role,
+                                "health": {"drain_settle_secs": 0}}
         if spec.bootstrap_port is not None:
             body["bootstrap_port"] = spec.bootstrap_port
         async with self.session.post(f"{self.base_url}/workers", json=body) as resp:

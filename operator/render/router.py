@@ -73,8 +73,8 @@ def args(spec: PDClusterSpec, profile: Profile | None = None) -> tuple[list[str]
     ]
     if smg(spec):
         # the same flags as sglang-router (smg kept its launcher's names); pdscale's drain
-        # waits for the engine itself, so smg's 5 s drain settle time only delays the entry's
-        # removal from its list (docs/routers.md)
+        # waits for the engine itself, and the operator registers each worker with no drain
+        # settle time (routersync.py, docs/routers.md: smg's overload veto)
         command = ["python3", "-m", "smg", "launch"]
         mode = ["--pd-disaggregation", *admission_args(admission(spec, profile))]
     elif kind(spec) is RouterKind.SGLANG:

@@ -15,6 +15,7 @@ import signal
 import statistics
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 
 import aiohttp
@@ -70,6 +71,16 @@ def fleet_up(fleet: Fleet, n_prefill: int, n_decode: int, gateway: str, *extra: 
         fleet.wait_healthy(e)
     fleet.start_router(prefill, decode, *ROUTER_ARGS, *extra, gateway=gateway)
     return prefill, decode
+
+
+def start_router_as_the_operator_does(fleet: Fleet, prefill: list[Engine], decode: list[Engine],
+                                      *extra: str, gateway: str) -> None:
+    """The router starts with no worker and the operator's door (``SGLangWorkerList``) adds
+    them, as in a cluster: the workers then carry what the operator registers them with (smg's
+    drain settle time of 0, see routersync.py)."""
+    fleet.start_router([], [], *ROUTER_ARGS, *extra, gateway=gateway)
+    SGLangWorkerList([fleet.router_url]).make_equal(frozenset(e.spec for e in prefill + decode))
+    fleet.wait_router_workers(len(prefill) + len(decode))
 
 
 def requests_served(engine) -> int:
@@ -226,7 +237,7 @@ def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode
     decode = [fleet.start_engine("decode", wait=False) for _ in range(2)]
     for e in prefill + decode:
         fleet.wait_healthy(e)
-    fleet.start_router(prefill, decode, *ROUTER_ARGS, "--disable-retries", gateway=gateway)
+    start_router_as_the_operator_does(fleet, prefill, decode, "--disable-retries", gateway=gateway)
     leaving = [e for e, role in ((decode[1], "decode"), (prefill[1], "prefill")) if role in roles]
     specs = plan_requests([LOAD], seed=7)
 
@@ -370,7 +381,7 @@ def test_the_worker_list_is_exact_at_every_sample_while_scaling_under_load(fleet
     d1, d2, d3 = (fleet.start_engine("decode", wait=False) for _ in range(3))
     for e in (p1, p2, d1, d2, d3):
         fleet.wait_healthy(e)
-    fleet.start_router([p1], [d1], *ROUTER_ARGS, "--disable-retries", gateway=gateway)
+    start_router_as_the_operator_does(fleet, [p1], [d1], "--disable-retries", gateway=gateway)
     workers = SGLangWorkerList([fleet.router_url])
     plan = [  # (at seconds, desired engines, engine leaving after its drain)
         (1.5, (p1, p2, d1, d2), None),
@@ -454,3 +465,56 @@ def test_the_worker_list_is_exact_at_every_sample_while_scaling_under_load(fleet
     assert all(busy > 0 for _, busy, _ in drains), drains
     # the new decode took traffic, the old pair none after it left
     assert requests_served(d3) > 0 and requests_served(d2) > 0, fleet.describe()
+
+
+def workers_overloaded(fleet: Fleet) -> float:
+    """smg's ``smg_workers_overloaded`` gauge: workers its overload veto holds out of routing
+    at its last load poll (0 before any is)."""
+    with urllib.request.urlopen(fleet.router_metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("smg_workers_overloaded"))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_smg_routes_to_an_overloaded_survivor_when_the_other_prefill_leaves(fleet):
+    """smg 1.13's overload veto leaves a prefill with 8 or more waiting requests out of routing
+    "while another worker is under the thresholds", and counts a removed worker that is still
+    in its drain settle time (5 s) as such: a CI run of the test above got 503 "No available
+    prefill workers" for 15 requests while the survivor was vetoed (2026-12-07). Registered
+    through the operator's door, a removed worker leaves smg at once, and the vetoed survivor,
+    the only prefill left, takes every request."""
+    # a pass takes 8,192 tokens: four 2,000-token prompts, 2 s at 4,000 tokens/s, so a burst of
+    # 20 keeps 8 or more waiting there for about 4 s
+    slow = fleet.start_engine("prefill", "--prefill-tokens-per-second", "4000", wait=False)
+    fast = fleet.start_engine("prefill", wait=False)
+    decode = fleet.start_engine("decode", wait=False)
+    for e in (slow, fast, decode):
+        fleet.wait_healthy(e)
+    start_router_as_the_operator_does(fleet, [slow, fast], [decode], "--disable-retries",
+                                      "--load-monitor-interval", "1", gateway=SMG)  # fmt: skip
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            burst = [asyncio.create_task(send_one(session, fleet.router_url, "chat",
+                                                  spec(i, 2000, 4, "b"), "sim-model", 0.0, 90))
+                     for i in range(40)]  # fmt: skip
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (
+                    workers_overloaded(fleet) >= 1 and slow.state()["queued"] >= 8):
+                await asyncio.sleep(0.05)
+            vetoed = workers_overloaded(fleet)
+            waiting = slow.state()["queued"]
+            await asyncio.to_thread(SGLangWorkerList([fleet.router_url]).make_equal,
+                                    frozenset((slow.spec, decode.spec)))  # fmt: skip
+            after = [await send_one(session, fleet.router_url, "chat", spec(i, 100, 4, "a"),
+                                    "sim-model", 0.0, 90) for i in range(5)]  # fmt: skip
+            return vetoed, waiting, after, await asyncio.gather(*burst)
+
+    vetoed, waiting, after, burst = asyncio.run(scenario())
+    print(f"\nvetoed {vetoed} with {waiting} waiting at the slow prefill; after the removal "
+          f"{[r.status for r in after]}")
+    # the scenario happened: the survivor was vetoed when the other prefill left
+    assert vetoed >= 1 and waiting >= 8, (vetoed, waiting, fleet.describe())
+    assert all(r.ok for r in after), [(r.status, r.error) for r in after]
+    assert all(r.ok for r in burst), [(r.status, r.error) for r in burst if not r.ok]
