@@ -320,11 +320,15 @@ class DriverClient:
     def __init__(self, command: Sequence[str], env: dict[str, str] | None = None) -> None:
         # read back only to explain a failure; closed in close()
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        # the driver's own temp dir, removed in close(): Dynamo writes a logging config
+        # (tmp*.json) there at every import and never removes it
+        self.scratch = tempfile.TemporaryDirectory(prefix="pdscale-dynamo-")
+        env = {**(os.environ if env is None else env), "TMPDIR": self.scratch.name}
         self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True, env=env,
                                      # a neutral folder: nothing of a checkout importable, and
-                                     # any report Dynamo writes lands in the temp dir
-                                     cwd=tempfile.gettempdir())
+                                     # any report Dynamo writes lands in the scratch dir
+                                     cwd=self.scratch.name)
 
     @classmethod
     def start(cls, venv: Path | None = None) -> DriverClient:
@@ -369,6 +373,7 @@ class DriverClient:
                 self.proc.kill()
                 self.proc.wait()
         self.stderr.close()
+        self.scratch.cleanup()
 
 
 @dataclass

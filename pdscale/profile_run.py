@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -297,8 +298,12 @@ class AiperfRunner:
         directory.mkdir(parents=True)
         cmd = aiperf_command(self.aiperf, self.target, run, str(directory), self.extra)
         (directory / "command.txt").write_text(" ".join(cmd) + "\n")
+        # aiperf's own temp dir, removed after the run; short, as aiperf's ZMQ sockets live
+        # there and a socket path over 107 characters fails the run (not under `directory`)
+        scratch = Path(tempfile.mkdtemp(prefix="pdscale-aiperf-"))
         env = aiperf_environment(os.environ, local_tokenizer=bool(
-            self.target.tokenizer and Path(self.target.tokenizer).is_dir()))
+            self.target.tokenizer and Path(self.target.tokenizer).is_dir()),
+            scratch_dir=str(scratch))
         stderr_path = directory / "aiperf.stderr.log"
         began = time.monotonic()
         with (directory / "aiperf.stdout.log").open("w") as out, stderr_path.open("w") as err:
@@ -316,6 +321,8 @@ class AiperfRunner:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
                 raise
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         seconds = time.monotonic() - began
         if code != 0:
             return Outcome(False, seconds, f"aiperf exited {code}; stderr ({stderr_path}):\n"

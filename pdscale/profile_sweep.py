@@ -56,12 +56,18 @@ def aiperf_command(aiperf: str, target: Target, run: Run, artifact_dir: str,
     return cmd + list(extra)
 
 
-def aiperf_environment(environ: Mapping[str, str], *, local_tokenizer: bool) -> dict[str, str]:
+def aiperf_environment(environ: Mapping[str, str], *, local_tokenizer: bool,
+                       scratch_dir: str | None = None) -> dict[str, str]:
     """aiperf's environment: ours, less ``HF_HUB_OFFLINE`` when the tokenizer is a local
-    directory (aiperf 0.13 then treats the path as a hub name and fails)."""
+    directory (aiperf 0.13 then treats the path as a hub name and fails), with ``TMPDIR`` at
+    ``scratch_dir`` when given: aiperf leaves its dataset's ``aiperf_mmap_<id>`` folder and a
+    ``tmp*/aiperf`` folder in the temp dir after every run, so the caller gives it one it
+    removes."""
     env = dict(environ)
     if local_tokenizer:
         env.pop("HF_HUB_OFFLINE", None)
+    if scratch_dir is not None:
+        env["TMPDIR"] = scratch_dir
     return env
 
 

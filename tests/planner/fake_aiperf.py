@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -79,6 +80,11 @@ def main(argv: list[str]) -> int:
         print("aiperf: error: connection refused (http://router)", file=sys.stderr)
         return 1
     args.artifact_dir.mkdir(parents=True, exist_ok=True)
+    # as aiperf 0.13 does: its dataset's memory map in the temp dir, left there after the run
+    leftover = Path(tempfile.gettempdir()) / f"aiperf_mmap_{os.getpid()}"
+    leftover.mkdir()
+    (leftover / "dataset.dat").write_bytes(b"")
+    (args.artifact_dir / "tmpdir.txt").write_text(tempfile.gettempdir())
     rows = simulate(args.isl, args.osl, args.concurrency, args.request_count)
     (args.artifact_dir / "profile_export.jsonl").write_text(records_jsonl(rows))
     return 0

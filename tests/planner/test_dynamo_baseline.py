@@ -299,6 +299,19 @@ def test_a_driver_that_dies_is_reported_with_its_stderr(tmp_path: Path):
     client.close()
 
 
+def test_what_the_driver_leaves_in_its_temp_dir_goes_with_it(tmp_path: Path):
+    # as Dynamo does at import: a logging config in the temp dir, never removed
+    script = tmp_path / "leaves.py"
+    script.write_text("import sys, tempfile\n"
+                      "sys.stderr.write(tempfile.mkstemp(suffix='.json')[1]); sys.exit(3)\n")
+    client = dp.DriverClient([sys.executable, str(script)])
+    with pytest.raises(dp.DynamoDriverError):
+        client.request({"type": "init"}, "ready")
+    left = Path(client.stderr_tail())
+    client.close()
+    assert left.parent == Path(client.scratch.name) and not left.parent.exists()
+
+
 def test_a_missing_venv_names_the_setup_script(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match=r"setup_venv\.sh"):
         dp.venv_python(tmp_path / "nowhere")
@@ -481,6 +494,7 @@ def test_the_drivers_estimate_is_dynamos_fitted_line(model: PerformanceModel, tm
         print(worst)
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["TMPDIR"] = str(tmp_path)  # what Dynamo's import leaves there goes with the test's dir
     out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=300, check=True)
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-12

@@ -115,6 +115,8 @@ def test_hf_hub_offline_is_dropped_for_a_local_tokenizer_only():
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/bin"}
     assert aiperf_environment(env, local_tokenizer=True) == {"PATH": "/bin"}
     assert aiperf_environment(env, local_tokenizer=False) == env
+    assert aiperf_environment(env, local_tokenizer=False, scratch_dir="/w/03/tmp") == {
+        **env, "TMPDIR": "/w/03/tmp"}
 
 
 def test_a_missing_aiperf_is_refused_naming_the_flag_and_the_variable():
@@ -342,6 +344,10 @@ def test_a_sweep_stops_each_row_where_covered_and_fits_the_truth(tmp_path, fake_
     assert fitted.decode.per_context_token_seconds == pytest.approx(2e-6, rel=0.01)
     assert "[1/14 " in err and "[6/13 " in err  # the count shrinks as a row stops early
     assert (tmp_path / "out-runs" / "05-prefill-isl4000-c1" / "profile_export.jsonl").is_file()
+    # aiperf's temp dir was each run's own, and is gone with what aiperf left in it
+    scratch = {(run_dir / "tmpdir.txt").read_text() for run_dir in (tmp_path / "out-runs").iterdir()}
+    assert len(scratch) == len(names)
+    assert all(Path(d).name.startswith("pdscale-aiperf-") and not Path(d).exists() for d in scratch)
     manifest = yaml.safe_load((tmp_path / "out-configmap.yaml").read_text())
     assert profile_from_configmap(manifest, ProfileConfigMapRef(name="p"), "team-a") == fitted
 
