@@ -96,11 +96,19 @@ class RouterWorker:
     healthy: bool = True
     #: smg's lifecycle state; "" from sglang-router 0.3.2, which lists only reached workers
     status: str = ""
+    #: smg's ``health.drain_settle_secs`` for this worker; None when the router lists none
+    drain_settle_seconds: int | None = None
 
     @property
     def draining(self) -> bool:
         """Deleted, no longer routed to, listed until smg's drain settle time has passed."""
         return self.status == DRAINING
+
+    @property
+    def leaving_now(self) -> bool:
+        """Draining with no settle time: smg is removing it, in milliseconds, or longer on a
+        loaded machine. Until it has gone, smg's overload veto still counts it (see above)."""
+        return self.draining and self.drain_settle_seconds == 0
 
     @property
     def pending(self) -> bool:
@@ -116,6 +124,7 @@ class RouterWorker:
             bootstrap_port=item.get("bootstrap_port"),
             healthy=bool(item.get("is_healthy", True)),
             status=str(item.get("status") or ""),
+            drain_settle_seconds=_drain_settle_seconds(item.get("health")),
         )
 
     def matches(self, spec: WorkerSpec) -> bool:
@@ -124,6 +133,11 @@ class RouterWorker:
             and self.role == spec.role
             and (self.bootstrap_port if self.role == "prefill" else None) == spec.bootstrap_port
         )
+
+
+def _drain_settle_seconds(health: object) -> int | None:
+    value = health.get("drain_settle_secs") if isinstance(health, dict) else None
+    return value if type(value) is int else None
 
 
 def parse_worker_list(body: str) -> list[RouterWorker]:
@@ -271,17 +285,23 @@ class RouterClient:
         return listed
 
     async def remove_worker(self, worker: RouterWorker, *, timeout_seconds: float = 30.0) -> None:
-        """Deregister ``worker`` and wait until the router no longer routes to its URL (gone,
-        or smg's ``draining``)."""
+        """Deregister ``worker`` and wait until the router no longer routes to its URL: gone,
+        or smg's ``draining`` with a settle time (someone else's registration). One we
+        registered (no settle time) is waited for until smg has dropped it: until then its
+        overload veto counts it, so the next step (the drain, the stop) waits for that too."""
         async with self.session.delete(f"{self.base_url}/workers/{worker.id}") as resp:
             # 404: already gone, which is what we want
             if resp.status not in (200, 202, 204, 404):
                 raise RouterError(f"DELETE /workers/{worker.id} ({worker.url}) answered "
                                   f"{resp.status}: {await resp.text()}")  # fmt: skip
-        await self._wait(
-            lambda: self.find(worker.url), lambda w: w is None,
-            timeout_seconds, f"worker {worker.url} to leave the list",
-        )  # fmt: skip
+        key = normalize_url(worker.url)
+
+        async def still_there() -> bool:
+            return any(normalize_url(w.url) == key and (not w.draining or w.leaving_now)
+                       for w in await self.list_workers())  # fmt: skip
+
+        await self._wait(still_there, lambda there: not there,
+                         timeout_seconds, f"worker {worker.url} to leave the list")  # fmt: skip
 
     async def _wait(self, probe: Callable[[], Awaitable[T]], done: Callable[[T], bool],
                     timeout_seconds: float, what: str) -> T:

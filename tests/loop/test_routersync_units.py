@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pdscale.operator.clients.routersync import (
+    RouterClient,
     RouterError,
     RouterWorker,
     SGLangWorkerList,
@@ -286,3 +287,66 @@ def test_zero_right_after_removal_waits_out_the_settle_time():
     # the router may have picked this worker just before the removal and not sent yet
     _, events = run_drain([0])
     assert events == ["remove@0.0", "inflight=0", "inflight=0", "stop@1.0"]
+
+
+class _Removing(BaseHTTPRequestHandler):
+    """smg removing a worker: after the DELETE, the entry is listed ``draining`` for
+    ``server.draining_listings`` more listings, then gone."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        server = self.server
+        entry = {"id": "01a2", "url": P1.url, "worker_type": "prefill", "bootstrap_port": 8998,
+                 "is_healthy": True, "status": "ready", **server.health}  # type: ignore[attr-defined]
+        workers = [entry]
+        if server.deleted:  # type: ignore[attr-defined]
+            server.listings += 1  # type: ignore[attr-defined]
+            gone = server.listings > server.draining_listings  # type: ignore[attr-defined]
+            workers = [] if gone else [{**entry, "status": "draining", "is_healthy": False}]
+        self._answer(200, json.dumps({"workers": workers}).encode())
+
+    def do_DELETE(self) -> None:
+        self.server.deleted = True  # type: ignore[attr-defined]
+        self._answer(202, b"{}")
+
+
+@pytest.mark.parametrize(("health", "listings_waited"), [
+    # ours: no settle time, so smg drops it in a moment; until then its overload veto counts it
+    ({"health": {"drain_settle_secs": 0}}, 4),
+    # someone else's: draining for 5 s, already out of routing, not waited for
+    ({"health": {"drain_settle_secs": 5}}, 1),
+    ({}, 1),
+])
+def test_a_removal_waits_until_a_worker_with_no_settle_time_has_gone(health, listings_waited):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Removing)
+    server.health, server.deleted, server.listings = health, False, 0  # type: ignore[attr-defined]
+    server.draining_listings = 3  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    async def remove() -> None:
+        from aiohttp import ClientSession
+        async with ClientSession() as session:
+            client = RouterClient(f"http://127.0.0.1:{server.server_address[1]}", session,
+                                  poll_seconds=0.001)  # fmt: skip
+            (worker,) = await client.list_workers()
+            assert worker.drain_settle_seconds == health.get("health", {}).get("drain_settle_secs")
+            await client.remove_worker(worker, timeout_seconds=10)
+
+    try:
+        asyncio.run(remove())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.listings == listings_waited  # type: ignore[attr-defined]
