@@ -26,6 +26,14 @@ from .planning import decision_event, decision_status, short
 log = logging.getLogger(__name__)
 
 _labels = ("namespace", "pdcluster", "role")
+# The plan time is set last (``Reporter._planner_input``) and registered first: a scrape
+# collects the registry's metrics in registration order, so one that shows a new plan time
+# collects everything the decision set before it afterwards, and shows that decision's counts,
+# states and decisions count. Registered after them, a scrape on a loaded machine read the
+# counts before a decision and its plan time after (the first decision then had no counts
+# recorded, and `pdscale replay --prometheus` compared 4 of 5).
+LAST_PLAN = Gauge("pdscale_planner_last_plan_timestamp_seconds",
+                  "When the planner last decided (the planner's clock, Unix seconds)", _labels[:2])
 RECOMMENDED = Gauge("pdscale_planner_recommended_replicas", "Instances the planner decided on", _labels)
 TARGET = Gauge("pdscale_planner_target_replicas", "Instances the operator is moving to (Auto)", _labels)
 READY = Gauge("pdscale_ready_replicas", "Ready, non-draining instances", _labels)
@@ -43,18 +51,15 @@ REFUSED = Gauge("pdscale_router_refused_requests_per_second",
                 "read them at its last decision", _labels[:2])
 PLAN_SECONDS = Histogram("pdscale_planner_plan_duration_seconds", "Time to read metrics and plan",
                          _labels[:2], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-# The fleet as the planner saw it at its last decision, and when that was: with the readings
-# (evaluated at that time) they are the whole input of a decision, so ``pdscale replay
-# --prometheus`` can re-run it. The plan time is set last, so a scrape that shows a new one shows
-# that decision's counts too.
+# The fleet as the planner saw it at its last decision, and when that was (LAST_PLAN, above):
+# with the readings (evaluated at that time) they are the whole input of a decision, so
+# ``pdscale replay --prometheus`` can re-run it.
 OBSERVED_INSTANCES = Gauge("pdscale_planner_observed_instances",
                            "Instances by state (ready, warming, draining, recently_ready) at the last decision",
                            (*_labels, "state"))
 WARMING_READY_IN = Gauge("pdscale_planner_warming_ready_in_seconds",
                          "Seconds from the last decision until each warming instance was expected to serve",
                          (*_labels, "slot"))
-LAST_PLAN = Gauge("pdscale_planner_last_plan_timestamp_seconds",
-                  "When the planner last decided (the planner's clock, Unix seconds)", _labels[:2])
 DECISIONS = Counter("pdscale_planner_decisions_total", "Planner decisions by what bound them",
                     (*_labels[:2], "bound"))
 LOOP_ERRORS = Counter("pdscale_loop_errors_total",

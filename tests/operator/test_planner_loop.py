@@ -226,6 +226,49 @@ def test_a_decision_shows_the_refusals_it_read_in_status_and_as_a_gauge():
     assert REFUSED.labels(NS, "demo")._value.get() == 0.4
 
 
+def test_a_scrape_that_shows_a_new_plan_time_shows_that_decisions_counts_wherever_it_falls():
+    """A scrape runs in the metrics server's thread while the loop reports a decision. Here the
+    whole decision is reported at each point of one scrape's collection in turn: whenever the
+    scrape shows the new plan time, it shows the new recommended counts and decisions count
+    too, which is what ``pdscale replay --prometheus`` joins on (planner/replay/recorded.py)."""
+    from prometheus_client import REGISTRY
+
+    from pdscale.operator.loop.telemetry import DECISIONS, LAST_PLAN, RECOMMENDED
+    from pdscale.planner.observe import Observation
+    from pdscale.planner.prometheus import MetricsSnapshot
+
+    kube = FakeKube()
+    ours = {LAST_PLAN._name, RECOMMENDED._name, DECISIONS._name}
+    families = [f.name for f in REGISTRY.collect()]
+    for point in range(len(families) + 1):
+        name = f"scrape-{point}"
+        body = {"metadata": {"name": name, "namespace": NS, "uid": name}}
+        kube.objects[("PDCluster", NS, name)] = copy.deepcopy(body)
+        first = Decision(at_seconds=NOW, prefill=1, decode=1, predicted_ttft_seconds=0.1,
+                         predicted_tpot_seconds=0.01, cost_gpu_hours=0.0, explanation="")
+        Reporter(kube).decision(body, _spec(), first, None, MetricsSnapshot(readings={}),
+                                Observation(now_seconds=NOW))
+        seen: dict[str, dict[str, float]] = {}
+        for i, family in enumerate(REGISTRY.collect()):
+            if i == point:  # the next decision, reported in the middle of the scrape
+                nxt = Decision(at_seconds=NOW + 60, prefill=3, decode=4, predicted_ttft_seconds=0.1,
+                               predicted_tpot_seconds=0.01, cost_gpu_hours=0.0, explanation="")
+                Reporter(kube).decision(body, _spec(), nxt, first, MetricsSnapshot(readings={}),
+                                        Observation(now_seconds=NOW + 60))
+            if family.name in ours:
+                seen[family.name] = {
+                    s.labels.get("role", "") + s.name: s.value for s in family.samples
+                    if s.labels.get("pdcluster") == name and not s.name.endswith("_created")}
+        plan_time = seen[LAST_PLAN._name][LAST_PLAN._name]
+        counts = (seen[RECOMMENDED._name]["prefill" + RECOMMENDED._name],
+                  seen[RECOMMENDED._name]["decode" + RECOMMENDED._name])
+        decided = sum(seen[DECISIONS._name].values())
+        if plan_time == NOW + 60:
+            assert (counts, decided) == ((3, 4), 2), (point, families[point:point + 1])
+        else:
+            assert plan_time == NOW, point
+
+
 # -- one tick against an in-memory API ----------------------------------------------------------
 class FakeKube:
     """The Kube calls the loop makes, on objects kept by (kind, namespace, name)."""
