@@ -217,6 +217,13 @@ class Fleet:
                 assert time.monotonic() < deadline, self.router.tail()
                 time.sleep(0.1)
 
+    def router_metric(self, prefix: str) -> float:
+        """The sum of the router's samples whose line starts with ``prefix`` (a name, or a name
+        and its labels); 0 when there is none, as a router creates a series at its first event."""
+        with urllib.request.urlopen(self.router_metrics_url, timeout=5) as resp:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                       if line.startswith(prefix))  # fmt: skip
+
     def router_workers(self) -> list[dict]:
         return http_json(self.router_url + "/workers")["workers"]
 

@@ -7,7 +7,6 @@ and routes nothing."""
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pytest
 from loop_harness import SGLANG_ROUTER, SMG, Fleet
@@ -20,11 +19,7 @@ CHAT = 'smg_http_requests_total{method="POST",path="/v1/chat/completions"}'
 
 
 def _router_count(fleet: Fleet) -> float:
-    with urllib.request.urlopen(fleet.router_metrics_url, timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(CHAT):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0  # no series yet: the router creates it at the first request
+    return fleet.router_metric(CHAT)  # no series yet: 0, the router creates it at the first request
 
 
 @pytest.mark.parametrize("gateway", [SGLANG_ROUTER, SMG])

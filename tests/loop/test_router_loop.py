@@ -15,7 +15,6 @@ import signal
 import statistics
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import aiohttp
@@ -470,10 +469,7 @@ def test_the_worker_list_is_exact_at_every_sample_while_scaling_under_load(fleet
 def workers_overloaded(fleet: Fleet) -> float:
     """smg's ``smg_workers_overloaded`` gauge: workers its overload veto holds out of routing
     at its last load poll (0 before any is)."""
-    with urllib.request.urlopen(fleet.router_metrics_url, timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("smg_workers_overloaded"))  # fmt: skip
+    return fleet.router_metric("smg_workers_overloaded")
 
 
 @pytest.mark.slow

@@ -289,21 +289,9 @@ def test_zero_right_after_removal_waits_out_the_settle_time():
     assert events == ["remove@0.0", "inflight=0", "inflight=0", "stop@1.0"]
 
 
-class _Removing(BaseHTTPRequestHandler):
+class _Removing(_Router):
     """smg removing a worker: after the DELETE, the entry is listed ``draining`` for
     ``server.draining_listings`` more listings, then gone."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         server = self.server
