@@ -86,6 +86,10 @@ class RequestSpec:
     prefix_group: str | None = None
     #: leading tokens of the prompt taken from that shared prefix
     shared_prefix_tokens: int = 0
+    #: a name for the requests a test reads together, sent as ``metadata.cohort`` (OpenAI's
+    #: metadata map, chat and completions; the SGLang router passes it on, its ``user`` field
+    #: it drops), None for none: the simulated engines count their modelled TPOT per cohort
+    cohort: str | None = None
 
 
 def draw_length(rng: random.Random, mean: int, spread: float = 0.5) -> int:
@@ -164,16 +168,18 @@ def request_body(api: str, spec: RequestSpec, model: str) -> tuple[str, dict]:
             "sampling_params": {"max_new_tokens": spec.output_tokens, "ignore_eos": True},
             "stream": True,
         }
+    cohort = {} if spec.cohort is None else {"metadata": {"cohort": spec.cohort}}
     if api == "completions":
         return "/v1/completions", {
             "model": model, "prompt": spec.prompt, "max_tokens": spec.output_tokens,
-            "stream": True,
+            "stream": True, **cohort,
         }  # fmt: skip
     return "/v1/chat/completions", {
         "model": model,
         "messages": [{"role": "user", "content": spec.prompt}],
         "max_tokens": spec.output_tokens,
         "stream": True,
+        **cohort,
     }
 
 

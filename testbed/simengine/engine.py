@@ -39,7 +39,7 @@ from pdscale.planner.observe import Role
 
 from .config import EngineConfig
 from .dialect import Dialect
-from .metrics import Histogram, Metrics
+from .metrics import Histogram, Metrics, cohort_of
 from .prefix_cache import PrefixCache
 from .room import Room
 from .sglang import SGLang
@@ -88,6 +88,8 @@ class DecodeSequence:
     #: its TPOT is on an idle host, whatever the host's load does to the steps' real length
     modelled_seconds: float = 0.0
     steps: int = 0
+    #: the request's cohort (:func:`.metrics.cohort_of`)
+    cohort: str = ""
 
 
 class EngineBusy(Exception):
@@ -510,7 +512,7 @@ class SimEngine:
                 if seq.remaining <= 0:
                     seq.tokens.put_nowait(None)
                     self._batch.remove(seq)
-                    self.metrics.modelled_tpot.observe(seq.modelled_seconds / seq.steps)
+                    self.metrics.observe_modelled_tpot(seq.cohort, seq.modelled_seconds / seq.steps)
 
     async def decode(self, body: dict[str, Any], tokens: list[str], n_out: int):
         """Async iterator of token timestamps: the first right after the KV arrives (it was
@@ -532,7 +534,7 @@ class SimEngine:
             finally:
                 self._waiting -= 1
             seq = DecodeSequence(context_tokens=n_in + 1, remaining=n_out - 1,
-                                 tokens=asyncio.Queue())  # fmt: skip
+                                 tokens=asyncio.Queue(), cohort=cohort_of(body))  # fmt: skip
             try:
                 yield 0, time.monotonic(), meta
                 if seq.remaining > 0:

@@ -6,6 +6,7 @@ Both dialects count the same things; each names them its own way when it renders
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -49,6 +50,21 @@ VLLM_E2E_BUCKETS_SECONDS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+
+
+#: the most cohorts the modelled-TPOT histogram keeps apart; later ones are
+#: counted with the requests that name none
+MAX_COHORTS = 16
+#: a cohort that may become a label value as it is (no quoting needed)
+_COHORT = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
+
+
+def cohort_of(body: dict) -> str:
+    """The cohort a request names in its OpenAI ``metadata`` map (key ``cohort``), "" when
+    none or unusable: a test bed's tag (testbed/loadgen.py), not an engine's field."""
+    metadata = body.get("metadata")
+    cohort = metadata.get("cohort") if isinstance(metadata, dict) else None
+    return cohort if isinstance(cohort, str) and _COHORT.fullmatch(cohort) else ""
 
 
 @dataclass
@@ -112,8 +128,11 @@ class Metrics:
     #: request_prefill_time_seconds; the planner reads only their sum and count)
     prefill_forward: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
     #: not an engine metric: each finished request's TPOT had every decode step taken exactly
-    #: its modelled length (``DecodeSequence.modelled_seconds``), seconds; fine buckets
-    modelled_tpot: Histogram = field(default_factory=lambda: Histogram(MODELLED_TPOT_BUCKETS_SECONDS))
+    #: its modelled length (``DecodeSequence.modelled_seconds``), seconds; fine buckets. One
+    #: histogram per cohort (:func:`cohort_of`, "" for none), so a test can read the requests
+    #: it sent in one phase apart from those still finishing
+    modelled_tpot: dict[str, Histogram] = field(
+        default_factory=lambda: {"": Histogram(MODELLED_TPOT_BUCKETS_SECONDS)})
     #: seconds this engine spent in forward passes, each pass once however many requests it
     #: carries: prefill passes and decode steps (SGLang's gpu_execution_seconds_total,
     #: categories forward_extend and forward_decode). The passes' real length here, as a GPU
@@ -122,6 +141,14 @@ class Metrics:
     busy_decode_seconds: float = 0.0
     #: (prompt, cached) tokens of recent prefills, for the cache_hit_rate gauge
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
+
+    def observe_modelled_tpot(self, cohort: str, seconds: float) -> None:
+        if cohort not in self.modelled_tpot:
+            if len(self.modelled_tpot) > MAX_COHORTS:  # "" and MAX_COHORTS named ones
+                cohort = ""  # a client that names every request must not grow the exposition
+            else:
+                self.modelled_tpot[cohort] = Histogram(MODELLED_TPOT_BUCKETS_SECONDS)
+        self.modelled_tpot[cohort].observe(seconds)
 
     def cache_hit_rate(self) -> float:
         prompt = sum(p for p, _ in self.recent)
@@ -146,6 +173,13 @@ class Exposition:
     def histogram(self, name: str, hist: Histogram, extra_labels: str = "") -> None:
         self.lines.append(f"# TYPE {name} histogram")
         self.lines.extend(hist.lines(name, self.labels + extra_labels))
+
+    def histograms_by(self, name: str, label: str, hists: dict[str, Histogram]) -> None:
+        """One histogram per value of ``label`` ("" renders without it), declared once."""
+        self.lines.append(f"# TYPE {name} histogram")
+        for value, hist in sorted(hists.items()):
+            extra = f',{label}="{value}"' if value else ""
+            self.lines.extend(hist.lines(name, self.labels + extra))
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

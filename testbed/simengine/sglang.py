@@ -76,7 +76,7 @@ def render_metrics(
     # not an SGLang metric: what the sim's own exit waits on
     out.sample("pdscale_sim:inflight_requests", "gauge", inflight)
     # not an engine metric: the requests' TPOT had each decode step its modelled length
-    out.histogram("pdscale_sim:request_modelled_tpot_seconds", m.modelled_tpot)
+    out.histograms_by("pdscale_sim:request_modelled_tpot_seconds", "cohort", m.modelled_tpot)
     out.histogram("sglang:time_to_first_token_seconds", m.ttft)
     out.histogram("sglang:inter_token_latency_seconds", m.itl)
     out.histogram("sglang:e2e_request_latency_seconds", m.e2e)

@@ -95,3 +95,14 @@ def test_a_stopped_load_sends_nothing_more_and_returns_without_waiting_for_its_p
     records = asyncio.run(run_load("http://127.0.0.1:9", specs, stop=stop))
     assert records == []
     assert time.monotonic() - started < 50  # not the plan's 100 s
+
+
+def test_a_cohort_travels_in_the_metadata_map_and_nothing_is_sent_without_one():
+    from dataclasses import replace
+
+    from pdscale.testbed.loadgen import RequestSpec, request_body
+
+    spec = RequestSpec(0, "p", 0.0, 2, 3, "a b")
+    for api in ("chat", "completions"):
+        assert "metadata" not in request_body(api, spec, "m")[1]
+        assert request_body(api, replace(spec, cohort="all-rise"), "m")[1]["metadata"] == {"cohort": "all-rise"}

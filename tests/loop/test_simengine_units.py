@@ -413,7 +413,8 @@ def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
     # A host too busy to wake the decode loop on time (here a task blocking the event loop
     # 30 ms at a time) stretches every real step, and so the TPOT a client measures; the
     # engine's modelled TPOT is the steps' modelled length: A's 5 steps of 20 ms, and B's,
-    # which joined while a step ran, that whole step more over its 2 (an upper bound)
+    # which joined while a step ran, that whole step more over its 2 (an upper bound). B names
+    # a cohort (``metadata.cohort``): its TPOT is counted apart from A's
     import asyncio
     import time
 
@@ -434,14 +435,14 @@ def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
                 await asyncio.sleep(0)
 
         try:
-            async def stamps(n_out: int) -> list[float]:
-                return [t async for _, t, _ in engine.decode({}, ["w"], n_out)]
+            async def stamps(n_out: int, body: dict) -> list[float]:
+                return [t async for _, t, _ in engine.decode(body, ["w"], n_out)]
 
             hogging = asyncio.create_task(hog())
-            a = asyncio.create_task(stamps(6))
+            a = asyncio.create_task(stamps(6, {}))
             while engine._step_in_flight == 0.0:  # A's first step runs
                 await asyncio.sleep(0.001)
-            b = await stamps(3)
+            b = await stamps(3, {"metadata": {"cohort": "phase-b"}})
             a_stamps = await a
             busy = False
             await hogging
@@ -453,11 +454,30 @@ def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
     assert len(a) == 6 and len(b) == 3
     wall_tpot = (a[-1] - a[0]) / (len(a) - 1)
     assert wall_tpot > 1.3 * step, a  # the busy host stretched A's steps
-    hist = engine.metrics.modelled_tpot
-    assert hist.count == 2
+    hists = engine.metrics.modelled_tpot
+    assert set(hists) == {"", "phase-b"} and hists[""].count == hists["phase-b"].count == 1
     # A: 5 steps of exactly `step`; B: 2 steps and the whole step in flight when it joined
-    assert hist.total == pytest.approx(step + 3 * step / 2)
+    assert hists[""].total == pytest.approx(step)
+    assert hists["phase-b"].total == pytest.approx(3 * step / 2)
     text = render_metrics(engine.metrics, model_name="m", role="decode", gauges={}, inflight=0)
     name = 'pdscale_sim:request_modelled_tpot_seconds_bucket{model_name="m",engine_type="decode",'
     assert f'{name}le="0.015"}} 0' in text and f'{name}le="0.025"}} 1' in text
-    assert f'{name}le="0.035"}} 2' in text
+    assert f'{name}cohort="phase-b",le="0.025"}} 0' in text
+    assert f'{name}cohort="phase-b",le="0.035"}} 1' in text
+    assert text.count("# TYPE pdscale_sim:request_modelled_tpot_seconds histogram") == 1
+
+
+def test_a_cohort_is_a_plain_name_and_their_number_is_bounded():
+    from pdscale.testbed.simengine.metrics import MAX_COHORTS, Metrics, cohort_of
+
+    assert cohort_of({"metadata": {"cohort": "all-rise"}}) == "all-rise"
+    # nothing that needs quoting in a label value, nothing that is not a string
+    for bad in ('a"b', "a\\nb", "", "x" * 65, 7, None):
+        assert cohort_of({"metadata": {"cohort": bad}}) == ""
+    for body in ({}, {"metadata": "all-rise"}, {"metadata": None}, {"user": "all-rise"}):
+        assert cohort_of(body) == ""
+    m = Metrics()
+    for k in range(MAX_COHORTS + 5):
+        m.observe_modelled_tpot(f"c{k}", 0.01)
+    assert len(m.modelled_tpot) == MAX_COHORTS + 1 and m.modelled_tpot[""].count == 5
+    assert sum(h.count for h in m.modelled_tpot.values()) == MAX_COHORTS + 5
