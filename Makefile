@@ -53,9 +53,10 @@ test: lint dynamo-venv aiperf-venv
 	exit $$tiers
 
 # The pure tier alone: no control plane, no Prometheus, no live engines (tests/ minus the
-# cluster, prometheus and slow markers). The check to run while editing.
+# cluster, prometheus and slow markers). The check to run while editing. On two pytest-xdist
+# workers: 92 s on a quiet 2-core machine, 166 s in one process (2026-12-07, 1,760 tests).
 test-fast: setup
-	$(VENV)/bin/pytest tests -q -m "not cluster and not prometheus and not slow"
+	$(VENV)/bin/pytest tests -q -n 2 -m "not cluster and not prometheus and not slow"
 
 # A live, time-compressed run of the simulated engines behind the real router against its
 # replay (bench/engine_fidelity.py): a measurement that load on the machine moves, so a
