@@ -39,13 +39,14 @@ from pdscale.planner.observe import Role
 
 from .config import EngineConfig
 from .dialect import Dialect
-from .metrics import Histogram, Metrics, cohort_of
+from .metrics import Histogram, Metrics
 from .prefix_cache import PrefixCache
 from .room import Room
 from .sglang import SGLang
 from .timing import TimingModel
 from .vllm import Vllm
 from .wire import (
+    cohort_of,
     full_response,
     is_loopback,
     max_new_tokens,
@@ -88,7 +89,7 @@ class DecodeSequence:
     #: its TPOT is on an idle host, whatever the host's load does to the steps' real length
     modelled_seconds: float = 0.0
     steps: int = 0
-    #: the request's cohort (:func:`.metrics.cohort_of`)
+    #: the request's cohort (:func:`.wire.cohort_of`)
     cohort: str = ""
 
 

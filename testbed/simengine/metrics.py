@@ -6,7 +6,6 @@ Both dialects count the same things; each names them its own way when it renders
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,19 +51,9 @@ VLLM_E2E_BUCKETS_SECONDS = (
 )  # fmt: skip
 
 
-#: the most cohorts the modelled-TPOT histogram keeps apart; later ones are
-#: counted with the requests that name none
+#: the most cohorts (:func:`.wire.cohort_of`) the modelled-TPOT histogram keeps apart; later
+#: ones are counted with the requests that name none
 MAX_COHORTS = 16
-#: a cohort that may become a label value as it is (no quoting needed)
-_COHORT = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
-
-
-def cohort_of(body: dict) -> str:
-    """The cohort a request names in its OpenAI ``metadata`` map (key ``cohort``), "" when
-    none or unusable: a test bed's tag (testbed/loadgen.py), not an engine's field."""
-    metadata = body.get("metadata")
-    cohort = metadata.get("cohort") if isinstance(metadata, dict) else None
-    return cohort if isinstance(cohort, str) and _COHORT.fullmatch(cohort) else ""
 
 
 @dataclass
@@ -129,7 +118,7 @@ class Metrics:
     prefill_forward: Histogram = field(default_factory=lambda: Histogram(SGLANG_TTFT_BUCKETS_SECONDS))
     #: not an engine metric: each finished request's TPOT had every decode step taken exactly
     #: its modelled length (``DecodeSequence.modelled_seconds``), seconds; fine buckets. One
-    #: histogram per cohort (:func:`cohort_of`, "" for none), so a test can read the requests
+    #: histogram per cohort (:func:`.wire.cohort_of`, "" for none), so a test can read the requests
     #: it sent in one phase apart from those still finishing
     modelled_tpot: dict[str, Histogram] = field(
         default_factory=lambda: {"": Histogram(MODELLED_TPOT_BUCKETS_SECONDS)})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,18 @@ def max_new_tokens(api: str, body: dict[str, Any]) -> int:
     else:
         value = body.get("max_tokens") or 16
     return max(int(value), 1)
+
+
+#: a cohort that may become a metric's label value as it is (no quoting needed)
+_COHORT = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
+
+
+def cohort_of(body: dict[str, Any]) -> str:
+    """The cohort a request names in its OpenAI ``metadata`` map (key ``cohort``), "" when
+    none or unusable: a test bed's tag (testbed/loadgen.py), not an engine's field."""
+    metadata = body.get("metadata")
+    cohort = metadata.get("cohort") if isinstance(metadata, dict) else None
+    return cohort if isinstance(cohort, str) and _COHORT.fullmatch(cohort) else ""
 
 
 def token_text(index: int) -> str:

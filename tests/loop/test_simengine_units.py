@@ -468,7 +468,8 @@ def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
 
 
 def test_a_cohort_is_a_plain_name_and_their_number_is_bounded():
-    from pdscale.testbed.simengine.metrics import MAX_COHORTS, Metrics, cohort_of
+    from pdscale.testbed.simengine.metrics import MAX_COHORTS, Metrics
+    from pdscale.testbed.simengine.wire import cohort_of
 
     assert cohort_of({"metadata": {"cohort": "all-rise"}}) == "all-rise"
     # nothing that needs quoting in a label value, nothing that is not a string
