@@ -405,7 +405,10 @@ def main() -> None:
                     nodes_per_instance)
                 rep["policy"] = pol
             else:
-                rep = trimmed(run_policy(setup, pol, history=history), nodes_per_instance)
+                # static:best's search replays the whole trace once per probe (minutes each on
+                # a day-long trace): say each probe as it ends
+                rep = trimmed(run_policy(setup, pol, history=history, log=lambda m: console.print(
+                    f"    {time.strftime('%H:%M:%S')} {m}")), nodes_per_instance)
             reps[pol] = rep
             peak = rep["peak_instances"]
             console.print(f"  {rep['policy']:>22}: attainment {rep['slo_attainment']:.4f}, "
