@@ -34,9 +34,10 @@ from typing import Any
 
 from pdscale.operator.api.clock import epoch_seconds
 from pdscale.operator.api.names import DELETION_COST_ANNOTATION, DRAINING_ANNOTATION
+from pdscale.operator.api.pdcluster import PDClusterSpec
 from pdscale.operator.clients.routersync import WorkerSpec
 from pdscale.operator.render import lws
-from pdscale.planner.observe import RoleState, Warming
+from pdscale.planner.observe import Role, RoleState, Warming
 
 #: deletion cost of a pod being drained: lower than any default (0) so the ReplicaSet picks it
 DRAINING_DELETION_COST = -1000
@@ -396,3 +397,11 @@ def router_workers(
         for p in pods
         if p.serving and p.ip
     )
+
+
+def fleet_built(spec: PDClusterSpec, pods: Mapping[Role, Sequence[PodView]]) -> bool:
+    """Whether every role the spec keeps at least one of has a pod that is not going: until
+    then the reconcile has not created the fleet, and what a planner reads of it is not what
+    it holds."""
+    return all(any(not p.deleting for p in pods.get(role, ()))
+               for role in Role if getattr(spec, role.value).min_replicas > 0)

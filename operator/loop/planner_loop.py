@@ -56,7 +56,7 @@ from pdscale.planner.prometheus import (
 from pdscale.planner.solve import step
 
 from .drain import Drains
-from .fleet import PodView, pod_view, role_state
+from .fleet import PodView, fleet_built, pod_view, role_state
 from .planner_memory import ForeignMemory, PlannerMemory, memory_problem
 from .planning import (
     calibration_for_profile,
@@ -398,6 +398,12 @@ class PlannerLoop:
             return None, None, None
         history, last_plan, stored = remembered
         decision = history.decisions[-1] if history.decisions else None
+        if decision is None and not fleet_built(spec, pods):
+            # A first plan holds the counts it reads while the load is unknown, and the next
+            # hold the last decision: read before the reconcile has created a role's pods, it
+            # would hold that role at nothing (a pool member read 1P0D on a busy host and
+            # kept 1P1D of its 1P2D). The first plan waits for the fleet; the next tick asks
+            return None, None, None
         interval = spec.planner.interval_seconds
         slot = plan_slot(last_plan, interval, now)
         if slot is None and force:

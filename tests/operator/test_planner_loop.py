@@ -416,6 +416,23 @@ def test_a_recommend_tick_plans_reports_remembers_and_changes_nothing():
     assert len(kube.status_patches) == patches
 
 
+
+def test_a_first_plan_waits_for_the_fleet_the_reconcile_builds():
+    """With the load unknown a first plan holds the counts it reads, and every later plan the
+    last decision: read before the reconcile has created the decode pods it would hold decode
+    at nothing (a pool member on a busy host read 1P0D and kept 1P1D of its 1P2D)."""
+    kube, lists = _cluster("Recommend")
+    built = kube.pods
+    kube.pods = [p for p in built if p["metadata"]["labels"][names.LABEL_ROLE] != "decode"]
+    loop = PlannerLoop(kube, worker_lists=lists)
+    loop.tick_all()
+    assert PlannerMemory(kube).load(NS, "demo") is None  # no plan, nothing remembered
+    assert "planner" not in (kube.get("PDCluster", NS, "demo").get("status") or {})
+    kube.pods = built
+    loop.tick_all()
+    planner = kube.get("PDCluster", NS, "demo")["status"]["planner"]
+    assert planner["recommended"] == {"prefill": 1, "decode": 2}  # the fleet it holds
+
 def test_plans_keep_the_interval_s_cadence_however_late_the_tick_that_runs_them():
     """Each plan fills the schedule's next slot (interval after the last), not the time its
     tick ran: ticks a few seconds apart, as the loop's, would otherwise stretch every

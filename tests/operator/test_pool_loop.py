@@ -13,6 +13,7 @@ import yaml
 
 from pdscale.operator.api.pdcluster import PDClusterSpec, PoolRef
 from pdscale.operator.api.pdpool import PDPoolSpec, pool_refusal
+from pdscale.operator.loop.fleet import PodView
 from pdscale.operator.loop.planning import planner_config
 from pdscale.operator.loop.pool_planning import (
     MemberInput,
@@ -256,7 +257,11 @@ def test_one_tick_plans_the_members_together_and_saves_each_command(monkeypatch)
     monkeypatch.setattr(pl.PlannerLoop, "_prepare", prepare)
     bodies = keyed(pdc("high", {"name": "shared"}), pdc("low", {"name": "shared"}),
                    pdc("alone"))
-    members = loop.pools.tick(bodies, lambda body: {r: [] for r in pl.Role}, NOW)
+
+    def one_each(body):  # each member's fleet as its reconcile built it: a pod per role
+        return {r: [PodView(f"{r.value}-0", r.value, "10.0.0.1", True, 0.0)] for r in pl.Role}
+
+    members = loop.pools.tick(bodies, one_each, NOW)
     assert members == {f"{NS}/high", f"{NS}/low"}
     (_kind, name, status), = [s for s in kube.statuses if s[0] == "PDPool"]
     assert (name, status["nodes"]) == ("shared", 10)
@@ -272,5 +277,5 @@ def test_one_tick_plans_the_members_together_and_saves_each_command(monkeypatch)
     # the next tick, not due: no plan, no write
     kube.statuses.clear()
     kube.pools[0]["status"] = status
-    loop.pools.tick(bodies, lambda body: {r: [] for r in pl.Role}, NOW + 1)
+    loop.pools.tick(bodies, one_each, NOW + 1)
     assert kube.statuses == []

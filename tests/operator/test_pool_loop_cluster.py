@@ -54,8 +54,9 @@ def test_a_pool_plans_its_members_together_and_refuses_the_others(
                                                            "shared")
                 status = body.get("status") or {}
                 members = {m["name"]: m for m in status.get("members") or []}
-                # settled: low's planner has seen its hold of 3 (on a busy host a first split can
-                # come from low's plan before it read its fleet: "granted all 2 nodes needed")
+                # settled: low's planner has seen its hold of 3 (its first plan waits for the
+                # fleet its reconcile creates: read before, on a busy host, it held 1P0D, was
+                # "granted all 2 nodes needed" and kept that)
                 low = members.get("low") or {}
                 return status if "gives up" in (low.get("reason") or "") else None
 

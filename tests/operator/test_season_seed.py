@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-from test_planner_loop import NS, FakeWorkerLists, FakeWorkers, _cluster, _deployments
+from test_planner_loop import NS, FakeWorkerLists, FakeWorkers, _cluster, _deployments, _pod
 
 from pdscale.operator.api import tenant_policy
-from pdscale.operator.loop.planner_loop import PlannerLoop
+from pdscale.operator.loop.planner_loop import PlannerLoop, pods_by_key
 from pdscale.operator.loop.planner_memory import PlannerMemory
 from pdscale.operator.loop.planning import history_from_json
 from pdscale.planner.prometheus import QueryError, prometheus_client, read_rate_history
@@ -100,13 +100,16 @@ def test_an_answer_of_several_series_is_refused_not_mixed():
         read_rate_history(Two(), "q", now_seconds=NOW, days=14, step_seconds=600)
 
 
+#: the fleet the reconcile built (a first plan waits for it)
+FLEET = pods_by_key([_pod("demo-prefill-0", "prefill"), _pod("demo-decode-0", "decode")])
+
 def test_a_first_plan_seeds_the_seasonal_memory_once_and_the_memory_keeps_it(prometheus):
     kube, _ = _cluster("Recommend")
     doc = kube.objects[("PDCluster", NS, "demo")]
     doc["spec"]["planner"]["prometheusURL"] = prometheus
     _deployments(kube)
     loop = PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers()))
-    loop.tick(doc, NOW, {}, None)
+    loop.tick(doc, NOW, FLEET, None)
     assert len(FakePrometheus.ranges) == 1 and FakePrometheus.instants > 0
     history, _ = history_from_json(PlannerMemory(kube).load(NS, "demo"))
     season = history.season
@@ -122,8 +125,8 @@ def test_a_first_plan_seeds_the_seasonal_memory_once_and_the_memory_keeps_it(pro
     assert noon > 1.5 * midnight
     # the next plans neither ask again in this process, nor after a restart (it is stored)
     interval = doc["spec"]["planner"]["intervalSeconds"]
-    loop.tick(doc, NOW + interval, {}, None)
-    PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers())).tick(doc, NOW + 2 * interval, {}, None)
+    loop.tick(doc, NOW + interval, FLEET, None)
+    PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers())).tick(doc, NOW + 2 * interval, FLEET, None)
     assert len(FakePrometheus.ranges) == 1
 
 
@@ -132,7 +135,7 @@ def test_seasonality_off_asks_nothing(prometheus):
     doc = kube.objects[("PDCluster", NS, "demo")]
     doc["spec"]["planner"].update(prometheusURL=prometheus, seasonality="Off")
     _deployments(kube)
-    PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers())).tick(doc, NOW, {}, None)
+    PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers())).tick(doc, NOW, FLEET, None)
     assert FakePrometheus.ranges == [] and FakePrometheus.instants > 0
 
 
@@ -141,6 +144,6 @@ def test_a_prometheus_that_cannot_answer_the_range_costs_nothing_but_the_seed(pr
     doc = kube.objects[("PDCluster", NS, "demo")]  # nothing listens on port 9
     _deployments(kube)
     loop = PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers()))
-    loop.tick(doc, NOW, {}, None)
+    loop.tick(doc, NOW, FLEET, None)
     history, _ = history_from_json(PlannerMemory(kube).load(NS, "demo"))
     assert not history.season.seeded and history.decisions  # planned (held), not stopped
