@@ -63,6 +63,9 @@ class Load:
 #: oracle met only 97.2% of requests, from 5 s peaks 99.3%; Mooncake and ServeGen (TTFT 15 s)
 #: are unchanged.
 PEAK_WINDOW_SECONDS = 5.0
+#: a prompt-length square ratio within this of 1 is unread, not prompts of one length: float
+#: error from averaging leaves 1 + 2e-16; a measured spread is above 1e-4 (CV 1%)
+UNREAD_SPREAD = 1e-9
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,10 @@ class PerformanceModel:
         the demo's (0.29) asked 5 prefills for long documents where 1.5 asked 9."""
         spread = load.input_tokens_square_ratio - 1.0
         n = load.mean_input_tokens
-        if spread <= 0.0 or n <= 0.0:
+        # an unread ratio (exactly 1) averaged with others comes back as 1 + 2e-16: read as a
+        # measurement that is a spread of nothing, cv 0, and the TTFT need fell from 4 to 3
+        # prefills as the load rose (tests/planner/test_solve.py's monotonicity property)
+        if spread <= UNREAD_SPREAD or n <= 0.0:
             return prior
         step = 0.01 * n
         hit = load.prefix_hit_rate
