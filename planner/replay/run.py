@@ -459,9 +459,10 @@ def _plateau(attainment: Callable[[int], float], start: int, cap: int,
     x, a = start, attainment(start)
     while a < target and x < cap:
         more = min(cap, math.ceil(x * 1.5))
-        if attainment(more) - a < STATIC_REACH_TOLERANCE:
+        gained = attainment(more)
+        if gained - a < STATIC_REACH_TOLERANCE:
             break
-        x, a = more, attainment(more)
+        x, a = more, gained
     return x, a
 
 
