@@ -2,8 +2,8 @@
 is smg 1.13 (``router.gateway: SMG``, the real binary) and simulated SGLang engines, under a
 load that goes decode-heavy -> prefill-heavy. What a user would check: smg routes only to
 Ready, non-draining pods at every sample (its own draining entries set aside), it catches up
-with new pods within a tick, the planner moves the split through drains, and no request fails.
-About three minutes.
+with each new pod within a few ticks however busy the machine, the planner moves the split
+through drains, and no request fails. About three minutes.
 
 Kwok decides the router pod's Readiness here, not smg's /readiness (503 until it has a worker),
 so the operator's speaking to a not-yet-Ready smg is covered by tests/loop/test_smg_router.py.
@@ -18,9 +18,11 @@ import pytest
 from kubernetes import client
 
 from pdscale.testbed.demo import (
+    CATCH_UP_BOUND_SECONDS,
     E2E_SCALE_DOWN_WINDOW_SECONDS,
     DemoResult,
     Sample,
+    catch_up_seconds,
     drive,
     load_pdcluster,
 )
@@ -90,6 +92,10 @@ def run(tmp_path_factory: pytest.TempPathFactory):
               f"{sum(not r.ok for r in result.records)} failed; {len(checks)} samples; "
               f"splits {sorted({(s.prefill_target, s.decode_target) for s in result.samples if s.prefill_target})}; "
               f"drains {sum(e.reason == 'DrainStarted' for e in events)}; logs under {stack.workdir}")
+        # what the router listed at each sample, beside the logs, for a failure's reading
+        (stack.workdir / "router-checks.json").write_text(json.dumps(
+            [c | {"serving": sorted(c["serving"]), "serving_after": sorted(c["serving_after"])}
+             for c in checks], indent=1))
         yield result, checks, events, stack
         stack.remove_pdcluster("default", NAME)
 
@@ -118,10 +124,14 @@ def test_smg_routes_only_to_ready_non_draining_pods(run):
         routed = {e["url"] for e in c["entries"] if e.get("status") != "draining"}
         stray = routed - c["serving"]
         assert not stray, f"at {c['t']:.0f}s smg routed to {stray}, not Ready or draining"
-    # it catches up with new Ready pods within a tick: at most a few samples behind
-    behind = [c for c in listed if c["serving_after"]
-              - {e["url"] for e in c["entries"] if e.get("status") != "draining"}]
-    assert len(behind) <= max(3, len(listed) // 5), [c["t"] for c in behind]
+    # it catches up with each new Ready pod within a few ticks, however busy the machine
+    lags = catch_up_seconds(
+        (c["t"], c["serving_after"],
+         {e["url"] for e in c["entries"] if e.get("status") != "draining"}) for c in listed)
+    slowest = max(lags.items(), key=lambda kv: kv[1], default=("", 0.0))
+    assert slowest[1] <= CATCH_UP_BOUND_SECONDS, (
+        f"{slowest[0]} was Ready for {slowest[1]:.0f} s before smg listed it "
+        f"(all: { {u: round(s) for u, s in sorted(lags.items())} })")
 
 
 def test_the_planner_moves_the_split_through_drains(run):

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,38 @@ def planned_at(core: client.CoreV1Api, namespace: str, name: str,
     except (client.ApiException, ValueError):
         return None
     return None if not isinstance(slot, (int, float)) else float(slot) - started_epoch
+
+
+#: How long an e2e run lets a router leave a serving pod out. The planner loop syncs the
+#: routers every tick (5 s), so a pod may be Ready up to a tick (and its plan's reads) before
+#: it is listed, and the sample that sees it listed comes up to a sample later. Measured in
+#: e2e/test_smg_loop.py beside a CPU-bound job, the closed-loop module on the other xdist
+#: worker (load 4 on 2 cores): at most 2.4 s, one sample. The bound is a few loaded ticks:
+#: what it catches is a router left behind, not a slow tick. (The earlier check, a count of
+#: samples behind, failed CI at 15 of 54: each new pod costs a sample or two.)
+CATCH_UP_BOUND_SECONDS = 30.0
+
+
+def catch_up_seconds(checks: Iterable[tuple[float, set[str], set[str]]]) -> dict[str, float]:
+    """Per engine URL, the longest a router left it out while it was serving: ``checks`` are
+    (seconds, URLs serving, URLs the router lists) in time order; a spell runs from the
+    first check that saw the URL serving and not listed to the first that saw it listed or
+    no longer serving (or the last check). A router that catches up within a tick costs each
+    new pod a check or two, however many pods a run adds: a bound in seconds, not a count of
+    checks behind, is what holds on a busy machine."""
+    since: dict[str, float] = {}
+    longest: dict[str, float] = {}
+    last = 0.0
+    for t, serving, listed in checks:
+        behind = serving - listed
+        for url in [u for u in since if u not in behind]:
+            longest[url] = max(longest.get(url, 0.0), t - since.pop(url))
+        for url in behind:
+            since.setdefault(url, t)
+        last = t
+    for url, t in since.items():
+        longest[url] = max(longest.get(url, 0.0), last - t)
+    return longest
 
 
 def drive(stack: Stack, namespace: str, name: str, phases: tuple[Phase, ...], *,
