@@ -1,8 +1,8 @@
 """Replay several PDClusters, one trace each, on one pool of nodes (docs/pools.md).
 
 Each ``--member`` names a PDCluster file and a trace; ``--pool`` optionally reads a PDPool
-(its ``nodes``, each member's ``priority`` and ``guaranteedNodes``, by the PDCluster's
-``metadata.name``). The report compares, per member and in total: ``pooled`` (the joint grant
+(its ``nodes``, ``horizonSeconds`` and ``surplusPricePercent``, each member's ``priority`` and
+``guaranteedNodes``, by the PDCluster's ``metadata.name``). The report compares, per member and in total: ``pooled`` (the joint grant
 each interval, every member's own planner within its grant), ``split`` (each member planning
 alone on an even static split of the pool) and ``oracle`` (the joint grant over planners
 that know their future load)."""
@@ -65,8 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="spec=FILE,trace=FILE[,...]",
                         help="a member: " + ", ".join(MEMBER_KEYS) + " (repeat per member)")
     parser.add_argument("--pool", metavar="PDPOOL.yaml",
-                        help="a PDPool: nodes, and priority and guaranteedNodes per member name")
+                        help="a PDPool: nodes, horizonSeconds, surplusPricePercent, and priority and "
+                             "guaranteedNodes per member name")
     parser.add_argument("--pool-nodes", type=int, help="the pool's nodes (overrides --pool)")
+    parser.add_argument("--surplus-price-percent", type=int, metavar="0-100",
+                        help="the pool's surplusPricePercent (overrides --pool; default 0: off)")
     parser.add_argument("--policies", default="pooled,split,oracle",
                         help="comma-separated, of pooled, split, oracle")
     parser.add_argument("--start-from", choices=["history", "hindsight"], default="history",
@@ -144,11 +147,20 @@ def run(args: argparse.Namespace) -> int:
     if not nodes:
         console.print("[red]error:[/red] the pool's size: --pool-nodes, or nodes in --pool")
         return 2
+    price = args.surplus_price_percent if args.surplus_price_percent is not None else (
+        pool.surplus_price_percent if pool is not None else 0)
+    if not 0 <= price <= 100:
+        console.print("[red]error:[/red] --surplus-price-percent: within 0-100")
+        return 2
+    # the pool's own horizon, as the operator plans it
+    horizon = float(pool.horizon_seconds) if pool is not None else 1800.0
     reports = {}
     for policy in policies:
-        console.print(f"replay {policy} on {nodes} nodes: {len(members)} members")
+        console.print(f"replay {policy} on {nodes} nodes: {len(members)} members"
+                      + (f", surplus price {price}%" if price else ""))
         try:
-            reports[policy] = run_pool(members, pool_nodes=nodes, policy=policy)
+            reports[policy] = run_pool(members, pool_nodes=nodes, policy=policy,
+                                       horizon_seconds=horizon, surplus_price=price / 100.0)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 2

@@ -101,6 +101,14 @@ class PDPoolSpec(_Model):
         "member: its cold start costs warmupSeconds / horizonSeconds of its value, so a node "
         "moves only for a need that outweighs it.",
     )
+    surplus_price_percent: int = Field(
+        default=0, ge=0, le=100,
+        description="Beyond a member's fair share (its even share of the pool), its fluid "
+        "demand and its guarantee, a node is granted only while its value per node is at "
+        "least this percent (100: a node the member's need rests on, warm; a new node is "
+        "discounted by its cold start); the nodes priced out stay idle instead of holding a "
+        "member's margin. 0 (the default) grants every node a member needs.",
+    )
 
     @model_validator(mode="after")
     def _members_fit(self) -> PDPoolSpec:

@@ -133,12 +133,13 @@ def floor_nodes(m: MemberInput) -> int:
 
 
 def plan_pool(inputs: Sequence[MemberInput], *, pool_nodes: int, horizon_seconds: float,
-              now: float) -> tuple[PoolDecision, dict[str, MemberPlan]]:
+              now: float, surplus_price: float = 0.0) -> tuple[PoolDecision, dict[str, MemberPlan]]:
     """One joint plan over the members (pure): each states its need (its own planner with
     no budget but its cap), ``solve_pool`` divides the pool, each plans within its grant
     (``pdscale.planner.pool``), each guaranteed its ``floor_nodes``. ``pool_nodes``: the
     pool less the nodes held by listed members that could not be planned this interval
-    (they are not free); the floors must fit in it (``solve_pool`` refuses them else)."""
+    (they are not free); the floors must fit in it (``solve_pool`` refuses them else).
+    ``surplus_price``: the pool's ``surplusPricePercent`` / 100 (``solve_pool``'s rule 5)."""
     probes, steppers = [], []
     for m in inputs:
         def stepper(config: PlannerConfig, history: History,
@@ -152,7 +153,7 @@ def plan_pool(inputs: Sequence[MemberInput], *, pool_nodes: int, horizon_seconds
                                   guaranteed_nodes=min(floor_nodes(m), pool_nodes),
                                   cap_nodes=cap))
     decision = solve_pool([p.need for p in probes], pool_nodes=pool_nodes,
-                          horizon_seconds=horizon_seconds)
+                          horizon_seconds=horizon_seconds, surplus_price=surplus_price)
     plans = {}
     for m, probe, stepper in zip(inputs, probes, steppers, strict=True):
         # the operator scales each role's workload: a node one role drains is not reused by

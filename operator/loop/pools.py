@@ -134,7 +134,8 @@ class PoolLoop:
                             f"the members' guarantees and minReplicas ({floors} nodes) do not fit"))
             return
         decision, plans = plan_pool(inputs, pool_nodes=available,
-                                    horizon_seconds=float(ms.spec.horizon_seconds), now=now)
+                                    horizon_seconds=float(ms.spec.horizon_seconds), now=now,
+                                    surplus_price=ms.spec.surplus_price_percent / 100.0)
         for name, plan in plans.items():
             self.planner._record(prepared[name], plan.command, plan.history)
         self._report(ms, size, decision, None)

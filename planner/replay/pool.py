@@ -301,6 +301,7 @@ def run_pool(
         out = {"policy": policy, "pool_nodes": pool_nodes, "members": rows,
                "total": _totals(rows), **_pool_usage(results_, setups_)}
     out["surplus_price"] = surplus_price
+    out["horizon_seconds"] = horizon_seconds
     out["wall_seconds"] = round(time.perf_counter() - started, 2)
     return out
 

@@ -96,6 +96,9 @@ def test_a_pdcluster_only_names_a_pool_it_cannot_set_its_share():
     ({"members": [{"name": "a", "guaranteedNodes": -1}]}, "greater than or equal to 0"),
     ({"nodes": 0}, "greater than or equal to 1"),
     ({"membersx": []}, "Extra inputs are not permitted"),
+    ({"surplusPricePercent": 101}, "less than or equal to 100"),
+    ({"surplusPricePercent": -1}, "greater than or equal to 0"),
+    ({"surplusPricePercent": 0.75}, "valid integer"),
 ])
 def test_model_refuses(raw, message):
     with pytest.raises(pydantic.ValidationError, match=message):

@@ -44,10 +44,11 @@ def pdc(name: str, pool: dict | None = None, ns: str = NS, **planner: Any) -> di
 
 
 def pool_body(members: list[dict], ns: str = NS, name: str = "shared", nodes: int = 24,
-              status: dict | None = None) -> dict:
+              status: dict | None = None, **spec: Any) -> dict:
     return {"apiVersion": "pdscale.io/v1alpha1", "kind": "PDPool",
             "metadata": {"name": name, "namespace": ns, "uid": "uid-pool", "generation": 3},
-            "spec": {"nodes": nodes, "members": members}, **({"status": status} if status else {})}
+            "spec": {"nodes": nodes, "members": members, **spec},
+            **({"status": status} if status else {})}
 
 
 def keyed(*bodies: dict) -> dict[str, dict]:
@@ -151,6 +152,23 @@ def test_under_a_full_pool_the_high_priority_gets_its_need_and_the_low_one_is_tr
         assert plan.budget_nodes <= 24
 
 
+def test_the_pools_surplus_price_leaves_a_members_margin_beyond_its_share_idle():
+    # one busy member on a pool of 24 with an idle one: unpriced it is granted its whole
+    # need, beyond its even share of 12; priced at 100% (PDPool surplusPricePercent), none of
+    # its margin beyond its share and its fluid demand, and the reason says so
+    held = {"busy": (4, 4), "idle": (1, 1)}
+    inputs = _inputs({"busy": 10.0, "idle": 0.2}, held, {"busy": 0, "idle": 0})
+    free, _ = plan_pool(inputs, pool_nodes=24, horizon_seconds=1800, now=NOW)
+    priced, plans = plan_pool(inputs, pool_nodes=24, horizon_seconds=1800, now=NOW,
+                              surplus_price=1.0)
+    unpriced, busy = free.grant("busy"), priced.grant("busy")
+    assert unpriced.nodes == unpriced.need > 12 and unpriced.priced_out == 0
+    assert busy.nodes < unpriced.nodes and busy.priced_out > 0
+    assert unpriced.margin > 0 and busy.margin == 0
+    assert "not worth their node-hours" in busy.reason
+    assert plans["busy"].command.prefill + plans["busy"].command.decode <= plans["busy"].budget_nodes
+
+
 def test_when_load_falls_every_member_gets_its_need_back():
     held = {"high": (8, 8), "mid": (2, 2), "low": (2, 2)}
     quiet = _inputs({"high": 1.0, "mid": 1.0, "low": 1.0}, held, {"high": 100, "mid": 10, "low": 1})
@@ -232,10 +250,19 @@ class FakeKube:
 
 def test_one_tick_plans_the_members_together_and_saves_each_command(monkeypatch):
     from pdscale.operator.loop import planner_loop as pl
+    from pdscale.operator.loop import pools
     from pdscale.planner.prometheus import MetricsSnapshot
 
     kube = FakeKube([pool_body([{"name": "high", "priority": 100}, {"name": "low", "priority": 1}],
-                               nodes=10)])
+                               nodes=10, horizonSeconds=900, surplusPricePercent=75)])
+    planned_with: list[tuple[float, float]] = []
+    plan = pools.plan_pool
+
+    def spy(inputs, **kw):  # the pool's own horizon and surplus price reach the joint solve
+        planned_with.append((kw["horizon_seconds"], kw["surplus_price"]))
+        return plan(inputs, **kw)
+
+    monkeypatch.setattr(pools, "plan_pool", spy)
     loop = pl.PlannerLoop(kube, worker_lists=object(), drains=object())  # type: ignore[arg-type]
     loads = {"high": 10.0, "low": 10.0}
 
@@ -263,6 +290,7 @@ def test_one_tick_plans_the_members_together_and_saves_each_command(monkeypatch)
 
     members = loop.pools.tick(bodies, one_each, NOW)
     assert members == {f"{NS}/high", f"{NS}/low"}
+    assert planned_with == [(900.0, 0.75)]
     (_kind, name, status), = [s for s in kube.statuses if s[0] == "PDPool"]
     assert (name, status["nodes"]) == ("shared", 10)
     granted = {m["name"]: m["grantedNodes"] for m in status["members"]}

@@ -31,7 +31,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     down = _rates(tmp / "down.csv", [40, 40, 40, 20, 4, 4, 4, 20, 40, 40])
     pool = tmp / "pool.yaml"
     pool.write_text("apiVersion: pdscale.io/v1alpha1\nkind: PDPool\nmetadata: {name: p}\n"
-                    "spec:\n  nodes: 10\n  members:\n"
+                    "spec:\n  nodes: 10\n  horizonSeconds: 1200\n  surplusPricePercent: 50\n"
+                    "  members:\n"
                     "  - {name: up, priority: 10, guaranteedNodes: 3}\n  - {name: down}\n")
     out = tmp / "report.json"
     code = main(["replay-pool", "--pool", str(pool), "--policies", "pooled,split",
@@ -56,6 +57,12 @@ def test_the_pool_is_never_exceeded_and_every_grant_is_explained(report: dict) -
     # the members' loads take turns: each is granted more than an even split at some time
     assert max(g["granted"] for g in up["grants"]) > 5
     assert max(g["granted"] for g in down["grants"]) > 5
+
+
+def test_the_pools_horizon_and_surplus_price_are_the_ones_it_is_planned_with(report: dict) -> None:
+    # as the operator plans it: the PDPool's horizonSeconds and surplusPricePercent / 100
+    pooled = report["reports"]["pooled"]
+    assert (pooled["horizon_seconds"], pooled["surplus_price"]) == (1200.0, 0.5)
 
 
 def test_split_keeps_each_member_on_its_share(report: dict) -> None:
