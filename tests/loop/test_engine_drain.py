@@ -107,9 +107,13 @@ def test_time_compression_and_the_planner_profile_set_the_pace(fleet):
     fastest_tpot = min(r.tpot_seconds for r in records)
     print(f"\ncompressed x{compression}: TTFT {fastest_ttft:.4f}s (model {ttft:.4f}s), "
           f"TPOT {fastest_tpot:.5f}s (model {tpot:.5f}s), the fastest of {len(records)}")  # fmt: skip
-    # never faster than the model: every request
+    # never faster than the model: every request's first token, and its last. Not its TPOT
+    # as the client measures it: a client that reads the first token late (a busy machine:
+    # 14 ms once, under CI beside two other jobs) reads the tokens that waited for it at
+    # once, and the mean gap after the first came out 0.87x the engine's pace
     assert all(r.ttft_seconds >= ttft for r in records), ([r.ttft_seconds for r in records], ttft)
-    assert all(r.tpot_seconds >= tpot * 0.95 for r in records), ([r.tpot_seconds for r in records], tpot)
+    whole = ttft + (n_out - 1) * tpot
+    assert all(r.e2e_seconds >= whole * 0.95 for r in records), ([r.e2e_seconds for r in records], whole)
     # and at its pace: the fastest within 30 ms of the model's TTFT (the uncompressed engine
     # would take 4x, 138 ms more), its TPOT within 3x (the uncompressed pace is 4x)
     assert fastest_ttft <= ttft + 0.03, ([r.ttft_seconds for r in records], ttft)
