@@ -70,6 +70,10 @@ class _Prefill:
     computed: int
     #: when a pass first took it (time.monotonic()): its forward time runs from here
     started: float
+    #: the request's cohort (:func:`.wire.cohort_of`)
+    cohort: str = ""
+    #: the engine's modelled prefill clock when it was queued (``Engine._prefill_clock``)
+    queued_clock: float = 0.0
 
 
 #: the dialects by ``--dialect`` name
@@ -135,11 +139,14 @@ class SimEngine:
         self._rooms: dict[int, Room] = {}
         # prefill queues
         self._bootstrap = 0
-        self._prefill_queue: asyncio.Queue[tuple[list[str], Room, asyncio.Future[None]]] = (
+        self._prefill_queue: asyncio.Queue[tuple[list[str], Room, asyncio.Future[None], str, float]] = (
             asyncio.Queue()
         )
         self._prefill_running = 0
         self._prefill_running_tokens = 0
+        #: the prefill passes' modelled seconds so far, compressed (what they would have taken
+        #: on an idle host): the clock the prompts' modelled prefill time is read on
+        self._prefill_clock = 0.0
         # decode queues
         self._prealloc = 0  # waiting for KV memory
         self._transfer = 0  # waiting for the room's KV
@@ -345,6 +352,7 @@ class SimEngine:
                 started = time.monotonic()
                 await asyncio.sleep(self.wall(seconds))
                 self.metrics.busy_prefill_seconds += time.monotonic() - started
+                self._prefill_clock += self.wall(seconds)
                 for job in members:
                     if job.computed < len(job.tokens):
                         continue  # chunked: done in a later pass
@@ -352,6 +360,8 @@ class SimEngine:
                     job.room.input_tokens, job.room.cached_tokens = len(job.tokens), job.cached
                     job.room.computed_at = time.monotonic()
                     self.metrics.prefill_forward.observe(job.room.computed_at - job.started)
+                    self.metrics.observe_modelled_prefill(
+                        job.cohort, self._prefill_clock - job.queued_clock)
                     self.metrics.recent.append((len(job.tokens), job.cached))
                     job.room.done.set()
                     if not job.finished.done():
@@ -359,13 +369,15 @@ class SimEngine:
             finally:
                 self._prefill_running, self._prefill_running_tokens = 0, 0
 
-    def _scheduled(self, tokens: list[str], room: Room, finished: asyncio.Future[None]) -> _Prefill:
+    def _scheduled(self, tokens: list[str], room: Room, finished: asyncio.Future[None],
+                   cohort: str, queued_clock: float) -> _Prefill:
         """A prompt taken by a pass: its cached prefix is matched now. A prompt cached whole
         still computes its last token (its logits), as SGLang's ``init_next_round_input``
         keeps at least one token out of the matched prefix; the replay does the same
         (planner/replay/prefill_batches.py)."""
         cached = min(self.cache.match(tokens), max(len(tokens) - 1, 0))
-        return _Prefill(tokens, room, finished, cached=cached, computed=cached, started=time.monotonic())
+        return _Prefill(tokens, room, finished, cached=cached, computed=cached,
+                        started=time.monotonic(), cohort=cohort, queued_clock=queued_clock)
 
     async def _expire_rooms(self) -> None:
         # KV nobody collected (decode gone, or a poll for a room whose prefill never came),
@@ -387,10 +399,11 @@ class SimEngine:
                     del self._rooms[room_id]
             self._update_idle()
 
-    async def prefill(self, tokens: list[str], room: Room) -> None:
+    async def prefill(self, tokens: list[str], room: Room, cohort: str = "") -> None:
         """Queue and compute one prompt for ``room``."""
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._prefill_queue.put((tokens, room, finished))
+        # the modelled clock now: a pass in flight counts whole towards this prompt's time
+        await self._prefill_queue.put((tokens, room, finished, cohort, self._prefill_clock))
         try:
             await finished
         except asyncio.CancelledError:
@@ -613,7 +626,7 @@ class SimEngine:
         try:
             if room_id is not None and self.dialect.waits_for_handshake:
                 await self._await_handshake(room)
-            await self.prefill(tokens, room)
+            await self.prefill(tokens, room, cohort_of(body))
             self.metrics.ttft.observe(time.monotonic() - arrived)
             if room_id is None:
                 room.transferred.set()  # nobody will collect it

@@ -25,6 +25,10 @@ SGLANG_ITL_BUCKETS_SECONDS = SGLANG_DEFAULT_ITL_BUCKETS_SECONDS
 #: then coarser
 MODELLED_TPOT_BUCKETS_SECONDS = (*(round(0.005 * k, 3) for k in range(1, 21)), 0.15, 0.2, 0.3, 0.5,
                                  1.0, 2.0)
+#: the sim's own modelled prefill-time histogram (queue and compute): fine around the TTFT
+#: targets tests set (1-15 s are bounds), then coarser
+MODELLED_PREFILL_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+                                    7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
 SGLANG_E2E_BUCKETS_SECONDS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
     2400,
@@ -51,7 +55,7 @@ VLLM_E2E_BUCKETS_SECONDS = (
 )  # fmt: skip
 
 
-#: the most cohorts (:func:`.wire.cohort_of`) the modelled-TPOT histogram keeps apart; later
+#: the most cohorts (:func:`.wire.cohort_of`) each modelled histogram keeps apart; later
 #: ones are counted with the requests that name none
 MAX_COHORTS = 16
 
@@ -122,6 +126,12 @@ class Metrics:
     #: it sent in one phase apart from those still finishing
     modelled_tpot: dict[str, Histogram] = field(
         default_factory=lambda: {"": Histogram(MODELLED_TPOT_BUCKETS_SECONDS)})
+    #: not an engine metric either: each prompt's time on a prefill, from its arrival in the
+    #: queue to the end of the pass that finished it, had every pass taken exactly its
+    #: modelled length (the pass in flight at its arrival counted whole: an upper bound of
+    #: its wait). What its queue and compute are on an idle host; per cohort, as above
+    modelled_prefill: dict[str, Histogram] = field(
+        default_factory=lambda: {"": Histogram(MODELLED_PREFILL_BUCKETS_SECONDS)})
     #: seconds this engine spent in forward passes, each pass once however many requests it
     #: carries: prefill passes and decode steps (SGLang's gpu_execution_seconds_total,
     #: categories forward_extend and forward_decode). The passes' real length here, as a GPU
@@ -132,16 +142,24 @@ class Metrics:
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=256))
 
     def observe_modelled_tpot(self, cohort: str, seconds: float) -> None:
-        if cohort not in self.modelled_tpot:
-            if len(self.modelled_tpot) > MAX_COHORTS:  # "" and MAX_COHORTS named ones
-                cohort = ""  # a client that names every request must not grow the exposition
-            else:
-                self.modelled_tpot[cohort] = Histogram(MODELLED_TPOT_BUCKETS_SECONDS)
-        self.modelled_tpot[cohort].observe(seconds)
+        _observe(self.modelled_tpot, MODELLED_TPOT_BUCKETS_SECONDS, cohort, seconds)
+
+    def observe_modelled_prefill(self, cohort: str, seconds: float) -> None:
+        _observe(self.modelled_prefill, MODELLED_PREFILL_BUCKETS_SECONDS, cohort, seconds)
 
     def cache_hit_rate(self) -> float:
         prompt = sum(p for p, _ in self.recent)
         return sum(c for _, c in self.recent) / prompt if prompt else 0.0
+
+
+def _observe(by_cohort: dict[str, Histogram], bounds: tuple[float, ...], cohort: str,
+             seconds: float) -> None:
+    if cohort not in by_cohort:
+        if len(by_cohort) > MAX_COHORTS:  # "" and MAX_COHORTS named ones
+            cohort = ""  # a client that names every request must not grow the exposition
+        else:
+            by_cohort[cohort] = Histogram(bounds)
+    by_cohort[cohort].observe(seconds)
 
 
 class Exposition:

@@ -77,6 +77,8 @@ def render_metrics(
     out.sample("pdscale_sim:inflight_requests", "gauge", inflight)
     # not an engine metric: the requests' TPOT had each decode step its modelled length
     out.histograms_by("pdscale_sim:request_modelled_tpot_seconds", "cohort", m.modelled_tpot)
+    # and the prompts' time on a prefill (queue and compute) had each pass its modelled length
+    out.histograms_by("pdscale_sim:request_modelled_prefill_seconds", "cohort", m.modelled_prefill)
     out.histogram("sglang:time_to_first_token_seconds", m.ttft)
     out.histogram("sglang:inter_token_latency_seconds", m.itl)
     out.histogram("sglang:e2e_request_latency_seconds", m.e2e)

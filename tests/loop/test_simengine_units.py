@@ -482,3 +482,55 @@ def test_a_cohort_is_a_plain_name_and_their_number_is_bounded():
         m.observe_modelled_tpot(f"c{k}", 0.01)
     assert len(m.modelled_tpot) == MAX_COHORTS + 1 and m.modelled_tpot[""].count == 5
     assert sum(h.count for h in m.modelled_tpot.values()) == MAX_COHORTS + 5
+
+
+def test_the_modelled_prefill_time_is_the_passes_modelled_length_however_slow_the_host():
+    # The same for a prefill's queue and compute (the TTFT a grant of prefills buys): a host
+    # holding the event loop 30 ms at a time stretches each 20 ms pass; the modelled time of
+    # A (alone) is its pass, of B (queued while A's pass ran, in a cohort) A's pass whole and
+    # its own
+    import asyncio
+    import time
+
+    from pdscale.testbed.simengine import EngineConfig, SimEngine, render_metrics
+    from pdscale.testbed.simengine.room import Room
+
+    pass_seconds = 0.02
+    timing = LinearTiming(prefill_tokens_per_second=1e9, prefill_overhead_seconds=pass_seconds,
+                          decode_step_seconds=0.01, decode_per_sequence_seconds=0.0)  # fmt: skip
+
+    async def scenario() -> tuple[float, SimEngine]:
+        engine = SimEngine(EngineConfig("prefill", "127.0.0.1", 0), timing)
+        await engine.start()
+        busy = True
+
+        async def hog() -> None:
+            while busy:
+                time.sleep(0.03)  # the host's other work, holding the loop
+                await asyncio.sleep(0)
+
+        try:
+            hogging = asyncio.create_task(hog())
+            started = time.monotonic()
+            a = asyncio.create_task(engine.prefill(["a"] * 8, Room()))
+            while engine._prefill_running == 0:  # A's pass runs
+                await asyncio.sleep(0.001)
+            await engine.prefill(["b"] * 8, Room(), "phase-b")
+            await a
+            wall = time.monotonic() - started
+            busy = False
+            await hogging
+            return wall, engine
+        finally:
+            await engine.close()
+
+    wall, engine = asyncio.run(scenario())
+    assert wall > 1.3 * 2 * pass_seconds  # the busy host stretched the two passes
+    hists = engine.metrics.modelled_prefill
+    assert set(hists) == {"", "phase-b"} and hists[""].count == hists["phase-b"].count == 1
+    assert hists[""].total == pytest.approx(pass_seconds)
+    assert hists["phase-b"].total == pytest.approx(2 * pass_seconds)
+    text = render_metrics(engine.metrics, model_name="m", role="prefill", gauges={}, inflight=0)
+    name = 'pdscale_sim:request_modelled_prefill_seconds_bucket{model_name="m",engine_type="prefill",'
+    assert f'{name}le="0.05"}} 1' in text and f'{name}cohort="phase-b",le="0.05"}} 1' in text
+    assert text.count("# TYPE pdscale_sim:request_modelled_prefill_seconds histogram") == 1
