@@ -216,7 +216,12 @@ def test_vllm_router_pd_through_sim_engines_timing_metrics_and_drain(fleet):
             p1["vllm:time_to_first_token_seconds_sum"] - p0["vllm:time_to_first_token_seconds_sum"]
         )
         want_sum = sum(MODEL.prefill_seconds(n) for n in (50, 20, n_in, n_in, n_in))
-        assert want_sum * 0.95 <= ttft_sum <= want_sum + 0.1
+        # at least the modelled prefill time; at most each request's life on the prefill (its
+        # TTFT is not its decode's time). Not the model plus a margin: a loaded CI pass read
+        # 0.49 s against 0.35 + 0.1, each pass stretched by the host
+        e2e_sum = (p1["vllm:e2e_request_latency_seconds_sum"]
+                   - p0["vllm:e2e_request_latency_seconds_sum"])
+        assert want_sum * 0.95 <= ttft_sum <= e2e_sum + 0.005, (ttft_sum, want_sum, e2e_sum)
         assert d1["vllm:inter_token_latency_seconds_count"] - d0[
             "vllm:inter_token_latency_seconds_count"] == 5 + 2 + 3 * (n_out - 1)  # fmt: skip
         assert (

@@ -487,11 +487,13 @@ async def _pinned(engine: Engine, n: int) -> bool:
 
 def test_vllm_prefill_process_does_not_wait_for_pinned_kv_on_exit():
     # vLLM's shutdown waits for HTTP requests, not for a decode's pull: an engine stopped
-    # with KV pinned drops it (the drain must wait on decodes' deferred count instead)
+    # with KV pinned drops it (the drain must wait on decodes' deferred count instead). Idle
+    # within 5 s, where waiting for the pull would take the 30 s lease (0.1 s was too short
+    # for a loaded CI pass to see the request's end)
     async def scenario() -> tuple[int, bool]:
         async with served(config("prefill", "vllm")) as p:
             await p.post("/v1/completions", vllm_prefill_body())
-            return p.engine.kv_held(), await p.engine.wait_idle(0.1)
+            return p.engine.kv_held(), await p.engine.wait_idle(5.0)
 
     assert run(scenario) == (1, True)
 
