@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+
 import pytest
 
 from pdscale.testbed.simengine import (
@@ -409,15 +413,31 @@ def test_the_request_log_names_each_prompt_an_engine_took(tmp_path):
     assert prompt_key(["one", "two"]) != prompt_key(["one two"])  # tokens, not their text
 
 
+@contextlib.asynccontextmanager
+async def host_holding_the_loop(seconds: float = 0.03):  # type: ignore[no-untyped-def]
+    """A busy host: another task holds the event loop ``seconds`` at a time while the body
+    runs, so every wall-clock sleep of the engine overruns."""
+    busy = True
+
+    async def hog() -> None:
+        while busy:
+            time.sleep(seconds)  # the host's other work, holding the loop
+            await asyncio.sleep(0)
+
+    hogging = asyncio.create_task(hog())
+    try:
+        yield
+    finally:
+        busy = False
+        await hogging
+
+
 def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
     # A host too busy to wake the decode loop on time (here a task blocking the event loop
     # 30 ms at a time) stretches every real step, and so the TPOT a client measures; the
     # engine's modelled TPOT is the steps' modelled length: A's 5 steps of 20 ms, and B's,
     # which joined while a step ran, that whole step more over its 2 (an upper bound). B names
     # a cohort (``metadata.cohort``): its TPOT is counted apart from A's
-    import asyncio
-    import time
-
     from pdscale.testbed.simengine import EngineConfig, SimEngine, render_metrics
 
     step = 0.02
@@ -427,25 +447,17 @@ def test_the_modelled_tpot_is_the_steps_modelled_length_however_slow_the_host():
     async def scenario() -> tuple[list[float], list[float], SimEngine]:
         engine = SimEngine(EngineConfig("decode", "127.0.0.1", 0), timing)
         await engine.start()
-        busy = True
-
-        async def hog() -> None:
-            while busy:
-                time.sleep(0.03)  # the host's other work, holding the loop
-                await asyncio.sleep(0)
 
         try:
             async def stamps(n_out: int, body: dict) -> list[float]:
                 return [t async for _, t, _ in engine.decode(body, ["w"], n_out)]
 
-            hogging = asyncio.create_task(hog())
-            a = asyncio.create_task(stamps(6, {}))
-            while engine._step_in_flight == 0.0:  # A's first step runs
-                await asyncio.sleep(0.001)
-            b = await stamps(3, {"metadata": {"cohort": "phase-b"}})
-            a_stamps = await a
-            busy = False
-            await hogging
+            async with host_holding_the_loop():
+                a = asyncio.create_task(stamps(6, {}))
+                while engine._step_in_flight == 0.0:  # A's first step runs
+                    await asyncio.sleep(0.001)
+                b = await stamps(3, {"metadata": {"cohort": "phase-b"}})
+                a_stamps = await a
             return a_stamps, b, engine
         finally:
             await engine.close()
@@ -489,9 +501,6 @@ def test_the_modelled_prefill_time_is_the_passes_modelled_length_however_slow_th
     # holding the event loop 30 ms at a time stretches each 20 ms pass; the modelled time of
     # A (alone) is its pass, of B (queued while A's pass ran, in a cohort) A's pass whole and
     # its own
-    import asyncio
-    import time
-
     from pdscale.testbed.simengine import EngineConfig, SimEngine, render_metrics
     from pdscale.testbed.simengine.room import Room
 
@@ -502,24 +511,16 @@ def test_the_modelled_prefill_time_is_the_passes_modelled_length_however_slow_th
     async def scenario() -> tuple[float, SimEngine]:
         engine = SimEngine(EngineConfig("prefill", "127.0.0.1", 0), timing)
         await engine.start()
-        busy = True
-
-        async def hog() -> None:
-            while busy:
-                time.sleep(0.03)  # the host's other work, holding the loop
-                await asyncio.sleep(0)
 
         try:
-            hogging = asyncio.create_task(hog())
-            started = time.monotonic()
-            a = asyncio.create_task(engine.prefill(["a"] * 8, Room()))
-            while engine._prefill_running == 0:  # A's pass runs
-                await asyncio.sleep(0.001)
-            await engine.prefill(["b"] * 8, Room(), "phase-b")
-            await a
-            wall = time.monotonic() - started
-            busy = False
-            await hogging
+            async with host_holding_the_loop():
+                started = time.monotonic()
+                a = asyncio.create_task(engine.prefill(["a"] * 8, Room()))
+                while engine._prefill_running == 0:  # A's pass runs
+                    await asyncio.sleep(0.001)
+                await engine.prefill(["b"] * 8, Room(), "phase-b")
+                await a
+                wall = time.monotonic() - started
             return wall, engine
         finally:
             await engine.close()
