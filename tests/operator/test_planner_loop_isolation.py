@@ -145,3 +145,31 @@ def test_slow_pdclusters_hold_at_most_their_share_of_the_workers(loopback_allowe
             assert slow[2] not in loop.running and slow[2] in loop.slow  # it outlasted a tick again
     finally:
         healthy.shutdown()
+
+
+def test_a_tick_returns_when_a_finished_pdclusters_plan_falls_due_not_at_the_deadline(monkeypatch):
+    # A slow Prometheus used to hold the tick to its deadline, so a plan falling due meanwhile
+    # waited for it (CI saw a healthy plan 9 s late beside four hostile servers). The slow
+    # one never finishes here: the tick returns for the other's due, with it still running.
+    kube = FakeKube()
+    _pdcluster(kube, "slow", "http://127.0.0.1:1", "10.6.0")
+    _pdcluster(kube, "due", "http://127.0.0.1:1", "10.6.1")
+    loop = PlannerLoop(kube, worker_lists=FakeWorkerLists(FakeWorkers()))
+    loop.tick_deadline_seconds = 3600.0  # only the due can end this tick
+    release = threading.Event()
+
+    def tick_one(key, *_args):
+        if key.endswith("/slow"):
+            release.wait(60)
+            return None
+        return time.time() + 0.2  # its next plan, due almost at once
+
+    monkeypatch.setattr(loop, "_tick_one", tick_one)
+    try:
+        ticked = threading.Thread(target=loop.tick_all, daemon=True)
+        ticked.start()
+        ticked.join(timeout=30)
+        assert not ticked.is_alive(), "the tick waited for the slow PDCluster past the other's due"
+        assert not release.is_set()
+    finally:
+        release.set()
