@@ -147,18 +147,24 @@ def _group_index(meta: Mapping[str, Any]) -> int | None:
 
 
 def role_state(pods: Sequence[PodView], now_seconds: float, warmup_seconds: float, *,
-               readings_seconds: float) -> RoleState:
+               readings_seconds: float, ordered: int | None = None) -> RoleState:
     """Counts by state for the planner. A warming pod is expected to serve ``warmup_seconds``
     after its creation (and not before now: an overdue pod is about to be ready). A pod Ready
     within the metrics' window (``readings_seconds``) is recently ready: its first passes,
     cold, are in this interval's readings, which calibration then does not learn from (the
-    replay counts them over the same span)."""
+    replay counts them over the same span).
+
+    ``ordered``: the replicas the role's child asks for (None: not known). Those its
+    controller has not created a pod for yet are warming from now: ordered, not absent (read
+    between a Deployment's scale-up and its ReplicaSet's pods, a first plan holding what it
+    reads held a 1P2D at 1P1D)."""
     live = [p for p in pods if not p.deleting]
+    unmade = 0 if ordered is None else max(0, ordered - len(live))
     warming = tuple(
         Warming(ready_at_seconds=max(now_seconds, p.created_at_seconds + warmup_seconds))
         for p in live
         if not p.ready and not p.draining
-    )
+    ) + (Warming(ready_at_seconds=now_seconds + warmup_seconds),) * unmade
     ready = [p for p in live if p.serving]
     recent = sum(
         1 for p in ready
@@ -399,9 +405,12 @@ def router_workers(
     )
 
 
-def fleet_built(spec: PDClusterSpec, pods: Mapping[Role, Sequence[PodView]]) -> bool:
-    """Whether every role the spec keeps at least one of has a pod that is not going: until
-    then the reconcile has not created the fleet, and what a planner reads of it is not what
-    it holds."""
-    return all(any(not p.deleting for p in pods.get(role, ()))
+def fleet_built(spec: PDClusterSpec, pods: Mapping[Role, Sequence[PodView]],
+                ordered: Mapping[Role, int | None] | None = None) -> bool:
+    """Whether every role the spec keeps at least one of has its child (``ordered``: the
+    replicas it asks for, None when not read) or a pod that is not going: until then the
+    reconcile has not created the fleet, and what a planner reads of it is not what it
+    holds."""
+    ordered = ordered or {}
+    return all(ordered.get(role) is not None or any(not p.deleting for p in pods.get(role, ()))
                for role in Role if getattr(spec, role.value).min_replicas > 0)

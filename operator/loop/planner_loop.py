@@ -131,6 +131,19 @@ def foreign_roles(ns: str, name: str, uid: str,
     return foreign
 
 
+def ordered_replicas(ns: str, name: str, uid: str,
+                     deployments: Mapping[tuple[str, str], dict[str, Any]]) -> dict[Role, int | None]:
+    """The replicas each engine role's Deployment asks for (None: none of ours listed, as
+    before the reconcile creates it or for a role of LeaderWorkerSet groups): the pods its
+    ReplicaSet has still to create are ordered, not absent (``fleet.role_state``)."""
+    out: dict[Role, int | None] = {}
+    for role in Role:
+        d = deployments.get((ns, names.child_name(name, role)))
+        replicas = None if d is None or not is_ours(d, uid) else (d.get("spec") or {}).get("replicas", 1)
+        out[role] = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+    return out
+
+
 def owner_of(body: dict[str, Any]) -> Owner:
     meta = body["metadata"]
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
@@ -270,14 +283,16 @@ class PlannerLoop:
 
     @staticmethod
     def _pods_of(body: dict[str, Any], listed: PodsByKey,
-                 deployments: Mapping[tuple[str, str], dict[str, Any]]) -> dict[Role, list[PodView]]:
+                 deployments: Mapping[tuple[str, str], dict[str, Any]]
+                 ) -> tuple[dict[Role, list[PodView]], dict[Role, int | None]]:
         """One PDCluster's engine pods per role as its tick reads them (none of a role whose
-        Deployment another object controls)."""
+        Deployment another object controls), and the replicas its Deployments ask for."""
         meta = body["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        foreign = foreign_roles(ns, name, str(meta.get("uid") or ""), deployments)
-        return {role: [] if role in foreign else views
-                for role, views in member_pods(ns, names.base_name(name), listed).items()}
+        ns, name, uid = meta["namespace"], meta["name"], str(meta.get("uid") or "")
+        foreign = foreign_roles(ns, name, uid, deployments)
+        return ({role: [] if role in foreign else views
+                 for role, views in member_pods(ns, names.base_name(name), listed).items()},
+                ordered_replicas(ns, name, uid, deployments))
 
     def _tick_one(self, key: str, body: dict[str, Any], pods: PodsByKey,
                   deployments: Mapping[tuple[str, str], dict[str, Any]],
@@ -333,7 +348,9 @@ class PlannerLoop:
                                                for role in Role})
             # plan (and report the decision); a pool's member was planned by its pool
             if spec.planner.pool is None:
-                decision, due = self._plan_if_due(body, spec, pods, now)
+                decision, due = self._plan_if_due(
+                    body, spec, pods, now,
+                    ordered_replicas(ns, name, str(meta.get("uid") or ""), deployments or {}))
             elif pool_member:
                 decision, due = self._in_force(body, spec, now)
             else:
@@ -366,12 +383,13 @@ class PlannerLoop:
                               now_rfc3339())
 
     def _plan_if_due(self, body: dict[str, Any], spec: PDClusterSpec,
-                     pods: Mapping[Role, list[PodView]],
-                     now: float) -> tuple[Decision | None, float | None]:
+                     pods: Mapping[Role, list[PodView]], now: float,
+                     ordered: Mapping[Role, int | None] | None = None
+                     ) -> tuple[Decision | None, float | None]:
         """The decision in force: a new one when the schedule's next plan is due
         (``planning.plan_slot``), else the last one remembered (None before the first); and
         when the next plan falls due (None: unknown, as after a failure to plan)."""
-        prepared, decision, due = self._prepare(body, spec, pods, now)
+        prepared, decision, due = self._prepare(body, spec, pods, now, ordered=ordered)
         if prepared is None:
             return decision, due
         decision, history = step(prepared.obs, config=prepared.config, history=prepared.history,
@@ -410,22 +428,26 @@ class PlannerLoop:
         return clamp_history(history, spec), last_plan, stored  # held to today's bounds
 
     def _prepare(self, body: dict[str, Any], spec: PDClusterSpec,
-                 pods: Mapping[Role, list[PodView]], now: float, *, force: bool = False
+                 pods: Mapping[Role, list[PodView]], now: float, *, force: bool = False,
+                 ordered: Mapping[Role, int | None] | None = None
                  ) -> tuple[_Prepared | None, Decision | None, float | None]:
         """Everything a plan at ``now`` starts from (memory, profile, configuration, the
         metrics read into an observation), or (None, the decision in force, when the next
         plan falls due) when none is due (``force``: a pool plans its members together, due
-        or not) or the profile cannot be used."""
+        or not) or the profile cannot be used. ``ordered``: the replicas each role's child
+        asks for (``ordered_replicas``; None: not read)."""
         remembered = self._remembered(body, spec, now)
         if remembered is None:
             return None, None, None
         history, last_plan, stored = remembered
         decision = history.decisions[-1] if history.decisions else None
-        if decision is None and not fleet_built(spec, pods):
+        ordered = ordered or {}
+        if decision is None and not fleet_built(spec, pods, ordered):
             # A first plan holds the counts it reads while the load is unknown, and the next
-            # hold the last decision: read before the reconcile has created a role's pods, it
-            # would hold that role at nothing (a pool member read 1P0D on a busy host and
-            # kept 1P1D of its 1P2D). The first plan waits for the fleet; the next tick asks
+            # hold the last decision: read before the reconcile has created a role's child,
+            # it would hold that role at nothing (a pool member read 1P0D on a busy host and
+            # kept 1P1D of its 1P2D). The first plan waits for the fleet; the next tick asks.
+            # The child's pods not made yet count as ordered (``fleet.role_state``).
             return None, None, None
         interval = spec.planner.interval_seconds
         slot = plan_slot(last_plan, interval, now)
@@ -455,8 +477,10 @@ class PlannerLoop:
         window = rate_window_seconds(spec.planner.interval_seconds)
         obs = observation_from(
             snapshot, now,
-            role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds, readings_seconds=window),
-            role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds, readings_seconds=window),
+            role_state(pods[Role.PREFILL], now, spec.prefill.warmup_seconds, readings_seconds=window,
+                       ordered=ordered.get(Role.PREFILL)),
+            role_state(pods[Role.DECODE], now, spec.decode.warmup_seconds, readings_seconds=window,
+                       ordered=ordered.get(Role.DECODE)),
         )
         return _Prepared(body, spec, history, slot, decision, resolved, identity, config,
                          snapshot, obs, started), decision, None

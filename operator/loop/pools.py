@@ -50,14 +50,16 @@ class _Planner(Protocol):
                     ) -> tuple[History, float | None, str | None] | None: ...
 
     def _prepare(self, body: dict[str, Any], spec: PDClusterSpec,
-                 pods: Mapping[Role, list[PodView]], now: float, *, force: bool = False
+                 pods: Mapping[Role, list[PodView]], now: float, *, force: bool = False,
+                 ordered: Mapping[Role, int | None] | None = None
                  ) -> tuple[Any, Decision | None, float | None]: ...
 
     def _record(self, p: Any, decision: Decision, history: History
                 ) -> tuple[Decision | None, float | None]: ...
 
 
-PodsOf = Callable[[dict[str, Any]], Mapping[Role, list[PodView]]]
+#: a member's engine pods per role, and the replicas its Deployments ask for (None: not read)
+PodsOf = Callable[[dict[str, Any]], tuple[Mapping[Role, list[PodView]], Mapping[Role, int | None]]]
 
 
 class PoolLoop:
@@ -113,15 +115,15 @@ class PoolLoop:
         inputs, prepared, unplanned = [], {}, 0
         for body, entry in ms.members:
             spec = PDClusterSpec.model_validate(body.get("spec") or {})
-            pods = pods_of(body)
+            pods, ordered = pods_of(body)
             p = None
             if spec.planner.mode is not PlannerMode.OFF:
-                p, _, _ = self.planner._prepare(body, spec, pods, now, force=True)
+                p, _, _ = self.planner._prepare(body, spec, pods, now, force=True, ordered=ordered)
             if p is None:
                 # not planned this time (planner Off, profile unusable, memory not ours):
                 # the nodes it holds are not free
-                unplanned += sum(len(pods[role]) * multinode.nodes_per_instance(spec, role.value)
-                                 for role in Role)
+                unplanned += sum(max(len(pods[role]), ordered.get(role) or 0)
+                                 * multinode.nodes_per_instance(spec, role.value) for role in Role)
                 continue
             prepared[entry.name] = p
             inputs.append(MemberInput(entry.name, entry, p.obs, p.config, p.history,

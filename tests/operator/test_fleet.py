@@ -140,6 +140,18 @@ def test_role_state_counts_by_state_and_estimates_warmup():
     assert s.warming[0].ready_at_seconds == 390.0
 
 
+def test_replicas_ordered_but_not_yet_made_count_as_warming_from_now():
+    # a Deployment at 4 whose ReplicaSet has made 3 pods (one draining still counts: the
+    # replicas hold it until its drain ends; one deleting does not: it is being replaced)
+    pods = [pod("a"), pod("w", ready=False, created=90.0), pod("d", draining_since=1.0),
+            pod("x", deleting=True)]
+    s = role_state(pods, now_seconds=100.0, warmup_seconds=300.0, readings_seconds=60.0, ordered=4)
+    assert (s.ready, s.draining) == (1, 2)
+    assert [w.ready_at_seconds for w in s.warming] == [390.0, 400.0]
+    # fewer ordered than made (a scale-down under way): nothing added, nothing removed
+    assert len(role_state(pods, 100.0, 300.0, readings_seconds=60.0, ordered=1).warming) == 1
+
+
 def test_recently_ready_means_ready_within_the_readings_window():
     # the interval's readings include a pod's first, cold passes only if it became Ready within
     # the window they are read over; the replay counts over the same span (interval_stats)

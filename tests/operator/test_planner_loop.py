@@ -433,6 +433,25 @@ def test_a_first_plan_waits_for_the_fleet_the_reconcile_builds():
     planner = kube.get("PDCluster", NS, "demo")["status"]["planner"]
     assert planner["recommended"] == {"prefill": 1, "decode": 2}  # the fleet it holds
 
+def test_a_first_plan_holds_what_the_deployments_ask_for_not_the_pods_made_so_far():
+    """Read between the reconcile's Deployments and their ReplicaSets' pods (a busy host), a
+    first plan holding the pods it counts held a 1P2D at 1P1D, for good: the replicas asked
+    for and not made yet are ordered, and held."""
+    kube, lists = _cluster("Recommend")
+    _deployments(kube)
+    kube.pods = [p for p in kube.pods if p["metadata"]["name"] != "demo-decode-b"]
+    PlannerLoop(kube, worker_lists=lists).tick_all()
+    planner = kube.get("PDCluster", NS, "demo")["status"]["planner"]
+    assert planner["recommended"] == {"prefill": 1, "decode": 2}
+    # and with no decode pod made at all, the Deployment alone says the fleet is built
+    kube2, lists2 = _cluster("Recommend")
+    _deployments(kube2)
+    kube2.pods = [p for p in kube2.pods if p["metadata"]["labels"][names.LABEL_ROLE] != "decode"]
+    PlannerLoop(kube2, worker_lists=lists2).tick_all()
+    assert kube2.get("PDCluster", NS, "demo")["status"]["planner"]["recommended"] == {
+        "prefill": 1, "decode": 2}
+
+
 def test_plans_keep_the_interval_s_cadence_however_late_the_tick_that_runs_them():
     """Each plan fills the schedule's next slot (interval after the last), not the time its
     tick ran: ticks a few seconds apart, as the loop's, would otherwise stretch every

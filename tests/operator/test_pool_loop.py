@@ -277,16 +277,17 @@ def test_one_tick_plans_the_members_together_and_saves_each_command(monkeypatch)
     current = [""]
     original = pl.PlannerLoop._prepare
 
-    def prepare(self, body, spec, pods, now, *, force=False):
+    def prepare(self, body, spec, pods, now, *, force=False, ordered=None):
         current[0] = body["metadata"]["name"]
-        return original(self, body, spec, pods, now, force=force)
+        return original(self, body, spec, pods, now, force=force, ordered=ordered)
 
     monkeypatch.setattr(pl.PlannerLoop, "_prepare", prepare)
     bodies = keyed(pdc("high", {"name": "shared"}), pdc("low", {"name": "shared"}),
                    pdc("alone"))
 
     def one_each(body):  # each member's fleet as its reconcile built it: a pod per role
-        return {r: [PodView(f"{r.value}-0", r.value, "10.0.0.1", True, 0.0)] for r in pl.Role}
+        return ({r: [PodView(f"{r.value}-0", r.value, "10.0.0.1", True, 0.0)] for r in pl.Role},
+                {r: None for r in pl.Role})
 
     members = loop.pools.tick(bodies, one_each, NOW)
     assert members == {f"{NS}/high", f"{NS}/low"}

@@ -55,8 +55,8 @@ def test_a_pool_plans_its_members_together_and_refuses_the_others(
                 status = body.get("status") or {}
                 members = {m["name"]: m for m in status.get("members") or []}
                 # settled: low's planner has seen its hold of 3 (its first plan waits for the
-                # fleet its reconcile creates: read before, on a busy host, it held 1P0D, was
-                # "granted all 2 nodes needed" and kept that)
+                # Deployments its reconcile creates and counts their replicas not made yet:
+                # read before, on a busy host, it held 1P0D or 1P1D and kept that)
                 low = members.get("low") or {}
                 return status if "gives up" in (low.get("reason") or "") else None
 
