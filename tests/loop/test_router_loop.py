@@ -256,9 +256,13 @@ def removal_under_load(fleet: Fleet, how: str, roles: tuple[str, ...] = ("decode
             stop = lambda: asyncio.to_thread(engine.stop, signal.SIGTERM, 15)  # noqa: E731
             return await remove_worker_in_order(router, engine.url, stop=stop,
                                                 drain_timeout_seconds=15)  # fmt: skip
-        if how == "remove_then_kill":  # router first, but no wait for in-flight work
-            await router.remove_worker(await router.find(engine.url))
         inflight = engine.state()["inflight"]
+        if how == "remove_then_kill":  # router first, but no wait for in-flight work
+            # frozen with the work it holds, so that the removal's own time cannot let it
+            # finish: on a loaded host (a cold CI build beside) a prefill's two queued prompts
+            # were done before the router had dropped it, and the control lost nothing
+            engine.popen.send_signal(signal.SIGSTOP)
+            await router.remove_worker(await router.find(engine.url))
         await asyncio.to_thread(engine.stop, signal.SIGKILL, 5)
         return inflight
 
