@@ -406,11 +406,10 @@ def router_workers(
 
 
 def fleet_built(spec: PDClusterSpec, pods: Mapping[Role, Sequence[PodView]],
-                ordered: Mapping[Role, int | None] | None = None) -> bool:
+                ordered: Mapping[Role, int | None]) -> bool:
     """Whether every role the spec keeps at least one of has its child (``ordered``: the
-    replicas it asks for, None when not read) or a pod that is not going: until then the
-    reconcile has not created the fleet, and what a planner reads of it is not what it
-    holds."""
-    ordered = ordered or {}
+    replicas it asks for, None or absent when not read) or a pod that is not going: until
+    then the reconcile has not created the fleet, and what a planner reads of it is not what
+    it holds."""
     return all(ordered.get(role) is not None or any(not p.deleting for p in pods.get(role, ()))
                for role in Role if getattr(spec, role.value).min_replicas > 0)

@@ -278,7 +278,7 @@ class PlannerLoop:
                 pending, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED)
             done |= finished
             dues = [due for f in finished if (due := f.result()) is not None]
-            next_due = min([*dues, *([] if next_due is None else [next_due])], default=None)
+            next_due = min(dues + ([] if next_due is None else [next_due]), default=None)
         return done, pending
 
     @staticmethod
