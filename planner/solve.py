@@ -532,6 +532,20 @@ def _lead_forecast(
                           weekly=weekly, weekday=wd, season_weeks=season.weeks[wd])
 
 
+def lead_margin(cfg: PlannerConfig, seen: Sequence[float | None], quantile: float) -> float:
+    """The margin the forecast at the lead is priced with, from the past rates ``seen``: the
+    ``quantile`` of what the forecast missed at the lead, one warm-up apart
+    (:func:`forecast.rise_margin`), or ``rise_prior`` while fewer than ``rise_min_samples``
+    warm-ups are known (a fresh install with no history in Prometheus)."""
+    return rise_margin(
+        seen[-cfg.rise_history_intervals :], lead=lead_intervals(cfg), window=cfg.forecast_window,
+        quantile=quantile, max_margin=cfg.max_rise_margin, prior=cfg.rise_prior,
+        min_samples=cfg.rise_min_samples,
+        method="trend" if cfg.forecast_method == "trend" else "recent-max",
+        stride=lead_intervals(cfg) if cfg.rise_independent_samples else 1,
+    )
+
+
 def _plain_lead_forecast(
     cfg: PlannerConfig, seen: list[float | None], H: int, quantile: float
 ) -> tuple[list[float], LeadRisk]:
@@ -569,11 +583,7 @@ def _plain_lead_forecast(
     bound = min(max(float(np.quantile(ratios, quantile)), 1.0), cfg.max_rise_margin) if learned else 1.0
     rates = forecast(seen, H, method=cfg.forecast_method, window=cfg.forecast_window)
     assert rates is not None
-    margin = rise_margin(
-        history, lead=lead, window=cfg.forecast_window, quantile=quantile,
-        max_margin=cfg.max_rise_margin, prior=cfg.rise_prior, min_samples=cfg.rise_min_samples,
-        method="trend" if trend else "recent-max", stride=stride,
-    )
+    margin = lead_margin(cfg, seen, quantile)
     rates = [r * (1.0 + (margin - 1.0) * min(k, lead) / lead) for k, r in enumerate(rates)]
     carried = False
     if trend and learned:

@@ -17,7 +17,7 @@ from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
 from ..needs import prefill_share
 from ..observe import Observation, RoleState
 from ..seasonal import SeasonalMemory
-from ..solve import History, step
+from ..solve import History, lead_margin, step
 from .policies import (
     POLICIES,
     PdscaleController,
@@ -208,14 +208,20 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
         return cfg.min_prefill, cfg.min_decode
     p, d = cfg.min_prefill, cfg.min_decode
     busy_p = busy_d = 0.0
+    # a planner running before would hold each role for the risk it prices over the next
+    # warm-up: from the history's rises, or the prior while it has seen too few warm-ups
+    rates: list[float | None] = [ld.rate_rps for ld in loads]
+    margins = [lead_margin(cfg, rates, q) if q > 0 else 1.0
+               for q in (cfg.rise_quantile, cfg.decode_rise_quantile or cfg.rise_quantile)]
     for ld in loads:
-        np_, nd = setup.model.instances_needed(
-            ld, setup.slo,
+        fp, fd = setup.model.fluid_demand(ld, setup.slo)
+        needs = [setup.model.instances_needed(
+            _scaled(ld, m), setup.slo,
             prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv,
             pooled_prefill=cfg.prefill_queue == "pooled",
-        )
-        fp, fd = setup.model.fluid_demand(ld, setup.slo)
+        ) for m in margins]
+        np_, nd = needs[0][0], needs[1][1]
         p, d, busy_p, busy_d = max(p, np_), max(d, nd), max(busy_p, fp), max(busy_d, fd)
     kp, kd = cfg.nodes_per_instance  # the budget counts an instance's nodes
     if p * kp + d * kd > setup.nodes:  # split as the planner splits an over-budget need
@@ -224,6 +230,14 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
         p = max(cfg.min_prefill, math.floor(float(share[0]) + 1e-9) // kp)
         d = max(cfg.min_decode, (setup.nodes - p * kp) // kd)
     return p, d
+
+
+def _scaled(load: Load, factor: float) -> Load:
+    """``load`` with its arrival rates (mean and peak) times ``factor``."""
+    if factor == 1.0:
+        return load
+    peak = None if load.peak_rate_rps is None else load.peak_rate_rps * factor
+    return replace(load, rate_rps=load.rate_rps * factor, peak_rate_rps=peak)
 
 
 #: the policies that run our solver on the true load (PdscaleController.known_intervals: how
