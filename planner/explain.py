@@ -236,6 +236,8 @@ def _risk_clauses(risk: tuple[LeadRisk, LeadRisk] | None) -> list[str]:
                        f"earlier week(s)")
         if r.carried:
             why.append(f"rising: the ramp carried to the lead, at most x{r.bound:.2f}")
+        elif r.margin > 1.0 + 1e-9 and not r.learned:
+            why.append(f"x{r.margin:.2f} held for a rise not yet learned (the prior)")
         elif r.margin > 1.0 + 1e-9:
             why.append(f"x{r.margin:.2f} for what the forecast missed")
         else:

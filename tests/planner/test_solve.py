@@ -203,7 +203,9 @@ def test_lasting_ratio_shift_switches_roles_transient_does_not() -> None:
         Load(20.0, 8000, 300, 0.4), c.slo, prefill_utilization=c.prefill_utilization,
         decode_utilization=c.decode_utilization, ttft_queueing=True, service_cv=c.prefill_service_cv,
     )
-    dec = plan(obs(20.0, p_need - 1, 20, warming_p=1), config=cfg(nodes=200, forecast_method="last"), now=600.0)
+    # (no prior margin over the lead: the need is the model's at the load seen)
+    exact = cfg(nodes=200, forecast_method="last", rise_prior=1.0)
+    dec = plan(obs(20.0, p_need - 1, 20, warming_p=1), config=exact, now=600.0)
     assert dec.switch_to_prefill == 0
 
 
@@ -517,8 +519,9 @@ def test_prefill_headroom_waits_for_the_capacity_it_ordered() -> None:
 def test_a_need_at_an_instance_boundary_keeps_the_node_it_would_re_add() -> None:
     # A decode need just under 7 instances at the cap (6.9): the next minute's windowed mean
     # lengths move it across the boundary and back. The default tolerance (3%) keeps the 8th
-    # node; with none it goes, to be re-added within a warm-up (the ramp's plateau).
-    c = cfg(nodes=200, forecast_method="last")
+    # node; with none it goes, to be re-added within a warm-up (the ramp's plateau). No prior
+    # margin over the lead: the need is the model's at the load seen.
+    c = cfg(nodes=200, forecast_method="last", rise_prior=1.0)
     per_rps = MODEL.fluid_demand(Load(1.0, 8000, 300, 0.4), c.slo)[1]
     rate = 6.9 * c.decode_utilization / per_rps
     assert MODEL.instances_needed(Load(rate, 8000, 300, 0.4), c.slo,
