@@ -58,6 +58,15 @@ class Load:
     input_tokens_square_ratio: float = 1.0
 
 
+def scaled_load(load: Load, factor: float) -> Load:
+    """``load`` with its arrival rates (mean and burst peak) times ``factor``: the load a
+    margin sizes for."""
+    if factor == 1.0:
+        return load
+    peak = None if load.peak_rate_rps is None else load.peak_rate_rps * factor
+    return replace(load, rate_rps=load.rate_rps * factor, peak_rate_rps=peak)
+
+
 #: the sub-window over which the peak arrival rate is measured (seconds). Measured on Azure
 #: code x20 (TTFT SLO 2 s), whose bursts last a few seconds: sized from 10 s peaks even the
 #: oracle met only 97.2% of requests, from 5 s peaks 99.3%; Mooncake and ServeGen (TTFT 15 s)

@@ -11,14 +11,15 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from .config import PlannerConfig
 from .decision import Decision
 from .history import History
-from .model import Load
+from .model import Load, scaled_load
 from .needs import _Needs
 from .timing import _intervals, _Timing
 
 
 # -- the stabilisation floor -----------------------------------------------------------------
 def _scale_down_floor(
-    cfg: PlannerConfig, history: History, load: Load, needs: _Needs, timing: _Timing
+    cfg: PlannerConfig, history: History, load: Load, needs: _Needs, timing: _Timing,
+    margins: tuple[float, float] = (1.0, 1.0),
 ) -> np.ndarray:
     """Per role, the fewest instances the first interval may keep (shape (2,)).
 
@@ -27,7 +28,11 @@ def _scale_down_floor(
     by the tolerance: the survivors must absorb the load with margin, or per-minute noise
     removes a node only to re-add it minutes later. The floor never exceeds the budget split,
     the nodes the budget leaves beyond the other role's need, the instances there are (it
-    never forces a scale-up), or the role's maximum."""
+    never forces a scale-up), or the role's maximum.
+
+    ``margins``: per role, the margin the lead forecast priced the risk with. A recent load is
+    held at what the planner orders for such a load (the load times the margin): held at the
+    bare load, a need at an instance boundary is released and ordered again minutes later."""
     model = cfg.model
     window_n = cfg.stabilization_intervals
     tol = 1.0 - cfg.scale_down_tolerance
@@ -37,13 +42,13 @@ def _scale_down_floor(
     for ld, had in [*zip(recent, served, strict=True), (load, None)]:
         if ld is None:
             continue
-        hold = model.instances_needed(
-            ld, cfg.slo,
+        hold = [model.instances_needed(
+            scaled_load(ld, m), cfg.slo,
             prefill_utilization=cfg.prefill_utilization * tol,
             decode_utilization=cfg.decode_utilization * tol,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv, queueing_margin=1.0 / tol,
             pooled_prefill=cfg.prefill_queue == "pooled",
-        )
+        )[r] for r, m in enumerate(margins)]
         floor = np.maximum(floor, _at_most(np.array(hold, dtype=float), had))
     if window_n > 0:
         for dec in history.decisions[-window_n:]:

@@ -674,7 +674,8 @@ def _plan_for(
     says how the forecast priced the lead (None: the loads were known)."""
     needs = _needs(cfg, observation, future, future_decode, now=now)
     timing = _timing(cfg, observation, now, future[0], len(future))
-    floor = _scale_down_floor(cfg, history, load, needs, timing)
+    margins = (1.0, 1.0) if risk is None else (risk[0].margin, risk[1].margin)
+    floor = _scale_down_floor(cfg, history, load, needs, timing, margins)
     program = _program(cfg, needs, timing, floor)
     x, how = _solve(program.c, program.A, program.lo, program.hi, program.ub,
                     program.integrality, cfg.solver_time_limit_seconds)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
-from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
+from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo, scaled_load
 from ..needs import prefill_share
 from ..observe import Observation, RoleState
 from ..seasonal import SeasonalMemory
@@ -216,7 +216,7 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
     for ld in loads:
         fp, fd = setup.model.fluid_demand(ld, setup.slo)
         needs = [setup.model.instances_needed(
-            _scaled(ld, m), setup.slo,
+            scaled_load(ld, m), setup.slo,
             prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv,
             pooled_prefill=cfg.prefill_queue == "pooled",
@@ -230,14 +230,6 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
         p = max(cfg.min_prefill, math.floor(float(share[0]) + 1e-9) // kp)
         d = max(cfg.min_decode, (setup.nodes - p * kp) // kd)
     return p, d
-
-
-def _scaled(load: Load, factor: float) -> Load:
-    """``load`` with its arrival rates (mean and peak) times ``factor``."""
-    if factor == 1.0:
-        return load
-    peak = None if load.peak_rate_rps is None else load.peak_rate_rps * factor
-    return replace(load, rate_rps=load.rate_rps * factor, peak_rate_rps=peak)
 
 
 #: the policies that run our solver on the true load (PdscaleController.known_intervals: how

@@ -12,7 +12,7 @@ from pdscale.planner.config import PlannerConfig
 from pdscale.planner.decision import Decision
 from pdscale.planner.explain import _action_clauses
 from pdscale.planner.history import History
-from pdscale.planner.model import Load, PerformanceModel
+from pdscale.planner.model import Load, PerformanceModel, scaled_load
 from pdscale.planner.needs import _needs, prefill_share
 from pdscale.planner.observe import Observation, RoleState, Warming
 from pdscale.planner.profile import load_profile
@@ -209,3 +209,23 @@ def test_over_budget_the_fluid_demands_come_first_then_the_margins_in_proportion
     # a fluid demand above the need (the need is at least the minimum, the demand a model's
     # fraction) counts as the need: prefill keeps 4 and has no margin, decode takes the rest
     assert prefill_share(np.array(10.0), np.array([[4.0], [8.0]]), np.array([[6.0], [5.0]]))[0] == 4
+
+
+def test_the_window_holds_a_recent_load_at_the_margin_the_lead_was_priced_with() -> None:
+    # The planner orders for a load times its lead margin (the prior, until the risk is
+    # learned). Held at the bare load, a need at an instance boundary goes when the window
+    # passes and is ordered again minutes later (the steady hour: 15 -> 12 -> 13 prefills).
+    cfg = config(stabilization_window_seconds=600.0, scale_down_tolerance=0.0)
+    margin = 1.5
+    bare, with_margin = need_of(LOAD, cfg), need_of(scaled_load(LOAD, margin), cfg)
+    assert with_margin[0] > bare[0] and with_margin[1] > bare[1]
+    obs = fleet(with_margin[0] + 2, with_margin[1] + 2)
+    quiet = Load(LOAD.rate_rps / 4, LOAD.mean_input_tokens, LOAD.mean_output_tokens, LOAD.prefix_hit_rate)
+    n = _needs(cfg, obs, [quiet] * 4, None)
+    history = History(loads=(LOAD,))
+    t = _timing(cfg, obs, 0.0, quiet, 4)
+    assert _scale_down_floor(cfg, history, quiet, n, t).tolist() == list(map(float, bare))
+    held = _scale_down_floor(cfg, history, quiet, n, t, (margin, margin))
+    assert held.tolist() == list(map(float, with_margin))
+    # per role: a margin on decode alone holds decode alone
+    assert _scale_down_floor(cfg, history, quiet, n, t, (1.0, margin)).tolist() == [bare[0], with_margin[1]]
