@@ -207,7 +207,7 @@ class Fleet:
         self.router = self._spawn("vllm-router", argv)
         self.procs.append(self.router)
         self.router_url = f"http://{host}:{port}"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 180  # as wait_healthy: a wait; a crash fails at once
         while True:
             assert self.router.popen.poll() is None, self.router.tail()
             try:

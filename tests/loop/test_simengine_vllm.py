@@ -137,8 +137,9 @@ def start_vllm_router(
     announcer, stop = Announcer(side_channel_port=5600), threading.Event()
     threading.Thread(target=announcer.run, args=(stop,), daemon=True).start()
     announcer.set_workers(address, [e.spec for e in (*prefill, *decode)])
-    # first announcement after 1 s; wait until a request goes through
-    deadline = time.monotonic() + 15
+    # first announcement after 1 s; wait until a request goes through (a wait, long enough
+    # for a busy machine, not a check)
+    deadline = time.monotonic() + 120
     while True:
         try:
             post(url + "/v1/completions", {"model": "sim-model", "prompt": "warm up",

@@ -106,9 +106,14 @@ def _call(url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[in
         return status, {"raw": raw.decode(errors="replace")}
 
 
-def _wait(url: str, ok, what: str, log: pathlib.Path, seconds: float = 30.0) -> None:
+def _wait(url: str, ok, what: str, log: pathlib.Path, proc: subprocess.Popen | None = None,
+          seconds: float = 180.0) -> None:
+    # a wait, not a check (as loop_harness.wait_healthy): on a busy machine a process may take
+    # a minute to import and bind (30 s ran out once in a loaded pass); a crash fails at once
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what} exited {proc.returncode}: {log.read_text(errors='replace')[-800:]}")
         try:
             if ok(_call(url, timeout=2)[0]):
                 return
@@ -149,16 +154,17 @@ def test_the_real_smg_sheds_what_waits_past_the_ttft_target(tmp_path):
                           "--bootstrap-port", str(bootstrap)])
         start("decode", [*engine, "--role", "decode", "--port", str(engines["decode"])])
         start("smg", [sys.executable, *c["command"][1:], *args])
+        by_name = dict(zip(("prefill", "decode", "smg"), procs, strict=True))
         for name, p in engines.items():
-            _wait(f"http://127.0.0.1:{p}/health", lambda s: s == 200, name, logs[name])
+            _wait(f"http://127.0.0.1:{p}/health", lambda s: s == 200, name, logs[name], by_name[name])
         base = f"http://127.0.0.1:{port}"
-        _wait(f"{base}/workers", lambda s: s == 200, "smg", logs["smg"])
+        _wait(f"{base}/workers", lambda s: s == 200, "smg", logs["smg"], by_name["smg"])
         # what the operator's router sync sends
         assert _call(f"{base}/workers", {"url": f"http://127.0.0.1:{engines['prefill']}",
                                          "worker_type": "prefill", "bootstrap_port": bootstrap})[0] == 202
         assert _call(f"{base}/workers", {"url": f"http://127.0.0.1:{engines['decode']}",
                                          "worker_type": "decode"})[0] == 202
-        _wait(f"{base}/readiness", lambda s: s == 200, "smg readiness", logs["smg"])
+        _wait(f"{base}/readiness", lambda s: s == 200, "smg readiness", logs["smg"], by_name["smg"])
 
         t0 = time.monotonic()
 

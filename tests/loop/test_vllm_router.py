@@ -93,7 +93,7 @@ def test_a_dropped_decode_still_gets_the_requests_queued_at_prefill_until_the_ba
     records: list = []
     try:
         announcer.set_workers(address, [prefill.spec, *(d.spec for d in decode)])
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 120  # a wait for the first announcement, not a check
         while not (warm := ask(router_url, 2, "warm-up"))[0].ok or not warm[1].ok:
             assert time.monotonic() < deadline, [r.error for r in warm]
             time.sleep(0.5)
