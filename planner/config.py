@@ -125,11 +125,11 @@ class PlannerConfig:
     decode_rise_quantile: float | None = 0.95
     max_rise_margin: float = 2.0
     #: the margin held until ``rise_min_samples`` warm-ups of history show how far the load
-    #: moves over a lead (a fresh install, or Prometheus holding less than two hours): a rise
-    #: the planner cannot yet price lands a warm-up after it is seen. On issue 48's surge (a
-    #: +70% rise within one warm-up, an hour of history) 1.0 met 96.43% where a fixed fleet
-    #: met 99.09%; 1.1 met 99.09%, for 1.4-5.8% more GPU-hours on the other one-hour traces
-    #: (docs/benchmarks-risk.md, 2026-12-07). Learned, the history's own quantile replaces it
+    #: moves over a lead (a fresh install: about two hours): a rise the planner cannot yet
+    #: price lands a warm-up after it is seen. On issue 48's surge (+70% within one warm-up,
+    #: an hour of history) 1.0 met 96.43% where a fixed fleet met 99.09%; 1.1 met 99.09%,
+    #: for 1.7-6.0% more GPU-hours on the default stack's other traces (docs/
+    #: benchmarks-risk.md, 2026-12-07). Once learned, the history's own quantile replaces it
     rise_prior: float = 1.1
     rise_min_samples: int = 10
     #: the rises are sampled one warm-up apart (forecast.rise_margin ``stride``), so that
