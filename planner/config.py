@@ -190,6 +190,13 @@ class PlannerConfig:
         return HPA_SCALE_DOWN_WINDOW_SECONDS + self.model.profile.warmup.new_node_seconds
 
     @property
+    def rise_quantiles(self) -> tuple[float, float]:
+        """The rise quantile each role is sized at (prefill, decode): decode's own, or
+        prefill's when it has none."""
+        decode = self.rise_quantile if self.decode_rise_quantile is None else self.decode_rise_quantile
+        return self.rise_quantile, decode
+
+    @property
     def stabilization_intervals(self) -> int:
         """Whole planning intervals in the scale-down window (0 for a window shorter than one)."""
         return int(self.stabilization_seconds // self.interval_seconds)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
@@ -282,6 +283,15 @@ class PerformanceModel:
     def decode_mean_context(self, load: Load) -> float:
         # a sequence's context grows from the prompt to prompt+output; the batch sees the mean
         return load.mean_input_tokens + load.mean_output_tokens / 2.0
+
+    def instances_needed_at(self, load: Load, slo: Slo, margins: tuple[float, float],
+                            **caps: Any) -> tuple[int, int]:
+        """:meth:`instances_needed` (with ``caps``) of each role for ``load`` times that role's
+        margin: what the planner orders for such a load. One solve when the margins agree."""
+        if margins[0] == margins[1]:
+            return self.instances_needed(scaled_load(load, margins[0]), slo, **caps)
+        return (self.instances_needed(scaled_load(load, margins[0]), slo, **caps)[0],
+                self.instances_needed(scaled_load(load, margins[1]), slo, **caps)[1])
 
     def fluid_demand(self, load: Load, slo: Slo) -> tuple[float, float]:
         """Instances of each role kept 100% busy by ``load`` (prefill, decode), fractional."""

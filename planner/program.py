@@ -11,7 +11,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from .config import PlannerConfig
 from .decision import Decision
 from .history import History
-from .model import Load, scaled_load
+from .model import Load
 from .needs import _Needs
 from .timing import _intervals, _Timing
 
@@ -42,13 +42,13 @@ def _scale_down_floor(
     for ld, had in [*zip(recent, served, strict=True), (load, None)]:
         if ld is None:
             continue
-        hold = [model.instances_needed(
-            scaled_load(ld, m), cfg.slo,
+        hold = model.instances_needed_at(
+            ld, cfg.slo, margins,
             prefill_utilization=cfg.prefill_utilization * tol,
             decode_utilization=cfg.decode_utilization * tol,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv, queueing_margin=1.0 / tol,
             pooled_prefill=cfg.prefill_queue == "pooled",
-        )[r] for r, m in enumerate(margins)]
+        )
         floor = np.maximum(floor, _at_most(np.array(hold, dtype=float), had))
     if window_n > 0:
         for dec in history.decisions[-window_n:]:

@@ -478,9 +478,8 @@ def _forecast_loads(
     planned = _per_request_work(cfg, Load(1.0, isl, osl, hit, input_tokens_square_ratio=square))
     # each past interval's work per request, once for both roles
     works = [None if x is None or x.rate_rps <= 0 else _per_request_work(cfg, x) for x in loads]
-    decode_quantile = cfg.rise_quantile if cfg.decode_rise_quantile is None else cfg.decode_rise_quantile
     by_role, risks = [], []
-    for role, quantile in ((0, cfg.rise_quantile), (1, decode_quantile)):
+    for role, quantile in enumerate(cfg.rise_quantiles):
         scale = [_in_planned_shape(cfg, w, role, planned[role]) for w in works]
         seen = [None if x is None else x.rate_rps * f for x, f in zip(loads, scale, strict=True)]
         rates, risk = _lead_forecast(cfg, seen, H, quantile, season)
@@ -536,7 +535,7 @@ def lead_margin(cfg: PlannerConfig, seen: Sequence[float | None], quantile: floa
     """The margin the forecast at the lead is priced with, from the past rates ``seen``: the
     ``quantile`` of what the forecast missed at the lead, one warm-up apart
     (:func:`forecast.rise_margin`), or ``rise_prior`` while fewer than ``rise_min_samples``
-    warm-ups are known (a fresh install with no history in Prometheus)."""
+    warm-ups are known (a fresh install)."""
     return rise_margin(
         seen[-cfg.rise_history_intervals :], lead=lead_intervals(cfg), window=cfg.forecast_window,
         quantile=quantile, max_margin=cfg.max_rise_margin, prior=cfg.rise_prior,

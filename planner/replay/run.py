@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..config import HPA_SCALE_DOWN_WINDOW_SECONDS, PlannerConfig
-from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo, scaled_load
+from ..model import PEAK_WINDOW_SECONDS, Load, PerformanceModel, Slo
 from ..needs import prefill_share
 from ..observe import Observation, RoleState
 from ..seasonal import SeasonalMemory
@@ -211,17 +211,15 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
     # a planner running before would hold each role for the risk it prices over the next
     # warm-up: from the history's rises, or the prior while it has seen too few warm-ups
     rates: list[float | None] = [ld.rate_rps for ld in loads]
-    margins = [lead_margin(cfg, rates, q) if q > 0 else 1.0
-               for q in (cfg.rise_quantile, cfg.decode_rise_quantile or cfg.rise_quantile)]
+    pm, dm = (lead_margin(cfg, rates, q) if q > 0 else 1.0 for q in cfg.rise_quantiles)
     for ld in loads:
-        fp, fd = setup.model.fluid_demand(ld, setup.slo)
-        needs = [setup.model.instances_needed(
-            scaled_load(ld, m), setup.slo,
+        np_, nd = setup.model.instances_needed_at(
+            ld, setup.slo, (pm, dm),
             prefill_utilization=cfg.prefill_utilization, decode_utilization=cfg.decode_utilization,
             ttft_queueing=True, service_cv=cfg.prefill_service_cv,
             pooled_prefill=cfg.prefill_queue == "pooled",
-        ) for m in margins]
-        np_, nd = needs[0][0], needs[1][1]
+        )
+        fp, fd = setup.model.fluid_demand(ld, setup.slo)
         p, d, busy_p, busy_d = max(p, np_), max(d, nd), max(busy_p, fp), max(busy_d, fd)
     kp, kd = cfg.nodes_per_instance  # the budget counts an instance's nodes
     if p * kp + d * kd > setup.nodes:  # split as the planner splits an over-budget need
