@@ -37,7 +37,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdscale.planner.replay.run import STACKS, ReplaySetup, run_policy, season_before, start_from
+from pdscale.planner.replay.run import (
+    STACKS,
+    ReplaySetup,
+    rates_before,
+    run_policy,
+    season_before,
+    start_from,
+)
 from pdscale.planner.replay.traces import read_mooncake, read_rate_series, synthesize_from_rates
 from pdscale.planner.seasonal import MAX_DAYS
 from pdscale.replay import configure, read_spec
@@ -80,6 +87,18 @@ def one_day(series: list[tuple[float, float]], day: int, lengths: Any) -> Any:
     lo, hi = day * DAY - LEAD_IN, (day + 1) * DAY
     windows = gaps_filled([(t - lo, r) for t, r in series if lo <= t < hi])
     return synthesize_from_rates(windows, lengths, name=f"day{day}", seed=day)
+
+
+def earlier_rates(series: list[tuple[float, float]], day: int, config: Any,
+                  history_intervals: int) -> list[float | None]:
+    """The per-interval rates before day ``day``'s lead-in that the operator would seed from
+    Prometheus: ``rise_history_intervals`` in all with the lead-in's loads (gaps filled as
+    the scored day's are; Poisson counts, seed 1000 + day)."""
+    until = day * DAY - LEAD_IN
+    span = config.rise_history_intervals * config.interval_seconds
+    windows = gaps_filled([(t, r) for t, r in series if until - span - DAY <= t < until])
+    return rates_before(windows, until_seconds=until, interval_seconds=config.interval_seconds,
+                        intervals=config.rise_history_intervals - history_intervals, seed=1000 + day)
 
 
 def forecast_day(series: list[tuple[float, float]], day: int, config: Any, *, arm: str,
@@ -200,6 +219,12 @@ def main() -> None:
     ap.add_argument("--arms", default="without,with",
                     help="which arms to run, of " + ",".join(ARMS) + " (ARMS); a row already in "
                          "--out for another arm is kept (the off arm does not depend on the method)")
+    ap.add_argument("--earlier-rates", choices=("on", "off"), default="on",
+                    help="on (as the operator seeds them from Prometheus): the planner also "
+                         "remembers the per-interval rates of the day before the scored one "
+                         "(``History.earlier_rates``) and learns the risk over the lead from them "
+                         "from the first minute; off: from the scored day's own loads, the "
+                         "prior until ten leads are seen")
     ap.add_argument("--forecast-only", action="store_true",
                     help="score the planner's rate forecast at the lead on every day instead of "
                          "replaying (seconds, not hours): out/season_forecast.json")
@@ -229,6 +254,7 @@ def main() -> None:
             season = season_before(series, unix_start=0.0, until_unix=day * DAY)
             row: dict[str, Any] = rows["days"].setdefault(str(day), {})
             row.update(requests=len(trace), history_days=min(day, MAX_DAYS),
+                       earlier_rates=args.earlier_rates,
                        weekly_used=weekly_used(series, day))
             for label, (on, weekly) in ARMS.items():
                 if label not in args.arms.split(","):
@@ -238,8 +264,11 @@ def main() -> None:
                 setup = ReplaySetup(trace=trace, planner=planner, **stack,
                                     prefill_admission=router_admission(configured.spec))
                 setup, history = start_from(setup, "history")
+                earlier = (earlier_rates(series, day, planner, len(history))
+                           if args.earlier_rates == "on" else [])
                 t = time.perf_counter()
-                rep = run_policy(setup, "pdscale", history=history, season=season)
+                rep = run_policy(setup, "pdscale", history=history, season=season,
+                                 earlier_rates=earlier)
                 row[label] = {"slo_attainment": rep["slo_attainment"], "gpu_hours": rep["gpu_hours"],
                               "role_changes": rep["role_changes"],
                               "peak_instances": max((d["provisioned_prefill"] + d["provisioned_decode"]

@@ -31,7 +31,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -684,21 +684,22 @@ class RangeClient(Protocol):
                            timeout: float | None = None) -> Any: ...
 
 
-def read_rate_history(client: RangeClient, query: str, *, now_seconds: float, days: int,
+def read_rate_history(client: RangeClient, query: str, *, now_seconds: float, span_seconds: float,
                       step_seconds: float) -> list[tuple[float, float]]:
-    """The request rate over the last ``days`` days, one point per ``step_seconds`` (Unix
-    time the step ends, mean rate over it): one range query of ``query`` (the ``rate_rps``
-    reading rendered with a window of one step, so that each point is its step's mean), as
-    far back as the server's retention holds (it answers what it has). What the seasonal
-    memory is seeded with on a first plan (``seasonal.SeasonalMemory.with_earlier``).
+    """The request rate over the last ``span_seconds``, one point per ``step_seconds`` (Unix
+    time the step ends, rate over the query's window up to it): one range query of ``query``
+    (the ``rate_rps`` reading), as far back as the server's retention holds (it answers what
+    it has). What the seasonal memory is seeded with on a first plan (28 days in ten-minute
+    steps, each the step's mean: ``seasonal.SeasonalMemory.with_earlier``), and the rates
+    the risk over the lead is learned from (a day in planning intervals, :func:`rates_on_grid`).
 
-    Bounded: at most ``days * 86400 / step`` + 1 points (4,033 for 28 days of ten minutes,
-    under Prometheus' 11,000 a series, about 120 kB), one query under the client's deadline
-    and size cap. Steps without data are absent, never zero. Raises :class:`QueryError`
+    Bounded: at most ``span_seconds / step`` + 1 points (4,033 for 28 days of ten minutes,
+    1,441 for a day of minutes; under Prometheus' 11,000 a series, about 120 kB), one query
+    under the client's deadline and size cap. Steps without data are absent, never zero. Raises :class:`QueryError`
     (or the client's error) when there is no answer; an answer of more than one series is
     not the aggregate asked for and raises too."""
     end = math.floor(now_seconds / step_seconds) * step_seconds
-    start = end - days * 86400.0 + step_seconds
+    start = end - span_seconds + step_seconds
     result = client.custom_query_range(query, start=start, end=end, step=step_seconds)
     if not isinstance(result, list):
         raise QueryError("query failed: not a matrix answer")
@@ -716,6 +717,20 @@ def read_rate_history(client: RangeClient, query: str, *, now_seconds: float, da
             if math.isfinite(at) and math.isfinite(value) and value >= 0 and start - 1 <= at <= end + 1:
                 points.append((at, value))
     return points
+
+
+def rates_on_grid(points: Sequence[tuple[float, float]], *, now_seconds: float,
+                  step_seconds: float, intervals: int) -> tuple[float | None, ...]:
+    """``points`` (Unix time, rate) as the rates of the ``intervals`` planning intervals
+    before the one ending at ``now_seconds``, oldest first (None: no point there): each point
+    goes to the interval ending nearest it. The interval ending now is the observation
+    planned this tick, not history, so a point within half an interval of now is left out."""
+    out: list[float | None] = [None] * intervals
+    for at, rate in points:
+        back = round((now_seconds - at) / step_seconds)
+        if 1 <= back <= intervals:
+            out[intervals - back] = rate
+    return tuple(out)
 
 
 def prometheus_client(url: str, timeout_seconds: float = QUERY_DEADLINE_SECONDS,

@@ -413,8 +413,9 @@ def plan(
         known += [known[-1]] * (H - len(known))
         return _plan_for(observation, config, history, now, load, known)
     loads = [*history.loads, load]
-    season = _season(config, history, now, len(loads), H)
-    future_p, future_d, risk = _forecast_loads(config, loads, load, H, season)
+    earlier = history.earlier_rates
+    season = _season(config, history, now, len(earlier) + len(loads), H)
+    future_p, future_d, risk = _forecast_loads(config, loads, load, H, season, earlier)
     # equal loads cost nothing twice: _needs sizes each distinct load once
     return _plan_for(observation, config, history, now, load, future_p, future_d, risk)
 
@@ -462,14 +463,17 @@ def _season(cfg: PlannerConfig, history: History, now: float, past: int, H: int)
 
 def _forecast_loads(
     cfg: PlannerConfig, loads: list[Load | None], load: Load, H: int, season: Season | None = None,
+    earlier: Sequence[float | None] = (),
 ) -> tuple[list[Load], list[Load], tuple[LeadRisk, LeadRisk]]:
     """The loads of the next ``H`` intervals that size prefill and decode, and how each role's
     were raised for the risk over the lead (:class:`forecast.LeadRisk`, for the explanation):
     the forecast rate (never below the rate seen now; on a ramp, the ramp carried a lead
     ahead, :func:`_lead_forecast`) times each role's rise margin, with the recent lengths,
     hit rate and burst peak. ``loads``: the history's loads then this interval's, ``load``;
-    ``season``: the daily profile's index over them and the horizon (:func:`_season`), the
-    rates forecast adjusted for it (:func:`_lead_forecast`).
+    ``earlier``: the rates remembered before them (``History.earlier_rates``, as they were
+    seen: not recounted in the planned shape); ``season``: the daily profile's index over
+    both and the horizon (:func:`_season`), the rates forecast adjusted for it
+    (:func:`_lead_forecast`).
 
     Each role forecasts from the rates of the past in the planned shape's requests
     (:func:`_in_planned_shape`): a rate of far cheaper requests is counted at the work it
@@ -481,7 +485,8 @@ def _forecast_loads(
     by_role, risks = [], []
     for role, quantile in enumerate(cfg.rise_quantiles):
         scale = [_in_planned_shape(cfg, w, role, planned[role]) for w in works]
-        seen = [None if x is None else x.rate_rps * f for x, f in zip(loads, scale, strict=True)]
+        seen = [*earlier,
+                *(None if x is None else x.rate_rps * f for x, f in zip(loads, scale, strict=True))]
         rates, risk = _lead_forecast(cfg, seen, H, quantile, season)
         rates[0] = max(rates[0], load.rate_rps)  # never plan the current interval below what we see
         peak = _burst_peak(cfg, loads, scale)

@@ -49,6 +49,7 @@ from pdscale.planner.prometheus import (
     observation_from,
     prometheus_client,
     rate_window_seconds,
+    rates_on_grid,
     read_metrics,
     read_rate_history,
     render_queries,
@@ -199,6 +200,8 @@ class PlannerLoop:
         #: PDClusters whose seasonal memory this process asked Prometheus for already (once
         #: a process, answered or not: a Prometheus that cannot answer is not asked every plan)
         self.season_asked: set[str] = set()
+        #: the same for the rates of the last day's planning intervals (a fresh memory's)
+        self.rates_asked: set[str] = set()
 
     @property
     def routers_seen(self) -> set[str]:
@@ -473,6 +476,8 @@ class PlannerLoop:
         config = planner_config(spec, resolved.profile)
         if config.seasonality and not history.season.seeded:
             history = self._seed_season(spec, ns, name, now, history)
+        if not history.loads and not history.earlier_rates:
+            history = self._seed_rates(spec, ns, name, now, history, config)
         snapshot = self._read_metrics(spec, ns, name, now, config.slo.percentile)
         window = rate_window_seconds(spec.planner.interval_seconds)
         obs = observation_from(
@@ -492,7 +497,8 @@ class PlannerLoop:
         body = p.body
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         if not self.memory.save(owner_of(body), history_to_json(
-                history, p.slot, history_keep(p.config), profile=p.identity)):
+                history, p.slot, history_keep(p.config), profile=p.identity,
+                rates_keep=p.config.rise_history_intervals)):
             return p.previous, None  # another writer's newer memory stands; the next tick plans on it
         self.report.plan_seconds(ns, name, time.monotonic() - p.started)
         self.report.decision(body, p.spec, decision, p.previous, p.snapshot, p.obs)
@@ -513,29 +519,63 @@ class PlannerLoop:
         a process; an answer, even an empty one (a new service), marks the memory seeded and
         is saved with it; a failure is logged and the plan goes on without (the live
         observations fill the memory in as they come)."""
-        key = f"{ns}/{name}"
-        if key in self.season_asked:
+        season = history.season
+        points = self._rate_history(spec, ns, name, now, "seasonal history", self.season_asked,
+                                    window_seconds=season.bucket_seconds,
+                                    span_seconds=season.max_days * 86400.0,
+                                    step_seconds=season.bucket_seconds)
+        if points is None:
             return history
-        self.season_asked.add(key)
+        return replace(history, season=season.with_earlier(points))
+
+    def _seed_rates(self, spec: PDClusterSpec, ns: str, name: str, now: float,
+                    history: History, config: PlannerConfig) -> History:
+        """A fresh memory (no load remembered) with the request rates of the last
+        ``rise_history_intervals`` planning intervals from Prometheus, read as the planner
+        reads the rate each tick (one range query, at most 1,441 points for a day of
+        minutes): what the risk over the lead is learned from (``History.earlier_rates``),
+        so that a fresh install prices the next warm-up from the service's own last day, as
+        the replay does, not from the prior margin for its first two hours. Asked once a
+        process, as the seasonal history is; without an answer the plan goes on on the
+        prior."""
+        interval = spec.planner.interval_seconds
+        points = self._rate_history(spec, ns, name, now, "rate history", self.rates_asked,
+                                    window_seconds=rate_window_seconds(interval),
+                                    span_seconds=config.rise_history_intervals * interval,
+                                    step_seconds=interval)
+        if not points:
+            return history
+        return replace(history, earlier_rates=rates_on_grid(
+            points, now_seconds=now, step_seconds=interval,
+            intervals=config.rise_history_intervals))
+
+    def _rate_history(self, spec: PDClusterSpec, ns: str, name: str, now: float, what: str,
+                      asked: set[str], *, window_seconds: float, span_seconds: float,
+                      step_seconds: float) -> list[tuple[float, float]] | None:
+        """The PDCluster's request rate over the last ``span_seconds`` from Prometheus (the
+        ``rate_rps`` reading over ``window_seconds``), once a process (``asked``); None when
+        already asked or not read (logged: the plan goes on without)."""
+        key = f"{ns}/{name}"
+        if key in asked:
+            return None
+        asked.add(key)
         url, source, problem = metrics_source(spec, self.prometheus_url, tenant_policy.configured())
         if url is None:
-            log.info("planner %s: seasonal history not read (%s)", key, problem)
-            return history
-        season = history.season
+            log.info("planner %s: %s not read (%s)", key, what, problem)
+            return None
         query = render_queries(spec.engine.kind.value, namespace=ns, pdcluster=names.base_name(name),
-                               window_seconds=int(season.bucket_seconds),
+                               window_seconds=int(window_seconds),
                                percentile=spec.slo.percentile / 100.0)["rate_rps"]
         try:
             points = read_rate_history(prometheus_client(url), query, now_seconds=now,
-                                       days=season.max_days, step_seconds=season.bucket_seconds)
+                                       span_seconds=span_seconds, step_seconds=step_seconds)
         except Exception as exc:  # any failure: plan without, never stop the tick
-            log.warning("planner %s: seasonal history from %s not read (%s): the forecast "
-                        "learns the time of day from the days it runs", key, source,
-                        getattr(exc, "reason", type(exc).__name__))
-            return history
-        log.info("planner %s: seasonal history seeded from %s: %d ten-minute steps", key, source,
-                 len(points))
-        return replace(history, season=season.with_earlier(points))
+            log.warning("planner %s: %s from %s not read (%s): the planner learns it from the "
+                        "loads it sees", key, what, source, getattr(exc, "reason", type(exc).__name__))
+            return None
+        log.info("planner %s: %s seeded from %s: %d steps of %.0f s", key, what, source,
+                 len(points), step_seconds)
+        return points
 
     def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,
                       percentile: float) -> MetricsSnapshot:

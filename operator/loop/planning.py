@@ -259,15 +259,20 @@ def decision_event(decision: Decision, previous: Decision | None) -> tuple[str, 
 
 # -- the planner's memory, as JSON -------------------------------------------------------------
 def history_to_json(history: History, last_plan_at_seconds: float | None,
-                    keep: int = HISTORY_KEEP, *, profile: str | None = None) -> str:
-    """The memory as stored; ``profile`` is :func:`profile_identity` of the profile its
-    calibration was learned against (None: not known)."""
+                    keep: int = HISTORY_KEEP, *, profile: str | None = None,
+                    rates_keep: int = 0) -> str:
+    """The memory as stored: ``keep`` whole loads and decisions, and the request rates of up
+    to ``rates_keep`` intervals in all (``History.bounded``: a day at 60 s intervals is
+    1,440 numbers, about 10 kB), what the risk over the lead is learned from;
+    ``profile`` is :func:`profile_identity` of the profile its calibration was learned
+    against (None: not known)."""
+    history = history.bounded(keep, rates_keep)
     # the burst peak too: the scale-down window holds what the highest recent burst needs; and
     # the prompts' spread, which prices prefill's mean compute
     loads = [None if x is None else [x.rate_rps, x.mean_input_tokens, x.mean_output_tokens,
                                      x.prefix_hit_rate, x.peak_rate_rps, x.input_tokens_square_ratio]
-             for x in history.loads[-keep:]]
-    decisions = [_decision_dict(d) for d in history.decisions[-keep:]]
+             for x in history.loads]
+    decisions = [_decision_dict(d) for d in history.decisions]
     cal = None if history.calibration is None else asdict(history.calibration)
     # the last prefill queue too: the next tick's throughput reading (a saturated prefill's
     # speed, calibration.samples) is the queue's growth since it, and the operator plans from
@@ -276,7 +281,9 @@ def history_to_json(history: History, last_plan_at_seconds: float | None,
     return json.dumps({"version": 1, "lastPlanAtSeconds": last_plan_at_seconds,
                        "loads": loads, "decisions": decisions, "calibration": cal,
                        "prefillQueue": None if queue is None else [queue.value, queue.at_seconds],
-                       "profile": profile, "season": season_to_json(history.season)},
+                       "profile": profile, "season": season_to_json(history.season),
+                       "earlierRates": [None if r is None else round(r, 3)
+                                        for r in history.earlier_rates]},
                       separators=(",", ":"))
 
 
@@ -379,10 +386,27 @@ def history_from_json(text: str | None) -> tuple[History, float | None]:
         queue = data.get("prefillQueue")  # memories written before it was kept have none
         prefill_queue = None if queue is None else Reading(float(queue[0]), float(queue[1]))
         history = History(loads=loads, decisions=decisions, calibration=calibration,
-                          prefill_queue=prefill_queue, season=season_from_json(data.get("season")))
+                          prefill_queue=prefill_queue, season=season_from_json(data.get("season")),
+                          earlier_rates=earlier_rates_from_json(data.get("earlierRates")))
         return history, None if last is None else float(last)
     except (ValueError, KeyError, TypeError, IndexError):
         return History(), None
+
+
+#: the most earlier rates a stored memory is read with: a week of 60 s intervals (the planner
+#: keeps ``rise_history_intervals``, a day by default); a longer list is not this operator's
+MAX_EARLIER_RATES = 7 * 1440
+
+
+def earlier_rates_from_json(data: object) -> tuple[float | None, ...]:
+    """The stored earlier rates; none (learned again from the loads as they come) when there
+    are none or they are not rates (a memory written before they were kept, or edited by
+    hand): bad rates never cost the loads and decisions."""
+    if not isinstance(data, list) or len(data) > MAX_EARLIER_RATES:
+        return ()
+    if not all(r is None or (_is_real(r) and math.isfinite(r) and r >= 0) for r in data):
+        return ()
+    return tuple(None if r is None else float(r) for r in data)
 
 
 def _load_from(x: list[float | None]) -> Load:

@@ -4,6 +4,7 @@ This is what ``pdscale replay`` runs; it is pure apart from the simulation's CPU
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -191,10 +192,13 @@ def planner_config(setup: ReplaySetup) -> PlannerConfig:
     return setup.planner
 
 
-def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> tuple[int, int]:
+def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None,
+                  earlier_rates: Sequence[float | None] = ()) -> tuple[int, int]:
     """Where dynamic policies start, ready: sized for the highest load of ``history`` (the
     intervals before the scored window, :func:`with_history`), or, without one, for the
-    trace's own first warm-up window (hindsight: the scored window's first minutes).
+    trace's own first warm-up window (hindsight: the scored window's first minutes); with
+    the margin learned from ``earlier_rates`` and the history's rates
+    (:func:`run_policy`).
 
     A planner that had been running before the replay starts would have the fleet for the
     load it could see coming; starting from the first minute's need instead would charge
@@ -210,7 +214,7 @@ def initial_fleet(setup: ReplaySetup, history: Sequence[Load] | None = None) -> 
     busy_p = busy_d = 0.0
     # a planner running before would hold each role for the risk it prices over the next
     # warm-up: from the history's rises, or the prior while it has seen too few warm-ups
-    rates: list[float | None] = [ld.rate_rps for ld in loads]
+    rates: list[float | None] = [*earlier_rates, *(ld.rate_rps for ld in loads)]
     pm, dm = (lead_margin(cfg, rates, q) if q > 0 else 1.0 for q in cfg.rise_quantiles)
     for ld in loads:
         np_, nd = setup.model.instances_needed_at(
@@ -238,7 +242,8 @@ KNOWING: dict[str, int | None] = {"oracle": None, "oracle:now": 1, "oracle:next"
 def planner_controller(setup: ReplaySetup, policy: str,
                        history: Sequence[Load] | None,
                        start: tuple[int, int] | None = None,
-                       season: SeasonalMemory | None = None) -> PdscaleController:
+                       season: SeasonalMemory | None = None,
+                       earlier_rates: Sequence[float | None] = ()) -> PdscaleController:
     """Our planner as ``policy`` runs it: ``pdscale`` forecasts from what it observes; the
     oracles (:data:`KNOWING`) are told the true load and the fleet's true performance.
 
@@ -262,6 +267,8 @@ def planner_controller(setup: ReplaySetup, policy: str,
     remembered = History(loads=tuple(history)) if history is not None else History()
     if season is not None:  # the earlier days of a multi-day trace
         remembered = replace(remembered, season=season)
+    if earlier_rates:  # and the rates of the intervals before the history, as Prometheus holds them
+        remembered = replace(remembered, earlier_rates=tuple(earlier_rates))
     if start is not None:
         before = -cfg.interval_seconds * (len(remembered.loads) + 1)
         unscraped = Observation(now_seconds=before, prefill=RoleState(ready=start[0]),
@@ -321,6 +328,31 @@ def season_before(windows: Sequence[tuple[float, float]], *, unix_start: float,
             lo = hi
     whole = [(float((k + 1) * b), s / w) for k, (w, s) in points.items() if w >= b - 1e-6]
     return memory.with_earlier(whole)
+
+
+def rates_before(windows: Sequence[tuple[float, float]], *, until_seconds: float,
+                 interval_seconds: float, intervals: int, seed: int = 0) -> list[float | None]:
+    """The request rates of the ``intervals`` planning intervals ending at ``until_seconds``
+    (oldest first) of a trace made of ``windows`` (start of a window, mean rate over it, in
+    the trace's clock), as Prometheus answers the planner's rate query over each interval:
+    the arrivals counted in it (Poisson at the window's rate, as the trace's are drawn,
+    ``seed``) over its length. None before the first window. What a multi-day trace's replay
+    seeds the planner's ``History.earlier_rates`` with, as the operator seeds them on a first
+    plan."""
+    rows = sorted(windows)
+    if not rows:
+        return [None] * intervals
+    starts = [t for t, _ in rows]
+    rng = np.random.default_rng(seed)
+    out: list[float | None] = []
+    for k in range(intervals, 0, -1):
+        t = until_seconds - k * interval_seconds
+        if t < starts[0]:
+            out.append(None)
+            continue
+        rate = rows[bisect.bisect_right(starts, t) - 1][1]
+        out.append(float(rng.poisson(rate * interval_seconds)) / interval_seconds)
+    return out
 
 
 def _first_warmup_seconds(setup: ReplaySetup) -> float:
@@ -527,6 +559,7 @@ def run_policy(
     utilization_scale: float = 1.0,
     history: Sequence[Load] | None = None,
     start_fleet: tuple[int, int] | None = None, season: SeasonalMemory | None = None,
+    earlier_rates: Sequence[float | None] = (),
 ) -> dict[str, Any]:
     """Replay ``setup.trace`` under ``policy`` and return the report (JSON-ready dict).
 
@@ -535,7 +568,9 @@ def run_policy(
     the trace's own first warm-up (hindsight, the report says so). ``start_fleet``: a stated
     (prefill, decode) fleet every dynamic policy starts from instead, ready (a live run's
     recording replayed from the spec's replicas, where the live loop started). ``season``:
-    the planner's seasonal memory at the start (:func:`season_before`).
+    the planner's seasonal memory at the start (:func:`season_before`). ``earlier_rates``:
+    the request rates of the intervals before ``history``, as the operator seeds them from
+    Prometheus (:func:`rates_before`); the planner learns the risk over the lead from them.
 
     ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
     ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
@@ -558,8 +593,10 @@ def run_policy(
         extra.update(search.report(setup.attainment_target))
     elif policy in ("pdscale", *KNOWING):
         # the oracles are hindsight bounds: their start is sized from the fleet's true speed too
-        start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history)
-        ctl = planner_controller(setup, policy, history, start=stated_fleet, season=season)
+        start = initial_fleet(setup if policy == "pdscale" else setup.knowing_the_fleet(), history,
+                              earlier_rates)
+        ctl = planner_controller(setup, policy, history, start=stated_fleet, season=season,
+                                 earlier_rates=earlier_rates)
         controller = ctl
         explanations = ctl.decisions
     elif policy == "reactive":

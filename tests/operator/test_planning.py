@@ -110,11 +110,34 @@ def test_the_memory_keeps_every_history_field_the_planner_reads():
                                         prefill_headroom=1.1, decode_headroom=1.3),
                 prefill_queue=Reading(512.0, 115.0),
                 season=SeasonalMemory(start_seconds=600.0, rates=(12.5, None, 13.25), count=2,
-                                      seeded=True))
+                                      seeded=True),
+                earlier_rates=(8.0, None, 9.5))
     unset = [f.name for f in fields(History) if getattr(h, f.name) == getattr(History(), f.name)]
     assert unset == ["max_len"]  # (a limit of the process, not something learned)
-    back, _ = history_from_json(history_to_json(h, 120.0))
+    back, _ = history_from_json(history_to_json(h, 120.0, rates_keep=10))
     assert back == h
+
+
+def test_the_memory_keeps_a_day_of_rates_and_the_loads_it_plans_with_whole():
+    # loads older than the memory keeps whole leave their rate behind: the risk over the lead
+    # is learned from a day of them live, as the replay (which keeps every load) learns it
+    h = History(earlier_rates=(1.0, None))
+    for k in range(10):
+        h = h.record(Load(float(10 + k), 2000, 500, 0.6), decision())
+    back, _ = history_from_json(history_to_json(h, 0.0, 4, rates_keep=9))
+    assert [x.rate_rps for x in back.loads] == [16.0, 17.0, 18.0, 19.0] and len(back.decisions) == 4
+    assert back.earlier_rates == (11.0, 12.0, 13.0, 14.0, 15.0)
+    assert back.rates() == h.rates()[-9:]
+    # room for every rate: the seeded ones are kept before the loads'
+    back, _ = history_from_json(history_to_json(h, 0.0, 4, rates_keep=100))
+    assert back.rates() == h.rates() and back.rates()[:3] == (1.0, None, 10.0)
+    # without rates_keep, the loads alone (as before)
+    back, _ = history_from_json(history_to_json(h, 0.0, 4))
+    assert back.earlier_rates == () and len(back.loads) == 4
+    # stored rates that are not rates are dropped, never the loads with them
+    bad = history_to_json(h, 0.0, 4, rates_keep=9).replace('"earlierRates":[11.0', '"earlierRates":[-1')
+    back, _ = history_from_json(bad)
+    assert back.earlier_rates == () and len(back.loads) == 4
 
 
 def test_a_saturated_prefill_teaches_its_speed_through_the_memory_as_in_process():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -184,3 +185,27 @@ def test_the_sweep_flag_reads_percentiles() -> None:
     assert _percentiles("0,75,90") == (0, 75, 90)
     with pytest.raises(argparse.ArgumentTypeError, match=r"\[0, 99\]"):
         _percentiles("100")
+
+
+def test_rates_remembered_before_the_loads_teach_the_risk_from_the_first_plan() -> None:
+    # a fresh install seeded with its service's last day from Prometheus (History.earlier_rates:
+    # rates only, no lengths) prices the lead with what that day's rises were, not the prior;
+    # each day ends with ten flat minutes, so that the recent max is 100 req/s in every plan
+    rng = np.random.default_rng(0)
+    calm = (*(float(x) for x in 100.0 * (1.0 - 0.05 * rng.uniform(0, 1, 300))), *[100.0] * 10)
+    steps = (*([100.0] * 15 + [140.0] * 15) * 10, *[100.0] * 10)  # +40% within a lead, often
+    flat, now = [100.0] * 3, 3 * 60.0
+
+    def seeded(day: tuple[float, ...]) -> Decision:
+        history = replace(_history(flat), earlier_rates=day)
+        return plan(_obs(100.0, 4, 2, now=now), config=_cfg(), history=history, now=now)
+
+    fresh = plan(_obs(100.0, 4, 2, now=now), config=_cfg(), history=_history(flat), now=now)
+    assert "(the prior)" in fresh.explanation
+    most = {name: max(p for p, _ in d.plan) for name, d in
+            (("fresh", fresh), ("calm", seeded(calm)), ("steps", seeded(steps)))}
+    # a day that never rose over a lead gives the prior's headroom back; one that rose 40%
+    # holds more than it
+    assert most["calm"] < most["fresh"] == _prefill_for(100.0 * _cfg().rise_prior)
+    assert most["steps"] > most["fresh"]
+    assert "p90 of" in seeded(steps).explanation

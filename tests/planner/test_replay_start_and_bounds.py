@@ -14,7 +14,7 @@ import pytest
 from planner_replay_helpers import replay_setup
 
 from pdscale.planner.model import Load
-from pdscale.planner.replay.run import initial_fleet, interval_loads, run_policy
+from pdscale.planner.replay.run import initial_fleet, interval_loads, rates_before, run_policy
 from pdscale.planner.replay.traces import Trace
 
 INTERVAL_SECONDS = 60.0
@@ -90,3 +90,25 @@ def test_a_stated_start_is_held_through_a_first_tick_that_saw_almost_nothing() -
     report = run_policy(setup, "pdscale", start_fleet=(1, 4), history=idle)
     first = report["decisions"][0]
     assert (first["prefill"], first["decode"]) == (1, 4), report["explanations"][0]["why"]
+
+
+def test_rates_before_a_trace_are_counted_per_interval_as_prometheus_answers_them() -> None:
+    # the earlier rates a multi-day replay seeds the planner with: arrivals per interval at the
+    # windows' rates, None before the first window
+    windows = [(0.0, 2.0), (600.0, 8.0)]
+    rates = rates_before(windows, until_seconds=1200.0, interval_seconds=60.0, intervals=30, seed=1)
+    assert len(rates) == 30 and rates[:10] == [None] * 10
+    first, second = rates[10:20], rates[20:]
+    assert all(r is not None for r in first + second)
+    assert 1.5 < sum(first) / 10 < 2.5 and 7.0 < sum(second) / 10 < 9.0  # type: ignore[arg-type]
+    assert len(set(second)) > 1  # counted, not the window's mean
+    assert rates == rates_before(windows, until_seconds=1200.0, interval_seconds=60.0, intervals=30, seed=1)
+
+
+def test_earlier_rates_price_the_start_fleet_as_the_planner_prices_its_first_plan() -> None:
+    # a calm day before the trace teaches that the load does not rise over a lead: the start
+    # is sized without the prior's margin (a fresh install without history holds it)
+    setup = replay_setup(step_trace(), nodes=64)
+    history = interval_loads(step_trace(low_rps=20.0, seconds=600.0), setup.interval_seconds)
+    assert initial_fleet(setup, history) == (8, 2)  # 20 req/s x 1.1
+    assert initial_fleet(setup, history, [20.0] * 300) == (7, 2)  # 20 req/s
