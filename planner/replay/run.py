@@ -568,9 +568,8 @@ def run_policy(
     the trace's own first warm-up (hindsight, the report says so). ``start_fleet``: a stated
     (prefill, decode) fleet every dynamic policy starts from instead, ready (a live run's
     recording replayed from the spec's replicas, where the live loop started). ``season``:
-    the planner's seasonal memory at the start (:func:`season_before`). ``earlier_rates``:
-    the request rates of the intervals before ``history``, as the operator seeds them from
-    Prometheus (:func:`rates_before`); the planner learns the risk over the lead from them.
+    the planner's seasonal memory at the start (:func:`season_before`); ``earlier_rates``:
+    the rates before ``history``, as the operator seeds them (:func:`rates_before`).
 
     ``utilization_scale`` multiplies the utilisation targets of ``reactive`` and
     ``sla-interp`` (below 1: more headroom, more instances): it lets a benchmark give a
@@ -622,11 +621,7 @@ def run_policy(
     report["wall_seconds"] = round(time.perf_counter() - started, 2)
     report["initial_fleet"] = {"prefill": start[0], "decode": start[1]}
     if not policy.startswith("static:"):
-        report["initial_fleet"]["sized_from"] = (
-            "stated (the spec's replicas)" if stated
-            else f"{len(history)} interval(s) of history before the scored window" if history is not None
-            else "the first warm-up, run unscored on the fleet" if setup.scored_from_seconds is not None
-            else "the scored window's first warm-up (hindsight)")
+        report["initial_fleet"]["sized_from"] = _sized_from(setup, history, stated)
     if explanations:
         # the scored ticks are the last ones (an unscored start's come first)
         scored = explanations[max(0, len(explanations) - len(result.ticks)):]
@@ -635,6 +630,14 @@ def run_policy(
         ]
     report.update(extra)
     return report
+
+
+def _sized_from(setup: ReplaySetup, history: Sequence[Load] | None, stated: bool) -> str:
+    """What a dynamic policy's start fleet was sized from, for the report."""
+    return ("stated (the spec's replicas)" if stated
+            else f"{len(history)} interval(s) of history before the scored window" if history is not None
+            else "the first warm-up, run unscored on the fleet" if setup.scored_from_seconds is not None
+            else "the scored window's first warm-up (hindsight)")
 
 
 def _pct(x: np.ndarray, q: float) -> float | None:
