@@ -82,19 +82,20 @@ def gaps_filled(windows: list[tuple[float, float]]) -> list[tuple[float, float]]
     return out
 
 
-def one_day(series: list[tuple[float, float]], day: int, lengths: Any) -> Any:
-    """Day ``day`` with the ten minutes before it, gaps filled, clock from the lead-in."""
-    lo, hi = day * DAY - LEAD_IN, (day + 1) * DAY
+def one_day(series: list[tuple[float, float]], day: int, lengths: Any, start_hour: float = 0.0) -> Any:
+    """Day ``day`` (from ``start_hour`` on, 24 hours) with the ten minutes before it, gaps
+    filled, clock from the lead-in."""
+    lo, hi = day * DAY + start_hour * 3600.0 - LEAD_IN, (day + 1) * DAY + start_hour * 3600.0
     windows = gaps_filled([(t - lo, r) for t, r in series if lo <= t < hi])
     return synthesize_from_rates(windows, lengths, name=f"day{day}", seed=day)
 
 
 def earlier_rates(series: list[tuple[float, float]], day: int, config: Any,
-                  history_intervals: int) -> list[float | None]:
+                  history_intervals: int, start_hour: float = 0.0) -> list[float | None]:
     """The per-interval rates before day ``day``'s lead-in that the operator would seed from
     Prometheus: ``rise_history_intervals`` in all with the lead-in's loads (gaps filled as
     the scored day's are; Poisson counts, seed 1000 + day)."""
-    until = day * DAY - LEAD_IN
+    until = day * DAY + start_hour * 3600.0 - LEAD_IN
     span = config.rise_history_intervals * config.interval_seconds
     windows = gaps_filled([(t, r) for t, r in series if until - span - DAY <= t < until])
     return rates_before(windows, until_seconds=until, interval_seconds=config.interval_seconds,
@@ -225,6 +226,9 @@ def main() -> None:
                          "(``History.earlier_rates``) and learns the risk over the lead from them "
                          "from the first minute; off: from the scored day's own loads, the "
                          "prior until ten leads are seen")
+    ap.add_argument("--start-hour", type=float, default=0.0,
+                    help="score 24 hours from this hour of each day (UTC of the series; 0: from "
+                         "midnight): a planner installed at that hour")
     ap.add_argument("--forecast-only", action="store_true",
                     help="score the planner's rate forecast at the lead on every day instead of "
                          "replaying (seconds, not hours): out/season_forecast.json")
@@ -250,21 +254,22 @@ def main() -> None:
         series = [(t, r * scale) for t, r in raw]
         rows = results.setdefault(name, {"rate_scale": scale, "peak_rps": args.peak_rps, "days": {}})
         for day in (int(d) for d in args.days.split(",")):
-            trace = one_day(series, day, lengths)
-            season = season_before(series, unix_start=0.0, until_unix=day * DAY)
+            start = day * DAY + args.start_hour * 3600.0
+            trace = one_day(series, day, lengths, args.start_hour)
+            season = season_before(series, unix_start=0.0, until_unix=start)
             row: dict[str, Any] = rows["days"].setdefault(str(day), {})
             row.update(requests=len(trace), history_days=min(day, MAX_DAYS),
-                       earlier_rates=args.earlier_rates,
+                       earlier_rates=args.earlier_rates, start_hour=args.start_hour,
                        weekly_used=weekly_used(series, day))
             for label, (on, weekly) in ARMS.items():
                 if label not in args.arms.split(","):
                     continue
                 planner = replace(configured.config, seasonality=on, weekly_seasonality=weekly,
-                                  clock_origin_unix_seconds=day * DAY - LEAD_IN)
+                                  clock_origin_unix_seconds=start - LEAD_IN)
                 setup = ReplaySetup(trace=trace, planner=planner, **stack,
                                     prefill_admission=router_admission(configured.spec))
                 setup, history = start_from(setup, "history")
-                earlier = (earlier_rates(series, day, planner, len(history))
+                earlier = (earlier_rates(series, day, planner, len(history), args.start_hour)
                            if args.earlier_rates == "on" else [])
                 t = time.perf_counter()
                 rep = run_policy(setup, "pdscale", history=history, season=season,
