@@ -50,7 +50,9 @@ from pdscale.planner.prometheus import (
     QueryClient,
     observation_from,
     rate_window_seconds,
+    rates_on_grid,
     read_metrics,
+    read_rate_history,
     render_queries,
 )
 from pdscale.planner.replay.ensemble import (
@@ -188,7 +190,37 @@ def replay_range(client: QueryClient, *, engine: str, namespace: str, name: str,
                            "fleet's role states at its latest decision before it")
     snapshots = read_readings(client, engine, namespace, pdcluster_label, config,
                               [t.at_seconds for t in ticks])
-    return Replayed(tuple(ticks), tuple(replan(ticks, snapshots, config)), tuple(caveats))
+    history = History()
+    if ticks:
+        history, problem = _with_earlier_rates(client, engine, pdcluster_label, namespace, config,
+                                               ticks[0].at_seconds)
+        if problem:
+            caveats.append(problem)
+    return Replayed(tuple(ticks), tuple(replan(ticks, snapshots, config, history)), tuple(caveats))
+
+
+def _with_earlier_rates(client: QueryClient, engine: str, pdcluster_label: str, namespace: str,
+                        config: PlannerConfig, first_seconds: float) -> tuple[History, str | None]:
+    """A memory holding the rates of the ``rise_history_intervals`` intervals before the
+    first tick, read as the operator reads them on a fresh memory's first plan
+    (``planner_loop._seed_rates``), so that the risk over the lead is priced from the same
+    day live and replayed; and what stood in the way, when they could not be read."""
+    query = render_queries(engine, namespace=namespace, pdcluster=pdcluster_label,
+                           window_seconds=rate_window_seconds(config.interval_seconds),
+                           percentile=config.slo.percentile)["rate_rps"]
+    try:
+        points = read_rate_history(client, query, now_seconds=first_seconds,  # type: ignore[arg-type]
+                                   span_seconds=config.rise_history_intervals * config.interval_seconds,
+                                   step_seconds=config.interval_seconds)
+    except Exception as exc:  # a server or client without range queries: the range alone
+        return History(), (f"the request rates before --start were not read ({type(exc).__name__}): "
+                           "the risk over the warm-up is learned from the range alone, where the "
+                           "live planner may have priced it from the day before")
+    if not points:
+        return History(), None
+    return History(earlier_rates=rates_on_grid(points, now_seconds=first_seconds,
+                                               step_seconds=config.interval_seconds,
+                                               intervals=config.rise_history_intervals)), None
 
 
 def memory_caveat(planned_before: bool, recorded: bool, stabilization_seconds: float) -> str | None:

@@ -315,3 +315,37 @@ def test_gauges_scraped_through_a_service_monitor_are_found_under_exported_names
     assert [t.at_seconds for t in ticks] == [10.5, 20.5] and not before and ready == []
     assert client.queries[0] == ('pdscale_planner_last_plan_timestamp_seconds{namespace="ns",'
                                  'pdcluster="c"}[25s]', {"time": "30.0"})
+
+
+def test_the_replay_starts_with_the_rates_before_its_range_as_the_operator_does():
+    # the operator's first plan reads the day of rates before it (the risk over the warm-up
+    # is learned from them); the replay reads the same before its first tick, or says why not
+    from pdscale.planner.recording.from_prometheus import _with_earlier_rates
+
+    config = planner_config(_spec())
+    step = config.interval_seconds
+    assert 6000.0 % step == 0  # the first tick on the grid
+
+    class Ranged:
+        def __init__(self) -> None:
+            self.asked: list[dict] = []
+
+        def custom_query_range(self, query, *, start, end, step, timeout=None):
+            self.asked.append({"query": query, "start": start, "end": end, "step": step})
+            return [{"metric": {}, "values": [[end - step, "4.0"], [end, "5.0"]]}]
+
+    ranged = Ranged()
+    history, problem = _with_earlier_rates(ranged, "sglang", "demo", "ns", config, 6000.0)
+    (asked,) = ranged.asked
+    assert problem is None and asked["step"] == step and 'pdcluster="demo"' in asked["query"]
+    assert asked["end"] - asked["start"] == (config.rise_history_intervals - 1) * step
+    # the interval before the first tick; the point at the first tick is its own reading
+    assert len(history.earlier_rates) == config.rise_history_intervals
+    assert history.earlier_rates[-1] == 4.0 and 5.0 not in history.earlier_rates
+
+    class Instant:  # no range queries: the range alone, and the report says so
+        def custom_query(self, query, params=None):
+            return []
+
+    history, problem = _with_earlier_rates(Instant(), "sglang", "demo", "ns", config, 6000.0)
+    assert history.earlier_rates == () and problem and "before --start were not read" in problem

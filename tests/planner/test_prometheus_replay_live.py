@@ -4,7 +4,8 @@ operator's gauges (scraped by the same Prometheus); the replay over the run's ti
 them back and reproduces every live decision exactly, and a tighter TTFT target asks for more,
 re-planned on the live readings and simulated on a trace rebuilt from them alike.
 
-The live loop is the operator's planning tick (``planner_loop._plan_if_due``: read at now,
+The live loop is the operator's planning tick (``planner_loop._plan_if_due``: a fresh memory
+reads the rates before its first plan, then read at now,
 join the fleet's role states, ``step``, ``Reporter.decision``) driven here at a 10 s interval,
 on a fleet that follows its decisions with the spec's warm-up (no API server: the role states
 are what the operator would have counted from pods)."""
@@ -23,7 +24,9 @@ from pdscale.operator.loop.telemetry import Reporter
 from pdscale.planner.prometheus import (
     observation_from,
     prometheus_client,
+    rates_on_grid,
     read_metrics,
+    read_rate_history,
     render_queries,
 )
 from pdscale.planner.recording.from_prometheus import read_recording, replay_range
@@ -68,6 +71,14 @@ def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys, tmp
         history, previous, live = History(), None, []
         for _ in range(8):
             now = time.time()
+            if not history.loads:  # a fresh memory's first plan reads the rates before it
+                points = read_rate_history(client, queries["rate_rps"], now_seconds=now,
+                                           span_seconds=config.rise_history_intervals * config.interval_seconds,
+                                           step_seconds=config.interval_seconds)
+                history = History(earlier_rates=rates_on_grid(
+                    points, now_seconds=now, step_seconds=config.interval_seconds,
+                    intervals=config.rise_history_intervals))
+                seeded = sum(r is not None for r in history.earlier_rates)
             snap = read_metrics(client, queries, now, at_seconds=now)  # as planner_loop reads
             obs = observation_from(snap, now, fleet.state("prefill", now), fleet.state("decode", now))
             decision, history = step(obs, config=config, history=history, now=now)
@@ -91,6 +102,7 @@ def test_replay_over_a_live_run_reproduces_its_decisions(prometheus, capsys, tmp
                                 start=start, end=end, recorded=recorded, ready=ready,
                                 live_interval_seconds=float(spec.planner.interval_seconds))
         assert replayed.caveats == ()
+        assert seeded > 0  # the rates Prometheus held before the first plan, read both times
         assert list(replayed.decisions) == live  # every field, not only the counts
         assert matches(replayed.decisions, recorded) == (len(live), len(live))
 
