@@ -6,7 +6,7 @@ fits), then all three rise (they do not: about 33 nodes asked of 24), then all f
 What a user would check: no engine pod is ever Pending for want of a node (the pool's plan
 never starts a pod on a node another member still holds), the members never hold more than
 the pool, no request fails, the high-priority member meets its SLO while the low one is
-trimmed, and every member gets its need back once the load falls. About four and a half minutes.
+trimmed, and every member gets its need back once the load falls. About five minutes.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ SLO_TTFT, SLO_TPOT = 5.0, 0.050  # examples/demo-sim.yaml
 # and 1.5 about 7: together about 27 of the pool's 24 while all rise; the high one rises
 # first, and its fleet has warmed up (20 s, two intervals) before the others rise. The low
 # one's load is one its trimmed share still serves, slowly: a request waits, none times out.
-# The high one's rise is 80 s: with 50 s, on a loaded host (its new pods slower to start) the
+# The high one's rise is 100 s: with 50 s, on a loaded host (its new pods slower to start) the
 # backlog its lone first decode took in was still being served when all rose, and 14% of its
-# requests sent then shared that decode's long steps (modelled TPOT within 50 ms for 86%)
-PHASES = (("high-rises", 80.0, (2.5, 0.5, 0.5)),
+# requests sent then shared that decode's long steps (modelled TPOT within 50 ms for 86%); with
+# 80 s the same once in three CI passes beside the tests tier (88.4%; 99.4% on a quiet host)
+PHASES = (("high-rises", 100.0, (2.5, 0.5, 0.5)),
           ("all-rise", 60.0, (2.5, 2.5, 1.5)),
           ("all-fall", 50.0, (0.5, 0.5, 0.5)))
 #: the longest the split may take to return once the load has fallen: the scale-down window
