@@ -733,6 +733,21 @@ def rates_on_grid(points: Sequence[tuple[float, float]], *, now_seconds: float,
     return tuple(out)
 
 
+def read_earlier_rates(client: RangeClient, query: str, *, now_seconds: float,
+                       interval_seconds: float, intervals: int) -> tuple[float | None, ...]:
+    """The rates of the ``intervals`` planning intervals before the one ending at
+    ``now_seconds`` (:func:`read_rate_history` one point per interval, :func:`rates_on_grid`),
+    or none when Prometheus holds no point of them: what a fresh memory's first plan, live
+    (``planner_loop._seed_rates``) and replayed (``recording.from_prometheus``), learns the
+    risk over the lead from. Raises as :func:`read_rate_history`."""
+    points = read_rate_history(client, query, now_seconds=now_seconds,
+                               span_seconds=intervals * interval_seconds, step_seconds=interval_seconds)
+    if not points:
+        return ()
+    return rates_on_grid(points, now_seconds=now_seconds, step_seconds=interval_seconds,
+                         intervals=intervals)
+
+
 def prometheus_client(url: str, timeout_seconds: float = QUERY_DEADLINE_SECONDS,
                       max_answer_bytes: int = MAX_ANSWER_BYTES) -> BoundedPrometheus:
     """The planner's Prometheus client: each query whole within ``timeout_seconds`` and at

@@ -21,9 +21,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sized
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
@@ -49,7 +49,7 @@ from pdscale.planner.prometheus import (
     observation_from,
     prometheus_client,
     rate_window_seconds,
-    rates_on_grid,
+    read_earlier_rates,
     read_metrics,
     read_rate_history,
     render_queries,
@@ -78,6 +78,8 @@ from .telemetry import HEARTBEATS, LOOP_ERRORS, Heartbeats, Reporter, stuck_afte
 from .workerlist import WorkerLists, desired_workers
 
 log = logging.getLogger(__name__)
+#: what a range read of the rate history makes of the answer (points, or rates on a grid)
+_Read = TypeVar("_Read", bound=Sized)
 
 TICK_SECONDS = float(os.environ.get("PDSCALE_PLANNER_TICK_SECONDS", "5"))
 #: PDClusters ticked at once: a plan mostly waits on its Prometheus, so one tenant's slow
@@ -520,10 +522,11 @@ class PlannerLoop:
         is saved with it; a failure is logged and the plan goes on without (the live
         observations fill the memory in as they come)."""
         season = history.season
-        points = self._rate_history(spec, ns, name, now, "seasonal history", self.season_asked,
-                                    window_seconds=season.bucket_seconds,
-                                    span_seconds=season.max_days * 86400.0,
-                                    step_seconds=season.bucket_seconds)
+        points = self._rate_history(
+            spec, ns, name, "seasonal history", self.season_asked, season.bucket_seconds,
+            lambda client, query: read_rate_history(client, query, now_seconds=now,
+                                                    span_seconds=season.max_days * 86400.0,
+                                                    step_seconds=season.bucket_seconds))
         if points is None:
             return history
         return replace(history, season=season.with_earlier(points))
@@ -539,22 +542,18 @@ class PlannerLoop:
         process, as the seasonal history is; without an answer the plan goes on on the
         prior."""
         interval = spec.planner.interval_seconds
-        points = self._rate_history(spec, ns, name, now, "rate history", self.rates_asked,
-                                    window_seconds=rate_window_seconds(interval),
-                                    span_seconds=config.rise_history_intervals * interval,
-                                    step_seconds=interval)
-        if not points:
-            return history
-        return replace(history, earlier_rates=rates_on_grid(
-            points, now_seconds=now, step_seconds=interval,
-            intervals=config.rise_history_intervals))
+        earlier = self._rate_history(
+            spec, ns, name, "rate history", self.rates_asked, rate_window_seconds(interval),
+            lambda client, query: read_earlier_rates(client, query, now_seconds=now,
+                                                     interval_seconds=interval,
+                                                     intervals=config.rise_history_intervals))
+        return replace(history, earlier_rates=earlier) if earlier else history
 
-    def _rate_history(self, spec: PDClusterSpec, ns: str, name: str, now: float, what: str,
-                      asked: set[str], *, window_seconds: float, span_seconds: float,
-                      step_seconds: float) -> list[tuple[float, float]] | None:
-        """The PDCluster's request rate over the last ``span_seconds`` from Prometheus (the
-        ``rate_rps`` reading over ``window_seconds``), once a process (``asked``); None when
-        already asked or not read (logged: the plan goes on without)."""
+    def _rate_history(self, spec: PDClusterSpec, ns: str, name: str, what: str, asked: set[str],
+                      window_seconds: float, read: Callable[[Any, str], _Read]) -> _Read | None:
+        """What ``read`` makes of Prometheus and the PDCluster's ``rate_rps`` reading over
+        ``window_seconds`` (a range query), once a process (``asked``); None when already
+        asked or not read (logged: the plan goes on without)."""
         key = f"{ns}/{name}"
         if key in asked:
             return None
@@ -567,14 +566,12 @@ class PlannerLoop:
                                window_seconds=int(window_seconds),
                                percentile=spec.slo.percentile / 100.0)["rate_rps"]
         try:
-            points = read_rate_history(prometheus_client(url), query, now_seconds=now,
-                                       span_seconds=span_seconds, step_seconds=step_seconds)
+            points = read(prometheus_client(url), query)
         except Exception as exc:  # any failure: plan without, never stop the tick
             log.warning("planner %s: %s from %s not read (%s): the planner learns it from the "
                         "loads it sees", key, what, source, getattr(exc, "reason", type(exc).__name__))
             return None
-        log.info("planner %s: %s seeded from %s: %d steps of %.0f s", key, what, source,
-                 len(points), step_seconds)
+        log.info("planner %s: %s seeded from %s: %d values", key, what, source, len(points))
         return points
 
     def _read_metrics(self, spec: PDClusterSpec, ns: str, name: str, now: float,

@@ -305,7 +305,7 @@ def season_from_json(data: object) -> SeasonalMemory:
         return fresh
     rates, start, bucket = data.get("rates"), data.get("startSeconds"), data.get("bucketSeconds")
     ok = (isinstance(rates, list) and len(rates) <= fresh.max_buckets
-          and all(r is None or (_is_real(r) and math.isfinite(r) and r >= 0) for r in rates)
+          and _rates_ok(rates)
           and (start is None or (_is_real(start) and math.isfinite(start)))
           and bucket == fresh.bucket_seconds and isinstance(data.get("seeded"), bool)
           and isinstance(data.get("count"), int) and data["count"] >= 0)
@@ -402,11 +402,14 @@ def earlier_rates_from_json(data: object) -> tuple[float | None, ...]:
     """The stored earlier rates; none (learned again from the loads as they come) when there
     are none or they are not rates (a memory written before they were kept, or edited by
     hand): bad rates never cost the loads and decisions."""
-    if not isinstance(data, list) or len(data) > MAX_EARLIER_RATES:
-        return ()
-    if not all(r is None or (_is_real(r) and math.isfinite(r) and r >= 0) for r in data):
+    if not isinstance(data, list) or len(data) > MAX_EARLIER_RATES or not _rates_ok(data):
         return ()
     return tuple(None if r is None else float(r) for r in data)
+
+
+def _rates_ok(rates: list[Any]) -> bool:
+    """A stored list of rates: each unknown (None) or a finite, non-negative number."""
+    return all(r is None or (_is_real(r) and math.isfinite(r) and r >= 0) for r in rates)
 
 
 def _load_from(x: list[float | None]) -> Load:

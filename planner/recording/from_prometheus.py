@@ -50,9 +50,8 @@ from pdscale.planner.prometheus import (
     QueryClient,
     observation_from,
     rate_window_seconds,
-    rates_on_grid,
+    read_earlier_rates,
     read_metrics,
-    read_rate_history,
     render_queries,
 )
 from pdscale.planner.replay.ensemble import (
@@ -209,18 +208,14 @@ def _with_earlier_rates(client: QueryClient, engine: str, pdcluster_label: str, 
                            window_seconds=rate_window_seconds(config.interval_seconds),
                            percentile=config.slo.percentile)["rate_rps"]
     try:
-        points = read_rate_history(client, query, now_seconds=first_seconds,  # type: ignore[arg-type]
-                                   span_seconds=config.rise_history_intervals * config.interval_seconds,
-                                   step_seconds=config.interval_seconds)
+        earlier = read_earlier_rates(client, query, now_seconds=first_seconds,  # type: ignore[arg-type]
+                                     interval_seconds=config.interval_seconds,
+                                     intervals=config.rise_history_intervals)
     except Exception as exc:  # a server or client without range queries: the range alone
         return History(), (f"the request rates before --start were not read ({type(exc).__name__}): "
                            "the risk over the warm-up is learned from the range alone, where the "
                            "live planner may have priced it from the day before")
-    if not points:
-        return History(), None
-    return History(earlier_rates=rates_on_grid(points, now_seconds=first_seconds,
-                                               step_seconds=config.interval_seconds,
-                                               intervals=config.rise_history_intervals)), None
+    return History(earlier_rates=earlier), None
 
 
 def memory_caveat(planned_before: bool, recorded: bool, stabilization_seconds: float) -> str | None:
