@@ -11,7 +11,7 @@ from .config import PlannerConfig
 from .decision import Decision
 from .forecast import LeadRisk
 from .history import History
-from .model import Load
+from .model import PREFILL_BUSY_FLOOR_PRIOR, Load
 from .needs import _Needs
 from .observe import Observation, Role
 from .program import _Outcome
@@ -207,6 +207,9 @@ def _load_clauses(
     if learned:
         parts.append(f"headroom {', '.join(learned)} (learned from misses at the SLO percentile "
                      "on a settled fleet; prefill's given back while its idle instances still miss)")
+    if cal.prefill_busy_floor > PREFILL_BUSY_FLOOR_PRIOR + 0.005:
+        parts.append(f"prefill TTFT misses below {cal.prefill_busy_floor:.0%} busy at the burst peak "
+                     "teach no headroom (a raise that did not cut them was given back)")
     speeds = [f"{n} x{1.0 / f:.2f}" for n, f in zip(_ROLES, (cal.prefill_factor, cal.decode_factor),
                                                    strict=True) if abs(f - 1.0) > 1e-3]
     if speeds:

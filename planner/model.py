@@ -107,6 +107,23 @@ class Calibration:
     #: compute samples taken per role (calibration.py): the first ones weigh as a running mean
     prefill_samples: int = 0
     decode_samples: int = 0
+    #: how busy prefill's ready instances must be at the burst peak for a TTFT miss to teach
+    #: headroom (below it the miss is the long prompts' own, which more instances do not buy):
+    #: ``PREFILL_BUSY_FLOOR_PRIOR`` until a raise proves futile (:func:`judge_prefill_raise`)
+    prefill_busy_floor: float = 0.5
+    #: the prefill raise under test (:func:`judge_prefill_raise`), 0 when none: the headroom
+    #: before it, the ready instances and the highest busy share while it was taught, the
+    #: TTFT-to-target ratios it was taught from and those seen since its capacity landed (sum,
+    #: count; and the highest busy share since), and when it began (seconds)
+    raise_from_headroom: float = 0.0
+    raise_ready: int = 0
+    raise_busy: float = 0.0
+    raise_ratio_sum: float = 0.0
+    raise_ratio_count: int = 0
+    since_ratio_sum: float = 0.0
+    since_ratio_count: int = 0
+    since_busy: float = 0.0
+    raise_at_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -570,6 +587,94 @@ HEADROOM_STEP = 0.1
 HEADROOM_DECAY = 0.01
 #: decay only while the observed latency at the SLO percentile is below this share of the target
 HEADROOM_RELAX_BELOW = 0.5
+
+
+#: the busy floor's prior and ceiling (``Calibration.prefill_busy_floor``): at 1 the burst
+#: peak's offered compute exceeds the ready instances, and a miss there is queueing whatever
+#: the prompts
+PREFILL_BUSY_FLOOR_PRIOR = 0.5
+PREFILL_BUSY_FLOOR_MAX = 1.0
+#: per interval, a learned floor moves this share of the way back to the prior: a workload
+#: that changes is tested again (about a six-hour half-life at 60 s intervals)
+PREFILL_BUSY_FLOOR_DECAY = 0.002
+#: settled intervals after a raise's capacity lands that judge it, and the TTFT-to-target ratio
+#: a reading is capped at (a refusal reads as infinitely late)
+RAISE_JUDGED_OVER = 3
+RAISE_RATIO_CAP = 3.0
+#: the share of the taught miss over the target (ratio - 1) the raise's capacity must take away
+RAISE_MUST_TAKE_AWAY = 0.25
+
+
+def judge_prefill_raise(
+    before: Calibration,
+    after: Calibration,
+    *,
+    ttft_ratio: float | None,
+    busy: float | None,
+    ready: int,
+    landed_and_settled: bool,
+    now_seconds: float,
+    expire_seconds: float,
+) -> Calibration:
+    """Keep a prefill headroom raise only if the capacity it bought served the misses.
+
+    The headroom rises at a TTFT miss on a settled, busy fleet (:func:`calibrate_slo`); the
+    capacity it orders serves a warm-up later. A miss that more prefills do not reduce (a
+    long prompt's own compute, a request behind it on its instance, a router's affinity) then
+    winds the headroom up raise after raise: on the 12 req/s surge's flat hour with Mooncake
+    lengths, 16 to 25 fixed prefills meet 98.1% to 98.2%, yet the headroom went 1.24 -> 1.62
+    and the fleet 17 -> 22. So a raise (``after`` above ``before``: a run of raises counts as
+    one) is tested: once more instances are ready than when it was taught, on a settled
+    fleet no busier than then, ``RAISE_JUDGED_OVER`` intervals' mean ratio is compared with
+    the mean it was taught from. If the capacity did not take away at least a quarter of the
+    excess over the target (``RAISE_MUST_TAKE_AWAY``; half judged ServeGen's small prefill
+    fleets, 6-24 instances whose ratio moves by 0.1 from one interval to the next, futile
+    often enough to cost 0.34 pp), the raise is futile: the headroom goes back to where it was before, and
+    the busy floor (``prefill_busy_floor``) rises above the busiest interval that taught it,
+    so the same misses at that load teach nothing again. One that helped lowers the floor to
+    its busy share. Untested after ``expire_seconds`` (the load moved on), it is kept. The
+    floor drifts back to its prior (``PREFILL_BUSY_FLOOR_DECAY``)."""
+    lo = PREFILL_BUSY_FLOOR_PRIOR
+    cal = replace(after, prefill_busy_floor=lo + (after.prefill_busy_floor - lo) * (1.0 - PREFILL_BUSY_FLOOR_DECAY))
+    ratio = None if ttft_ratio is None else min(ttft_ratio, RAISE_RATIO_CAP)
+    testing = cal.raise_from_headroom > 0.0
+    if testing and now_seconds - cal.raise_at_seconds > expire_seconds:
+        cal, testing = _raise_closed(cal), False
+    if after.prefill_headroom > before.prefill_headroom and ratio is not None:
+        if not testing:
+            return replace(cal, raise_from_headroom=before.prefill_headroom, raise_ready=ready,
+                           raise_busy=busy or 0.0, raise_ratio_sum=ratio, raise_ratio_count=1,
+                           since_ratio_sum=0.0, since_ratio_count=0, since_busy=0.0,
+                           raise_at_seconds=now_seconds)
+        return replace(cal, raise_busy=max(cal.raise_busy, busy or 0.0),
+                       raise_ratio_sum=cal.raise_ratio_sum + ratio,
+                       raise_ratio_count=cal.raise_ratio_count + 1)
+    if (ratio is None or busy is None or not testing or not landed_and_settled
+            or ready <= cal.raise_ready or busy > cal.raise_busy):
+        return cal  # no verdict from here: not larger, not settled, or busier than it taught
+    cal = replace(cal, since_ratio_sum=cal.since_ratio_sum + ratio,
+                  since_ratio_count=cal.since_ratio_count + 1, since_busy=max(cal.since_busy, busy))
+    if cal.since_ratio_count < RAISE_JUDGED_OVER:
+        return cal
+    taught = cal.raise_ratio_sum / max(cal.raise_ratio_count, 1)
+    since = cal.since_ratio_sum / cal.since_ratio_count
+    if since > 1.0 + (taught - 1.0) * (1.0 - RAISE_MUST_TAKE_AWAY):  # futile
+        # above the busiest interval that taught it, and above where the fleet will be once
+        # the raise is given back (the same load on fewer instances), or the next miss there
+        # orders the same capacity again
+        given_back = cal.since_busy * cal.prefill_headroom / max(cal.raise_from_headroom, 1.0)
+        floor = min(PREFILL_BUSY_FLOOR_MAX,
+                    max(cal.prefill_busy_floor, 1.05 * max(cal.raise_busy, given_back)))
+        return _raise_closed(replace(cal, prefill_headroom=min(cal.prefill_headroom, cal.raise_from_headroom),
+                                     prefill_busy_floor=floor))
+    floor = max(lo, min(cal.prefill_busy_floor, cal.raise_busy))
+    return _raise_closed(replace(cal, prefill_busy_floor=floor))
+
+
+def _raise_closed(cal: Calibration) -> Calibration:
+    return replace(cal, raise_from_headroom=0.0, raise_ready=0, raise_busy=0.0, raise_ratio_sum=0.0,
+                   raise_ratio_count=0, since_ratio_sum=0.0, since_ratio_count=0, since_busy=0.0,
+                   raise_at_seconds=0.0)
 
 
 def calibrate_slo(

@@ -55,7 +55,15 @@ from .decision import Decision
 from .explain import _clamp, _decision, _hold
 from .forecast import LeadRisk, forecast, lead_ratios, rise_margin
 from .history import History
-from .model import HEADROOM_BOUNDS, Calibration, Load, calibrate_slo
+from .model import (
+    HEADROOM_BOUNDS,
+    PREFILL_BUSY_FLOOR_MAX,
+    PREFILL_BUSY_FLOOR_PRIOR,
+    Calibration,
+    Load,
+    calibrate_slo,
+    judge_prefill_raise,
+)
 from .needs import _decode_need_from_sequences, _needs, instances_needed
 from .observe import (
     MAX_INSTANCES,
@@ -259,10 +267,16 @@ def _calibration_ok(cal: object) -> bool:
     if not isinstance(cal, Calibration):
         return False
     lo, hi = HEADROOM_BOUNDS
-    counts = (cal.samples, cal.prefill_samples, cal.decode_samples)
+    counts = (cal.samples, cal.prefill_samples, cal.decode_samples, cal.raise_ready,
+              cal.raise_ratio_count, cal.since_ratio_count)
+    test = (cal.raise_from_headroom == 0.0 or _finite_in(cal.raise_from_headroom, lo, hi),
+            _finite_in(cal.raise_busy, 0.0, 1e6), _finite_in(cal.raise_ratio_sum, 0.0, 1e9),
+            _finite_in(cal.since_ratio_sum, 0.0, 1e9), _finite_in(cal.since_busy, 0.0, 1e6),
+            _finite_in(cal.raise_at_seconds, -1e12, 1e12))
     return (_finite_in(cal.prefill_headroom, lo, hi) and _finite_in(cal.decode_headroom, lo, hi)
             and _finite_in(cal.prefill_factor, 1e-6, 1e6) and _finite_in(cal.decode_factor, 1e-6, 1e6)
-            and all(type(n) is int and n >= 0 for n in counts))
+            and _finite_in(cal.prefill_busy_floor, PREFILL_BUSY_FLOOR_PRIOR, PREFILL_BUSY_FLOOR_MAX)
+            and all(test) and all(type(n) is int and n >= 0 for n in counts))
 
 
 def _within_bounds(decision: Decision, cfg: PlannerConfig) -> Decision:
@@ -299,22 +313,42 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
     if rejected_too_many(obs, config.slo, config.max_age_seconds):
         ttft = math.inf  # the percentile falls on a request that got no first token at all
     model = replace(config.model, calibration=compute)
-    prefill_taught, decode_taught, prefill_idle = _taught_roles(obs, replace(config, model=model),
-                                                                history)
+    taught = _taught_roles(obs, replace(config, model=model), history)
+    # a raise whose capacity has landed is judged before prefill learns again
+    landed = compute.raise_from_headroom > 0.0 and obs.prefill.ready > compute.raise_ready
     model = calibrate_slo(
         model,
         ttft_at_percentile_seconds=ttft,
         tpot_at_percentile_seconds=get(obs.tpot_at_percentile_seconds),
         slo=config.slo,
-        prefill_settled=prefill_taught,
-        decode_settled=decode_taught,
-        prefill_idle=prefill_idle,
+        prefill_settled=taught.prefill and not landed,
+        decode_settled=taught.decode,
+        prefill_idle=taught.prefill_idle,
     )
-    return model.calibration
+    return judge_prefill_raise(
+        compute, model.calibration,
+        ttft_ratio=None if ttft is None else ttft / config.slo.ttft_seconds,
+        busy=taught.prefill_busy, ready=obs.prefill.ready, landed_and_settled=taught.prefill_enough,
+        now_seconds=now, expire_seconds=3 * lead_intervals(config) * config.interval_seconds)
+
+
+class _Taught(NamedTuple):
+    """Which roles a latency miss teaches this interval (``_taught_roles``)."""
+
+    prefill: bool
+    decode: bool
+    #: prefill enough and warm, but too idle for queueing to explain a miss
+    prefill_idle: bool
+    #: prefill's ready instances all warm and, by the model, enough for the load
+    prefill_enough: bool
+    #: offered prefill compute at the interval's burst peak over the ready instances (None:
+    #: no load read)
+    prefill_busy: float | None
 
 
 #: a prefill TTFT miss teaches headroom only while its ready instances were at least this
-#: busy at the interval's burst peak (offered compute over ready instances, by the model as
+#: busy at the interval's burst peak (the prior of ``Calibration.prefill_busy_floor``, which
+#: a futile raise moves up: ``model.judge_prefill_raise``) (offered compute over ready instances, by the model as
 #: calibrated), or the router refused requests: below it queueing adds little, and the miss
 #: is the long prompts' own compute, which more instances do not buy. Measured on ServeGen's
 #: day with Mooncake lengths, where the TTFT at the 99th percentile stayed 12-20 s against
@@ -326,14 +360,14 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
 #: headroom now settles where the fleet is about this busy at its peak. Replayed, pdscale and
 #: the oracle (which learns the same way): ServeGen 14% fewer GPU-hours for 0.5 pp (random
 #: router), 6% for 0.1 pp (smg); Mooncake 1% for 0.06 pp; Azure and smg's other rows unmoved
-HEADROOM_MIN_PREFILL_BUSY = 0.5
+HEADROOM_MIN_PREFILL_BUSY = PREFILL_BUSY_FLOOR_PRIOR
 
 
-def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
-                  ) -> tuple[bool, bool, bool]:
-    """(prefill, decode, prefill idle): whether a latency miss this interval says the model is
-    wrong, and whether prefill's ready instances were warm, enough and idle (too little
-    queueing to explain a miss: ``HEADROOM_MIN_PREFILL_BUSY``).
+def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History) -> _Taught:
+    """Whether a latency miss this interval says the model is wrong, per role, and whether
+    prefill's ready instances were warm, enough and idle (too little queueing to explain a
+    miss: below the calibration's ``prefill_busy_floor``, ``HEADROOM_MIN_PREFILL_BUSY`` until
+    a futile raise moves it).
 
     It does when the role's ready instances were all warm and, by the model as calibrated so
     far, enough for the load observed (its prefill backlog and running sequences counted):
@@ -347,14 +381,15 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
     last = history.decisions[-1] if history.decisions else None
     load = _observed_load(obs, cfg, history)
     if last is None or last.held or load is None or load.rate_rps <= 0:
-        return False, False, False
+        return _Taught(False, False, False, False, None)
     need_p, need_d = instances_needed(cfg, load)
     need_d = max(need_d, _decode_need_from_sequences(cfg, obs, load))
     # at the interval's burst peak: a burst queues however idle the interval's mean looks
     busy_p = (max(load.rate_rps, load.peak_rate_rps or 0.0) * cfg.model.prefill_service_seconds(load)
               / max(obs.prefill.ready, 1))
     # requests the router refused say its admission (per ready instance) is short, however busy
-    queueing = busy_p >= HEADROOM_MIN_PREFILL_BUSY or rejected_too_many(obs, cfg.slo, cfg.max_age_seconds)
+    floor = cfg.model.calibration.prefill_busy_floor
+    queueing = busy_p >= floor or rejected_too_many(obs, cfg.slo, cfg.max_age_seconds)
     # Prefill's headroom moves (up at a miss, back while idle) only once none of its
     # instances warm: a miss while the capacity ordered at the last one is still coming is
     # the same lesson again, and a prefill warm-up spans many intervals (600 s of 60 s on
@@ -367,9 +402,9 @@ def _taught_roles(obs: Observation, cfg: PlannerConfig, history: History
     # (waiting only to raise) cost ServeGen 0.7 pp more.
     prefill_enough = (obs.prefill.recently_ready == 0 and not obs.prefill.warming
                       and obs.prefill.ready >= need_p)
-    return (prefill_enough and queueing,
-            obs.decode.recently_ready == 0 and obs.decode.ready >= need_d,
-            prefill_enough and not queueing)
+    return _Taught(prefill_enough and queueing,
+                   obs.decode.recently_ready == 0 and obs.decode.ready >= need_d,
+                   prefill_enough and not queueing, prefill_enough, busy_p)
 
 
 def plan(

@@ -150,6 +150,17 @@ def test_a_calibration_with_a_sample_count_no_planner_writes_is_forgotten():
             step(obs(), config=cfg(), history=fresh, now=NOW)[1].calibration
 
 
+def test_a_calibration_with_a_raise_test_no_planner_writes_is_forgotten():
+    # the busy floor's bounds, a test's counts and sums: an edited memory is not believed
+    for edited in ({"prefill_busy_floor": 3.0}, {"prefill_busy_floor": 0.1},
+                   {"raise_ready": 2.5}, {"since_ratio_sum": math.inf},
+                   {"raise_from_headroom": 7.0}, {"since_busy": math.nan}):
+        hist = replace(held_history(4, 4), calibration=Calibration(decode_factor=1.9, **edited))
+        fresh = replace(hist, calibration=None)
+        assert step(obs(), config=cfg(), history=hist, now=NOW)[1].calibration == \
+            step(obs(), config=cfg(), history=fresh, now=NOW)[1].calibration, edited
+
+
 def test_valid_histories_are_kept_as_they_are():
     hist = held_history(4, 4)
     _, new = step(obs(), config=cfg(), history=hist, now=NOW)

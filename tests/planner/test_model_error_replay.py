@@ -61,11 +61,6 @@ def test_the_fleet_runs_its_own_model_and_the_planner_its_belief(steady_trace: T
 
 
 @pytest.mark.slow  # 20-50 s on two busy cores: out of make test-fast
-@pytest.mark.xfail(strict=True, reason=(
-    "known regression since the replay prices a prefill pass's overhead once (issue 48, item "
-    "6): calibration now saves 7% of the GPU-hours it saved 15% of, 1.18x the planner that "
-    "knows the fleet (96.6 / 82.2 / 104.3 GPU-h learned / knows / before); the busy-time "
-    "sample reads shared passes as speed the profile already had. Open in issue 48"))
 def test_a_fleet_faster_than_its_profile_costs_fewer_gpu_hours_with_calibration(
         steady_trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same replay with the compute factors' learning switched off is what the planner

@@ -516,6 +516,92 @@ def test_prefill_headroom_waits_for_the_capacity_it_ordered() -> None:
         assert waiting.decode_headroom > 1.0
 
 
+def _judge(before: object, after: object, ratio: float, busy: float, ready: int, *,
+           settled: bool = True, now: float = 0.0) -> object:
+    from pdscale.planner.model import judge_prefill_raise
+
+    return judge_prefill_raise(before, after, ttft_ratio=ratio, busy=busy, ready=ready,  # type: ignore[arg-type]
+                               landed_and_settled=settled, now_seconds=now, expire_seconds=1e9)
+
+
+def test_a_raise_whose_capacity_did_not_cut_the_misses_is_given_back() -> None:
+    """A prefill headroom raise is judged once the capacity it bought serves: on 19 ready
+    instances, three settled intervals missing as badly as the 16 that taught it say more
+    prefills do not buy these misses (the long prompts' own compute, a router's affinity).
+    The headroom goes back, and the busy floor rises above the busiest interval that taught
+    it and above where the fleet will be once the raise is given back, so the same misses
+    teach nothing again. Where the capacity cut the misses by a quarter of their excess over
+    the target, the raise is kept."""
+    from pdscale.planner.model import RAISE_JUDGED_OVER, Calibration
+
+    before = Calibration(prefill_headroom=1.0)
+    opened = _judge(before, replace(before, prefill_headroom=1.1), 1.2, 0.7, 16)
+    assert (opened.raise_from_headroom, opened.raise_ready, opened.raise_busy) == (1.0, 16, 0.7)
+    # a second raise before the capacity lands is the same lesson: one test
+    chained = _judge(opened, replace(opened, prefill_headroom=1.2), 1.4, 0.75, 16)
+    assert chained.raise_from_headroom == 1.0 and chained.raise_ratio_count == 2
+    assert chained.raise_busy == 0.75
+
+    def after_landing(cal: object, ratio: float) -> object:
+        for _ in range(RAISE_JUDGED_OVER):
+            cal = _judge(cal, cal, ratio, 0.7, 19)
+        return cal
+
+    futile = after_landing(chained, 1.3)
+    assert futile.prefill_headroom == 1.0 and futile.raise_from_headroom == 0.0
+    # above 0.75 x 1.05: 0.7 x 1.2 x 1.05, the same load on the instances given back
+    assert futile.prefill_busy_floor == pytest.approx(1.05 * 0.7 * 1.2)
+    kept = after_landing(chained, 0.9)
+    assert kept.prefill_headroom == 1.2 and kept.raise_from_headroom == 0.0
+    assert kept.prefill_busy_floor == 0.5
+    # a quarter of the excess taken away is enough (taught at 1.3 on average: 1.22 keeps it)
+    assert after_landing(chained, 1.22).prefill_headroom == 1.2
+    assert after_landing(chained, 1.23).prefill_headroom == 1.0
+
+
+def test_a_raise_is_judged_only_against_a_settled_larger_fleet_no_busier_than_it_was() -> None:
+    """No verdict from an interval that cannot show the raise's effect: the fleet has not
+    grown past the instances that taught it, is not settled, or is busier than then (the load
+    rose). A raise left untested past its expiry (the load moved on) is kept."""
+    from pdscale.planner.model import RAISE_JUDGED_OVER, Calibration, judge_prefill_raise
+
+    before = Calibration(prefill_headroom=1.0)
+    opened = _judge(before, replace(before, prefill_headroom=1.1), 1.2, 0.7, 16)
+    for ready, busy, settled in ((16, 0.6, True), (19, 0.6, False), (19, 0.8, True)):
+        cal = opened
+        for _ in range(RAISE_JUDGED_OVER + 2):
+            cal = _judge(cal, cal, 1.3, busy, ready, settled=settled)
+        assert cal.since_ratio_count == 0 and cal.prefill_headroom == 1.1
+    expired = judge_prefill_raise(opened, opened, ttft_ratio=1.3, busy=0.6, ready=19,
+                                  landed_and_settled=True, now_seconds=700.0, expire_seconds=600.0)
+    assert expired.raise_from_headroom == 0.0 and expired.prefill_headroom == 1.1
+
+
+def test_after_a_futile_raise_the_same_miss_at_the_same_load_teaches_nothing() -> None:
+    """Through the planner's own recalibration: a TTFT miss on a busy settled fleet raises the
+    prefill headroom; once a futile raise has lifted the busy floor above that busy share,
+    the same miss leaves the headroom where it is, and a busier fleet still teaches."""
+    from pdscale.planner.model import Calibration
+    from pdscale.planner.solve import HEADROOM_MIN_PREFILL_BUSY, recalibrate
+
+    c, history = _p99_after_40p40d(prefill_headroom=1.0)
+
+    def observed(peak_rps: float) -> Observation:
+        o = obs(20.0, 40, 40, now=60.0)
+        return replace(o, peak_rate_rps=Reading(peak_rps, 60.0),
+                       ttft_at_percentile_seconds=Reading(6.0, 60.0), rejected_rps=Reading(0.0, 60.0))
+
+    load = current_load(observed(20.0), 180.0)
+    assert load is not None
+    service = MODEL.prefill_service_seconds(load)
+    busy_peak = 1.5 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    busier_peak = 1.9 * HEADROOM_MIN_PREFILL_BUSY * 40 / service
+    assert recalibrate(observed(busy_peak), c, history).prefill_headroom > 1.0
+    learned = replace(history, calibration=Calibration(prefill_busy_floor=0.8))
+    assert recalibrate(observed(busy_peak), c, learned).prefill_headroom == 1.0
+    assert recalibrate(observed(busier_peak), c, learned).prefill_headroom > 1.0
+
+
 def test_a_need_at_an_instance_boundary_keeps_the_node_it_would_re_add() -> None:
     # A decode need just under 7 instances at the cap (6.9): the next minute's windowed mean
     # lengths move it across the boundary and back. The default tolerance (3%) keeps the 8th
