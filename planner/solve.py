@@ -300,7 +300,9 @@ def recalibrate(obs: Observation, config: PlannerConfig, history: History) -> Ca
     the engines report against what the profile predicts for the load observed
     (``calibration.samples``: both ways, both roles, warm-up outliers skipped), then the
     headroom by the latency at the SLO percentile (``model.calibrate_slo``), for each role
-    whose miss is the model's error (``_taught_roles``)."""
+    whose miss is the model's error (``_taught_roles``); a prefill raise is then judged by
+    what its capacity did to the misses once it serves (``model.judge_prefill_raise``), and
+    prefill's headroom rises no further until it is."""
     now = obs.now_seconds
 
     def get(r: Reading | None) -> float | None:
@@ -347,8 +349,7 @@ class _Taught(NamedTuple):
 
 
 #: a prefill TTFT miss teaches headroom only while its ready instances were at least this
-#: busy at the interval's burst peak (the prior of ``Calibration.prefill_busy_floor``, which
-#: a futile raise moves up: ``model.judge_prefill_raise``) (offered compute over ready instances, by the model as
+#: busy at the interval's burst peak (offered compute over ready instances, by the model as
 #: calibrated), or the router refused requests: below it queueing adds little, and the miss
 #: is the long prompts' own compute, which more instances do not buy. Measured on ServeGen's
 #: day with Mooncake lengths, where the TTFT at the 99th percentile stayed 12-20 s against
@@ -359,7 +360,9 @@ class _Taught(NamedTuple):
 #: the 2x cap was then held for the rest of the day while the long prompts kept missing. The
 #: headroom now settles where the fleet is about this busy at its peak. Replayed, pdscale and
 #: the oracle (which learns the same way): ServeGen 14% fewer GPU-hours for 0.5 pp (random
-#: router), 6% for 0.1 pp (smg); Mooncake 1% for 0.06 pp; Azure and smg's other rows unmoved
+#: router), 6% for 0.1 pp (smg); Mooncake 1% for 0.06 pp; Azure and smg's other rows unmoved.
+#: It is the prior of ``Calibration.prefill_busy_floor``, which a futile raise moves up
+#: (``model.judge_prefill_raise``)
 HEADROOM_MIN_PREFILL_BUSY = PREFILL_BUSY_FLOOR_PRIOR
 
 
