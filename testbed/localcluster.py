@@ -57,9 +57,40 @@ class ClusterError(RuntimeError):
     """One line: what failed and where its log is."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+#: where :func:`free_port` draws from: below the kernel's ephemeral range (read at each call)
+FREE_PORT_LOW = 10000
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now, for a component started later.
+
+    Drawn at random below the kernel's ephemeral range, not from it (``bind(0)`` hands out an
+    ephemeral port): the kernel also gives ephemeral ports to the source end of every outgoing
+    connection, so one picked there can be taken by any client between now and the moment the
+    component binds it. A CI run lost an e2e module so: kwok, started seconds after its port
+    was picked, failed with "bind: address already in use". Below the range only another
+    listener can take it; each draw is checked by binding it."""
+    low, _ = _ephemeral_ports()
+    if low - FREE_PORT_LOW >= 1000:
+        draw = random.Random()  # not the seeded global generator a test may have fixed
+        for _ in range(200):
+            port = draw.randrange(FREE_PORT_LOW, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # an unusual range: the kernel's choice, as before
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

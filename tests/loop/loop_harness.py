@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pdscale.operator.clients.routersync import WorkerSpec
+from pdscale.testbed.localcluster import free_port
 
 # Timing every loop test uses (model seconds; no compression): quick, and far enough above
 # scheduling noise that TTFT and TPOT are measurable on a 2-core machine.
@@ -41,12 +41,6 @@ GATEWAY_COMMAND = {
     SGLANG_ROUTER: [sys.executable, "-m", "sglang_router.launch_router"],
     SMG: [sys.executable, "-m", "smg", "launch"],
 }
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def http_json(url: str, *, method: str = "GET", body: dict | None = None, timeout: float = 5):

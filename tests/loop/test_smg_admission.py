@@ -10,7 +10,6 @@ import concurrent.futures
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import yaml
 from pdscale.operator.api.names import Owner
 from pdscale.operator.render import builders, router
 from pdscale.operator.render.checklist import SpecError, validate
+from pdscale.testbed.localcluster import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OWNER = Owner(name="glm53", namespace="serving", uid="1234-uid")
@@ -85,12 +85,6 @@ def test_admission_in_front_of_a_router_without_it_is_refused_naming_the_field()
     _spec({"enabled": False}, gateway="SGLangRouter")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _call(url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -134,11 +128,11 @@ def test_the_real_smg_sheds_what_waits_past_the_ttft_target(tmp_path):
     args = list(c["args"])
     for flag in ("--host", "--prometheus-host"):
         args[args.index(flag) + 1] = "127.0.0.1"
-    port = args[args.index("--port") + 1] = str(_free_port())
-    args[args.index("--prometheus-port") + 1] = str(_free_port())
+    port = args[args.index("--port") + 1] = str(free_port())
+    args[args.index("--prometheus-port") + 1] = str(free_port())
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    engines = {"prefill": _free_port(), "decode": _free_port()}
-    bootstrap = _free_port()
+    engines = {"prefill": free_port(), "decode": free_port()}
+    bootstrap = free_port()
     procs: list[subprocess.Popen] = []
     logs = {name: tmp_path / f"{name}.log" for name in ("smg", "prefill", "decode")}
 

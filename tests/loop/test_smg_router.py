@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pdscale.operator.loop.fleet import PodView
 from pdscale.operator.loop.workerlist import router_urls
 from pdscale.operator.render import builders, router
 from pdscale.operator.render.checklist import SpecError, validate
+from pdscale.testbed.localcluster import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OWNER = Owner(name="glm53", namespace="serving", uid="1234-uid")
@@ -97,12 +97,6 @@ def test_the_operator_speaks_to_an_smg_that_is_not_ready_yet():
     assert router_urls(old, [starting, ready, leaving]) == ["http://10.0.0.2:30000"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=1) as r:
@@ -120,8 +114,8 @@ def test_the_real_smg_starts_with_the_rendered_arguments_and_waits_for_a_worker(
     args = list(c["args"])
     for flag in ("--host", "--prometheus-host"):
         args[args.index(flag) + 1] = "127.0.0.1"
-    port = args[args.index("--port") + 1] = str(_free_port())
-    args[args.index("--prometheus-port") + 1] = str(_free_port())
+    port = args[args.index("--port") + 1] = str(free_port())
+    args[args.index("--prometheus-port") + 1] = str(free_port())
     log = tmp_path / "smg.log"
     command = [sys.executable, *c["command"][1:]]  # python3 -> this venv's interpreter
     with open(log, "wb") as out:

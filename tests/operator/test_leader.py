@@ -14,6 +14,7 @@ from pdscale.operator.leader import Action, Conflict, Elector, Record, Settings,
 from pdscale.operator.loop import drain
 from pdscale.operator.loop.fleet import PodView
 from pdscale.operator.render import rbac
+from pdscale.testbed.localcluster import free_port
 
 
 class MemoryLeases:
@@ -335,9 +336,7 @@ def test_a_waiting_follower_answers_the_liveness_probe_then_frees_the_port():
     import socket
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     async def main() -> None:
         async with leader.follower_health(port):

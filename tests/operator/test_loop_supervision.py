@@ -26,6 +26,7 @@ from pdscale.operator.clients.kube import (
 )
 from pdscale.operator.loop.planner_loop import MIN_SLEEP_SECONDS, backoff_seconds, supervise
 from pdscale.operator.loop.telemetry import LOOP_ERRORS, Heartbeats, stuck_after_seconds
+from pdscale.testbed.localcluster import free_port
 
 
 class Stop(BaseException):
@@ -171,12 +172,6 @@ def test_a_loop_whose_tick_blocks_is_stuck_and_one_that_keeps_failing_is_not():
     assert set(asyncio.run(main())) == {"test-blocked"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _healthz(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -195,7 +190,7 @@ def test_kopfs_healthz_answers_500_while_a_loop_is_stuck(monkeypatch):
     registry = OperatorRegistry()
     kopf.on.probe(id="loops", registry=registry)(handlers.loops_alive)  # only our probe
     settings = kopf.OperatorSettings()
-    url = f"http://127.0.0.1:{_free_port()}/healthz"
+    url = f"http://127.0.0.1:{free_port()}/healthz"
 
     async def main() -> tuple[tuple[int, str], tuple[int, str]]:
         ready = asyncio.Event()

@@ -13,6 +13,7 @@ from pdscale.operator.api import names
 from pdscale.operator.api.names import Owner
 from pdscale.operator.render import builders, engines, router
 from pdscale.operator.render.checklist import validate
+from pdscale.testbed.localcluster import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OWNER = Owner(name="glm53", namespace="serving", uid="1234-uid")
@@ -285,10 +286,10 @@ def test_the_real_router_starts_with_the_rendered_arguments(engine, sglang_child
     args = list(c["args"])
     for flag in ("--host", "--prometheus-host"):
         args[args.index(flag) + 1] = "127.0.0.1"
-    port = args[args.index("--port") + 1] = str(_free_port())
-    args[args.index("--prometheus-port") + 1] = str(_free_port())
+    port = args[args.index("--port") + 1] = str(free_port())
+    args[args.index("--prometheus-port") + 1] = str(free_port())
     if "--vllm-discovery-address" in args:
-        args[args.index("--vllm-discovery-address") + 1] = f"127.0.0.1:{_free_port()}"
+        args[args.index("--vllm-discovery-address") + 1] = f"127.0.0.1:{free_port()}"
     # the rendered program, as the pod runs it: smg (the default SGLang gateway) or vllm-router
     rendered = list(c["command"])
     command = ([sys.executable, *rendered[1:]] if rendered[0] == "python3"
@@ -311,14 +312,6 @@ def test_the_real_router_starts_with_the_rendered_arguments(engine, sglang_child
     finally:
         router.terminate()
         router.wait(timeout=10)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_router_identity_has_no_permissions(sglang_children):

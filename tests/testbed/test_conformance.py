@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
+from pdscale.testbed.localcluster import free_port
 from pdscale.testbed.simengine import (
     SGLANG_E2E_BUCKETS_SECONDS,
     SGLANG_ITL_BUCKETS_SECONDS,
@@ -39,12 +39,6 @@ TIMING = LinearTiming(prefill_tokens_per_second=1e6, prefill_overhead_seconds=0.
                       kv_setup_seconds=0.0, kv_tokens_per_second=1000 / 0.3)  # fmt: skip
 PROMPT_TOKENS = 1000
 PROMPT = " ".join(f"w{i}" for i in range(PROMPT_TOKENS))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
