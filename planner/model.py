@@ -90,6 +90,13 @@ class Slo:
     percentile: float = 0.9
 
 
+#: the busy floor's prior and ceiling (``Calibration.prefill_busy_floor``): at 1 the burst
+#: peak's offered compute exceeds the ready instances, and a miss there is queueing whatever
+#: the prompts
+PREFILL_BUSY_FLOOR_PRIOR = 0.5
+PREFILL_BUSY_FLOOR_MAX = 1.0
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Observed/predicted correction factors (1.0 = the profile is right).
@@ -110,7 +117,7 @@ class Calibration:
     #: how busy prefill's ready instances must be at the burst peak for a TTFT miss to teach
     #: headroom (below it the miss is the long prompts' own, which more instances do not buy):
     #: ``PREFILL_BUSY_FLOOR_PRIOR`` until a raise proves futile (:func:`judge_prefill_raise`)
-    prefill_busy_floor: float = 0.5
+    prefill_busy_floor: float = PREFILL_BUSY_FLOOR_PRIOR
     #: the prefill raise under test (:func:`judge_prefill_raise`), 0 when none: the headroom
     #: before it, the ready instances and the highest busy share while it was taught, the
     #: TTFT-to-target ratios it was taught from and those seen since its capacity landed (sum,
@@ -589,11 +596,6 @@ HEADROOM_DECAY = 0.01
 HEADROOM_RELAX_BELOW = 0.5
 
 
-#: the busy floor's prior and ceiling (``Calibration.prefill_busy_floor``): at 1 the burst
-#: peak's offered compute exceeds the ready instances, and a miss there is queueing whatever
-#: the prompts
-PREFILL_BUSY_FLOOR_PRIOR = 0.5
-PREFILL_BUSY_FLOOR_MAX = 1.0
 #: per interval, a learned floor moves this share of the way back to the prior: a workload
 #: that changes is tested again (about a six-hour half-life at 60 s intervals)
 PREFILL_BUSY_FLOOR_DECAY = 0.002
